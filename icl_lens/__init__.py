@@ -1,0 +1,33 @@
+"""icl_lens: see in-context learning as weight updates.
+
+A transformer reading a prompt behaves exactly as if the first dense weights of each
+MLP had received a rank-1 update per token, the *token patch* (Dherin et al. 2025,
+arXiv 2507.16003). icl_lens computes those patches exactly for every layer and token
+of real models, from one forward pass, and builds dynamics, thought patches and
+dashboards on them. See DESIGN notes in docs/ and README.md.
+"""
+from icl_lens.core.patch_set import TokenPatches
+from icl_lens.model.block_family import UnsupportedArchitectureError
+from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, token_patches
+from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
+from icl_lens.model.patched_forward import EquivalenceReport, patches_applied, verify_equivalence
+from icl_lens.model.prompts import PromptError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "EMBEDDED_MODELS",
+    "EquivalenceReport",
+    "ModelNotFoundError",
+    "NonFiniteActivationError",
+    "PromptError",
+    "TokenPatches",
+    "UnsupportedArchitectureError",
+    "ZeroNormWarning",
+    "known_model_names",
+    "load_model",
+    "patches_applied",
+    "token_patches",
+    "verify_equivalence",
+]

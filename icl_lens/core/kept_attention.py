@@ -1,0 +1,75 @@
+"""Attention restricted to a kept set of keys, from one contextual pass (DESIGN.md §2).
+
+Softmax attention at query ``t`` is ``z_t = Σ_j softmax(s_t)_j v_j``. If ``t`` could
+see only the keys in a kept set ``K_t``, and the keys and values of those tokens are
+unchanged (true when every earlier layer is patched), its output would be
+
+    z⁰_t = Σ_{j∈K_t} softmax(s_t|K_t)_j v_j,
+
+the same cached scores renormalised over ``K_t``. No second forward pass is needed.
+The default kept set is ``{t}`` plus the first token when it is a BOS attention sink;
+then the renormalisation is a two-way softmax, a sigmoid of the score difference.
+Scores already carry the model's causal and sliding-window masks (masked scores are
+at the dtype's minimum), so a key outside the window gets weight zero here too.
+"""
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+
+def _head_values(values: Float[Tensor, "key kv_head d_head"], n_heads: int) -> Float[Tensor, "key head d_head"]:
+    """Expand grouped-query values to one per query head (head ``h`` reads kv head ``h // group``)."""
+    groups = n_heads // values.shape[1]
+    return values.repeat_interleave(groups, dim=1) if groups > 1 else values
+
+
+def bos_and_self_output(
+    scores: Float[Tensor, "head query key"],
+    values: Float[Tensor, "key kv_head d_head"],
+    *,
+    keep_bos: bool,
+) -> Float[Tensor, "query head d_head"]:
+    """``z⁰_t`` for the default kept set ``{0, t}`` (or ``{t}`` when ``keep_bos`` is False)."""
+    n_heads, n = scores.shape[0], scores.shape[1]
+    vals = _head_values(values, n_heads)  # key head d
+    self_vals = vals  # query t reads its own value row t
+    if not keep_bos:
+        return self_vals.clone()
+    diag = torch.diagonal(scores, dim1=-2, dim2=-1)  # head query
+    first = scores[:, :, 0]  # head query
+    w_bos = torch.sigmoid(first - diag)
+    w_self = torch.sigmoid(diag - first)
+    w_bos[:, 0] = 0.0  # query 0 *is* the BOS: one key, weight 1
+    w_self[:, 0] = 1.0
+    return w_bos.T[..., None] * vals[0][None] + w_self.T[..., None] * self_vals
+
+
+def kept_set_output(
+    scores: Float[Tensor, "head query key"],
+    values: Float[Tensor, "key kv_head d_head"],
+    kept: Bool[Tensor, "query key"],
+) -> Float[Tensor, "query head d_head"]:
+    """``z⁰_t`` for an arbitrary kept set per query (``kept[t, t]`` must be True)."""
+    n_heads = scores.shape[0]
+    vals = _head_values(values, n_heads)
+    masked = scores.masked_fill(~kept[None], float("-inf"))
+    weights = torch.softmax(masked.float() if masked.dtype in (torch.float16, torch.bfloat16) else masked, dim=-1)
+    return torch.einsum("hqk,khd->qhd", weights.to(vals.dtype), vals)
+
+
+def default_kept_mask(n: int, *, keep_bos: bool, device: torch.device | str = "cpu") -> Bool[Tensor, "query key"]:
+    """Boolean kept set of the default removal: ``{t}`` plus key 0 if ``keep_bos``."""
+    kept = torch.eye(n, dtype=torch.bool, device=device)
+    if keep_bos:
+        kept[:, 0] = True
+    return kept
+
+
+def removal_kept_mask(
+    n: int, removed: Bool[Tensor, "key"]
+) -> Bool[Tensor, "query key"]:
+    """Kept set when the positions in ``removed`` are dropped: causal keys not removed, plus ``t`` itself."""
+    causal = torch.ones(n, n, dtype=torch.bool, device=removed.device).tril()
+    return (causal & ~removed[None, :]) | torch.eye(n, dtype=torch.bool, device=removed.device)

@@ -1,0 +1,111 @@
+"""Which transformer blocks icl_lens can patch exactly, and where their parts live.
+
+A *block family* names the layout of one decoder block as TransformerBridge exposes it
+(DESIGN.md §2). Three are supported and tested for the equivalence identity:
+
+- ``gpt2``: LayerNorm, biases, absolute positions, plain MLP ``W_in`` (GPT-2 and kin);
+- ``llama``: RMSNorm, gated SiLU MLP (``W_gate``, ``W_up``), RoPE, GQA (Llama, SmolLM2);
+- ``gemma3``: sandwich RMSNorms (``ln1_post``, ``ln2_post``), gated GeLU, QK-norm,
+  sliding-window layers (Gemma 3).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+FAMILY_OF_ARCHITECTURE = {
+    "GPT2LMHeadModel": "gpt2",
+    "LlamaForCausalLM": "llama",
+    "Gemma3ForCausalLM": "gemma3",
+}
+SUPPORTED_FAMILIES = {
+    "gpt2": "LayerNorm + biases + absolute positions + plain MLP (GPT2LMHeadModel)",
+    "llama": "RMSNorm + gated SiLU MLP + RoPE + GQA (LlamaForCausalLM)",
+    "gemma3": "sandwich RMSNorms + gated GeLU + QK-norm + sliding windows (Gemma3ForCausalLM)",
+}
+
+
+class UnsupportedArchitectureError(ValueError):
+    """The model's blocks are not one of the supported families."""
+
+
+def supported_families_text() -> str:
+    return "; ".join(f"{k}: {v}" for k, v in SUPPORTED_FAMILIES.items())
+
+
+@dataclass(frozen=True)
+class BlockFamily:
+    """Layout facts of a supported decoder block, and the hook names icl_lens uses."""
+
+    name: str
+    gated: bool
+    post_attention_norm: bool
+    post_mlp_norm: bool
+
+    # Hook names (TransformerBridge), per layer.
+    @staticmethod
+    def resid_pre(layer: int) -> str:
+        return f"blocks.{layer}.hook_resid_pre"
+
+    @staticmethod
+    def resid_mid(layer: int) -> str:
+        return f"blocks.{layer}.hook_resid_mid"
+
+    @staticmethod
+    def values(layer: int) -> str:
+        return f"blocks.{layer}.attn.hook_v"
+
+    @staticmethod
+    def scores(layer: int) -> str:
+        return f"blocks.{layer}.attn.hook_attn_scores"
+
+    @staticmethod
+    def mlp_input(layer: int) -> str:
+        return f"blocks.{layer}.ln2.hook_out"
+
+    @staticmethod
+    def dense_in_out(layer: int) -> str:
+        return f"blocks.{layer}.mlp.in.hook_out"
+
+    @staticmethod
+    def dense_gate_out(layer: int) -> str:
+        return f"blocks.{layer}.mlp.gate.hook_out"
+
+    def mlp_branch_out(self, layer: int) -> str:
+        """Where the skip correction is added: after the post-FFN norm if the block has one."""
+        return f"blocks.{layer}.ln2_post.hook_out" if self.post_mlp_norm else f"blocks.{layer}.mlp.hook_out"
+
+
+def block_family(model) -> BlockFamily:
+    """The family of ``model`` (a TransformerBridge), or a clear error listing what is supported."""
+    arch = getattr(model.cfg, "architecture", None) or type(getattr(model, "original_model", model)).__name__
+    name = FAMILY_OF_ARCHITECTURE.get(arch)
+    if name is None:
+        raise UnsupportedArchitectureError(
+            f"icl_lens cannot patch architecture {arch!r} exactly. Supported block families: "
+            f"{supported_families_text()}."
+        )
+    block = model.blocks[0]
+    return BlockFamily(
+        name=name,
+        gated="gate" in block.mlp._modules,
+        post_attention_norm="ln1_post" in block._modules,
+        post_mlp_norm="ln2_post" in block._modules,
+    )
+
+
+def dense_weight(module: nn.Module) -> torch.Tensor:
+    """The ``[d_out, d_in]`` weight of a dense layer (``nn.Linear`` or GPT-2's ``Conv1D``), no copy."""
+    inner = getattr(module, "original_component", module)
+    if isinstance(inner, nn.Linear):
+        return inner.weight
+    if type(inner).__name__ == "Conv1D":  # transformers.pytorch_utils.Conv1D stores [d_in, d_out]
+        return inner.weight.T
+    raise UnsupportedArchitectureError(f"unexpected dense layer type {type(inner).__name__}")
+
+
+def original(module: nn.Module) -> nn.Module:
+    """The HF module a bridge component wraps (calling it fires no TransformerLens hooks)."""
+    return getattr(module, "original_component", None) or module

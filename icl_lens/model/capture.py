@@ -1,0 +1,192 @@
+"""Exact token patches of every layer and position from ONE contextual forward pass.
+
+DESIGN.md §2 (Dherin et al. 2025, arXiv 2507.16003; Goldwaser et al., arXiv 2511.17864
+for gated, sandwich-norm blocks). Per layer ``l``, hooks read during the contextual pass:
+
+    r       = resid_pre                      attn_C = resid_mid − r
+    z⁰_t    = cached scores of t renormalised over its kept keys, times cached values
+    attn_0  = post_norm(W_O z⁰ + b_O)        A = ln2(r + attn_C)   (the MLP input)
+    a       = ln2(r + attn_0)                δ = A − a
+    u_in = W_in δ  (W_up),  u_gate = W_gate δ,  v = a/‖a‖²,  correction = attn_C − attn_0
+
+Everything is computed in-flight inside the hooks (memory O(layers·pos·(d_model+d_mlp)),
+no ``pos × pos`` score matrix kept, no dense ``d_mlp × d_model`` per token), and the
+forward stops after the last block's MLP input, so the unembedding never runs.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from icl_lens.core.kept_attention import bos_and_self_output, default_kept_mask, kept_set_output, removal_kept_mask
+from icl_lens.core.patch_set import TokenPatches
+from icl_lens.core.token_patch import token_patch
+from icl_lens.model.block_family import BlockFamily, block_family, dense_weight
+from icl_lens.model.prompts import bos_id, encode_prompt, str_tokens
+
+
+class NonFiniteActivationError(FloatingPointError):
+    """An activation is NaN or infinite; the message names layer and position."""
+
+
+class ZeroNormWarning(UserWarning):
+    """A kept-only MLP input has (near) zero norm; its patch is set to zero."""
+
+
+class _StopForward(Exception):
+    """Raised from the last hook: nothing after the last MLP input is needed."""
+
+
+def patch_dtype(model) -> torch.dtype:
+    """Patch arithmetic runs in float32 for half-precision models, else in the model's dtype."""
+    dtype = model.cfg.dtype
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _check_finite(x: Tensor, what: str, layer: int) -> None:
+    bad = ~torch.isfinite(x)
+    if bad.any():
+        pos = int(torch.nonzero(bad.reshape(x.shape[0], -1).any(-1))[0])
+        raise NonFiniteActivationError(f"non-finite {what} at layer {layer}, position {pos}")
+
+
+def _removed_mask(remove: Iterable[int] | slice | range, n: int, device) -> Tensor:
+    idx = range(n)[remove] if isinstance(remove, slice) else list(remove)
+    removed = torch.zeros(n, dtype=torch.bool, device=device)
+    for i in idx:
+        if not -n <= int(i) < n:
+            raise IndexError(f"remove position {i} is outside the prompt (0..{n - 1})")
+        removed[int(i)] = True
+    return removed
+
+
+def _kept_sets(n: int, remove, keep_bos: bool, device) -> tuple[Tensor, bool]:
+    """Kept mask [query, key] and whether it is the default ``{BOS, t}`` set."""
+    if remove is None:
+        return default_kept_mask(n, keep_bos=keep_bos, device=device), True
+    return removal_kept_mask(n, _removed_mask(remove, n, device)), False
+
+
+class _LayerCapture:
+    """Hook callbacks that compute one layer's patch factors while the forward runs."""
+
+    def __init__(self, model, family: BlockFamily, kept: Tensor, default_kept: bool, keep_bos: bool,
+                 out: dict[str, Tensor], last_layer: int):
+        self.model, self.family, self.kept = model, family, kept
+        self.default_kept, self.keep_bos, self.out, self.last_layer = default_kept, keep_bos, out, last_layer
+        self.dtype = patch_dtype(model)
+        causal = torch.ones_like(kept).tril()
+        self.unchanged = (kept == causal).all(-1)  # rows where nothing is removed: zero patch
+        self.state: dict[str, Tensor] = {}
+        self.reentered = False
+
+    def hooks(self, layer: int) -> list[tuple[str, object]]:
+        f = self.family
+        return [
+            (f.resid_pre(layer), self._store("r")),
+            (f.values(layer), self._store("values")),
+            (f.scores(layer), lambda x, hook, layer=layer: self._attend(x, layer)),
+            (f.resid_mid(layer), self._store("resid_mid")),
+            (f.mlp_input(layer), lambda x, hook, layer=layer: self._patch(x, layer)),
+        ]
+
+    def _store(self, key: str):
+        def hook(x, hook):
+            self.state[key] = x[0].detach()
+        return hook
+
+    def _attend(self, scores: Tensor, layer: int) -> None:
+        s, values = scores[0].detach(), self.state.pop("values")
+        if self.default_kept:
+            z0 = bos_and_self_output(s, values, keep_bos=self.keep_bos)
+        else:
+            z0 = kept_set_output(s, values, self.kept)
+        self.state["z0"] = z0
+
+    @torch.no_grad()
+    def _patch(self, mlp_in: Tensor, layer: int) -> None:
+        if self.reentered:  # our own call of ln2 below fires this hook point again
+            return
+        block = self.model.blocks[layer]
+        r, resid_mid, z0 = self.state.pop("r"), self.state.pop("resid_mid"), self.state.pop("z0")
+        model_dtype = r.dtype
+        # The bridge's own components, so attn_0 and a are rounded exactly as the
+        # kept-only forward will round them.
+        self.reentered = True
+        try:
+            attn_0 = block.attn.o(z0.reshape(1, z0.shape[0], -1).to(model_dtype))
+            if self.family.post_attention_norm:
+                attn_0 = block.ln1_post(attn_0)
+            a = block.ln2(r[None] + attn_0)[0]
+            attn_0 = attn_0[0]
+        finally:
+            self.reentered = False
+        A = mlp_in[0].detach()
+        _check_finite(A, "MLP input (contextual)", layer)
+        _check_finite(a, "MLP input (context removed)", layer)
+        A, a = A.to(self.dtype), a.to(self.dtype)
+        correction = (resid_mid - r).to(self.dtype) - attn_0.to(self.dtype)
+        u_in, v, zero = token_patch(dense_weight(block.mlp.__getattr__("in")).to(self.dtype), A, a)
+        keep = (~self.unchanged)[:, None].to(self.dtype)
+        self.out["u_in"][layer] = u_in * keep
+        if self.family.gated:
+            gate_w = dense_weight(block.mlp.gate).to(self.dtype)
+            self.out["u_gate"][layer] = (A - a) @ gate_w.T * keep
+        self.out["v"][layer] = v
+        self.out["correction"][layer] = correction * keep
+        self.out["zero_input"][layer] = zero & ~self.unchanged
+        if layer == self.last_layer:
+            raise _StopForward
+
+
+def token_patches(
+    model,
+    prompt: str | Sequence[int] | Int[Tensor, " pos"],
+    *,
+    remove: Iterable[int] | slice | None = None,
+    keep_bos: bool = True,
+) -> TokenPatches:
+    """Token patches (DESIGN.md §2) of every layer and position of ``prompt``, from one forward.
+
+    ``remove``: context positions that count as removed for every query (default: all
+    earlier positions except a leading BOS). ``keep_bos``: keep the first token when it
+    is the tokenizer's BOS (attention sink), so the context-free input stays in
+    distribution.
+    """
+    family = block_family(model)
+    ids = encode_prompt(model, prompt)
+    n, device = ids.numel(), ids.device
+    kept_bos = bool(keep_bos and bos_id(model) is not None and int(ids[0]) == bos_id(model))
+    kept, default_kept = _kept_sets(n, remove, kept_bos, device)
+    cfg, dtype = model.cfg, patch_dtype(model)
+    n_layers = cfg.n_layers
+    out = {
+        "u_in": torch.zeros(n_layers, n, cfg.d_mlp, dtype=dtype, device=device),
+        "u_gate": torch.zeros(n_layers, n, cfg.d_mlp, dtype=dtype, device=device) if family.gated else None,
+        "v": torch.zeros(n_layers, n, cfg.d_model, dtype=dtype, device=device),
+        "correction": torch.zeros(n_layers, n, cfg.d_model, dtype=dtype, device=device),
+        "zero_input": torch.zeros(n_layers, n, dtype=torch.bool, device=device),
+    }
+    capture = _LayerCapture(model, family, kept, default_kept, kept_bos, out, last_layer=n_layers - 1)
+    fwd_hooks = [h for layer in range(n_layers) for h in capture.hooks(layer)]
+    with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
+        try:
+            model(ids[None], return_type=None)
+        except _StopForward:
+            pass
+    zero = out["zero_input"]
+    if zero.any():
+        where = ", ".join(f"layer {int(l)} position {int(p)}" for l, p in torch.nonzero(zero)[:10])
+        warnings.warn(f"kept-only MLP input has zero norm at {where}; those patches are set to zero "
+                      f"(pseudo-inverse convention) and are not exact", ZeroNormWarning, stacklevel=2)
+    return TokenPatches(
+        model_name=getattr(model, "icl_lens_name", cfg.model_name),
+        tokens=str_tokens(model, ids),
+        token_ids=ids.cpu(),
+        u_in=out["u_in"], u_gate=out["u_gate"], v=out["v"], correction=out["correction"],
+        kept=kept, kept_bos=kept_bos, zero_input=zero,
+    )

