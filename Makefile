@@ -1,12 +1,12 @@
 # Two entry points for a fresh machine (see README.md):
-#   make lab   set everything up, then open JupyterLab on the dashboard notebook
+#   make lab   set everything up, then open JupyterLab on the live dashboard
 #   make test  set everything up, then run the whole test suite
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test setup models browser app bench eval clean
+.PHONY: lab test setup models browser app bench reports clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,17 +20,24 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Debian's Chromium drives the browser test (Playwright never downloads a browser here).
+browser:
+	@command -v chromium >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver)
+
 models: setup
 	$(BIN)/python -m icl_lens.cli prepare
 
 lab: models
-	$(BIN)/jupyter lab notebooks/01_quickstart.ipynb
+	$(BIN)/jupyter lab notebooks/02_live_dashboard.ipynb
 
-test: models
+test: models browser
 	$(BIN)/python -m pytest -q
 
 bench: models
 	$(BIN)/python benchmarks/bench_patches.py
+
+reports:
+	$(BIN)/python tools/assemble_reports.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,36 @@
+"""Every code sample in README.md and docs/*.md runs (Python blocks and icl-lens command lines)."""
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _blocks(lang):
+    for doc in DOCS:
+        for i, block in enumerate(re.findall(rf"```{lang}\n(.*?)```", doc.read_text(), flags=re.S)):
+            yield pytest.param(block, id=f"{doc.name}-{lang}{i}")
+
+
+@pytest.mark.parametrize("source", list(_blocks("python")))
+def test_python_sample_runs(source, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(source, "<doc sample>", "exec"), {"__name__": "__doc_sample__"})
+
+
+CLI_LINES = [line.split("#")[0].strip() for _, block in [(0, b.values[0]) for b in _blocks("bash")]
+             for line in block.splitlines() if line.strip().startswith("icl-lens ")]
+
+
+@pytest.mark.parametrize("line", CLI_LINES)
+def test_cli_sample_runs(line, tmp_path):
+    args = shlex.split(line)[1:]
+    proc = subprocess.run([sys.executable, "-m", "icl_lens.cli", *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip()

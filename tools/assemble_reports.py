@@ -1,0 +1,40 @@
+"""Assemble EVAL.md and BENCHMARKS.md from the fragments the eval/benchmark commands write.
+
+Each command writes ``reports/eval_<topic>.md`` or ``reports/bench_<topic>.md`` (its own
+numbers, the command that produced them, the machine). This script only concatenates
+them in a fixed order under a short header, so the two top-level files never drift
+from what the commands printed.
+
+    python tools/assemble_reports.py
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORTS = ROOT / "reports"
+HEADERS = {
+    "eval": ("EVAL.md", "# Evaluations\n\nProduced by the commands named in each section; "
+             "rebuild this file with `python tools/assemble_reports.py` after re-running them. "
+             "Numbers are what the commands printed on the machine stated, whatever they were.\n"),
+    "bench": ("BENCHMARKS.md", "# Benchmarks\n\nSpeed and memory, measured by the scripts in `benchmarks/`; "
+              "each section names its command and machine. Ratios are against a baseline measured in the "
+              "same run. Rebuild this file with `python tools/assemble_reports.py`.\n"),
+}
+ORDER = ["patches", "trajectory", "dashboard", "thought", "spikes", "finetune_alignment", "lab"]
+
+
+def _key(path: Path) -> tuple[int, str]:
+    topic = path.stem.split("_", 1)[1]
+    return (ORDER.index(topic) if topic in ORDER else len(ORDER), topic)
+
+
+def main() -> None:
+    for kind, (name, header) in HEADERS.items():
+        parts = [header] + [p.read_text().strip() + "\n" for p in sorted(REPORTS.glob(f"{kind}_*.md"), key=_key)]
+        (ROOT / name).write_text("\n".join(parts))
+        print(f"wrote {name} from {len(parts) - 1} fragment(s)")
+
+
+if __name__ == "__main__":
+    main()
