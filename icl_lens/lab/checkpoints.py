@@ -37,7 +37,10 @@ def save_checkpoint(model: RegressionModel, record: dict, directory: Path | str 
 
 @functools.lru_cache(maxsize=16)
 def _load_file(path: str) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    from torch.torch_version import TorchVersion
+
+    with torch.serialization.safe_globals([TorchVersion]):  # a version string in the training record
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def load_lab_model(arch: str, dtype: torch.dtype = torch.float32, directory: Path | str | None = None) -> RegressionModel:

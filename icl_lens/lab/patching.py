@@ -108,11 +108,14 @@ def lab_token_patches(model: RegressionModel, tokens: Float[Tensor, "batch pos d
 
 @torch.no_grad()
 def patched_context_free(model: RegressionModel, tokens: Float[Tensor, "batch pos d_token"],
-                         patches: LabPatches) -> Float[Tensor, "batch pos"]:
-    """Each token run ALONE (no context) with its patches applied in every layer: predictions per position."""
+                         patches: LabPatches, extra_hooks: list | None = None) -> Float[Tensor, "batch pos"]:
+    """Each token run ALONE (no context) with its patches applied in every layer: predictions per position.
+
+    ``extra_hooks`` run after the patches (on sequences of length 1, ``batch·pos`` of them).
+    """
     tokens = model.check_tokens(tokens)
     B, T, d = tokens.shape
     if patches.u.shape[1:3] != (B, T):
         raise ValueError(f"patches are for {tuple(patches.u.shape[1:3])} prompts × positions, tokens are {(B, T)}")
-    with mlp_edits_applied(model, patches.edits()):
+    with mlp_edits_applied(model, patches.edits(), extra_hooks):
         return model(tokens.reshape(B * T, 1, d)).reshape(B, T)

@@ -54,7 +54,7 @@ def train(cfg: LabConfig, *, steps: int = 3000, batch: int = 64, lr: float = 2e-
         final = query_loss(model, p.tokens, p.targets).item()
     record = {"steps": steps, "batch": batch, "lr": lr, "seed": seed, "seconds": time.perf_counter() - start,
               "train_loss_last100": sum(recent) / len(recent), "eval_loss_n_train": final,
-              "torch": torch.__version__, "threads": torch.get_num_threads()}
+              "torch": str(torch.__version__), "threads": torch.get_num_threads()}
     return model, record
 
 

@@ -34,8 +34,11 @@ class MLPEdit:
 
 
 @contextmanager
-def mlp_edits_applied(model, edits: dict[int, MLPEdit]):
-    """Context manager: the model's MLPs run with ``W_in + ΔW_in`` and the output biases of ``edits``."""
+def mlp_edits_applied(model, edits: dict[int, MLPEdit], extra_hooks: list | None = None):
+    """Context manager: the model's MLPs run with ``W_in + ΔW_in`` and the output biases of ``edits``.
+
+    ``extra_hooks`` (``(name, fn)`` pairs) run after the edits, e.g. to read the edited pre-activations.
+    """
     n_layers = len(model.blocks)
     for layer in edits:
         if not 0 <= layer < n_layers:
@@ -55,5 +58,5 @@ def mlp_edits_applied(model, edits: dict[int, MLPEdit]):
             hooks += [(f"blocks.{layer}.hook_mlp_in", keep_input), (f"blocks.{layer}.mlp.hook_pre", add_rank_one)]
         if edit.bias is not None:
             hooks.append((f"blocks.{layer}.hook_mlp_out", add_bias))
-    with model.hooks(fwd_hooks=hooks):
+    with model.hooks(fwd_hooks=hooks + list(extra_hooks or [])):
         yield model

@@ -1,0 +1,133 @@
+"""``python -m icl_lens.evals.lab``: run the six ICL-lab experiments, write ``reports/eval_lab.md``.
+
+Uses the shipped checkpoints (no training). Sizes are chosen so the whole run takes a few
+minutes on 2 CPU cores; ``--quick`` shrinks them further for a smoke test.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from icl_lens.lab.checkpoints import training_record
+from icl_lens.lab.experiments.attention_regression import attention_as_regression
+from icl_lens.lab.experiments.convergence import convergence_by_architecture
+from icl_lens.lab.experiments.equivalence import numerical_equivalence
+from icl_lens.lab.experiments.implicit_explicit import implicit_vs_explicit
+from icl_lens.lab.experiments.memory_cost import memory_and_cost
+from icl_lens.lab.experiments.thought_patch import static_thought_patch
+from icl_lens.lab.mixers import ARCHITECTURES
+
+
+def markdown_table(df: pd.DataFrame, digits: int = 4) -> str:
+    """A GitHub table; floats in ``digits`` significant digits (scientific when small)."""
+    def fmt(x):
+        if isinstance(x, float):
+            return f"{x:.{digits}g}" if x == 0 or 1e-3 <= abs(x) < 1e5 else f"{x:.2e}"
+        return str(x)
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    sep = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, sep, *body])
+
+
+def machine() -> str:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
+    return (f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPU cores (shared with other jobs; "
+            f"load average {load[0]:.1f} at the start), torch {torch.__version__} with {torch.get_num_threads()} "
+            f"thread(s), Python {platform.python_version()}")
+
+
+def run(quick: bool = False, out: str = "reports/eval_lab.md") -> str:
+    s = (lambda full, small: small if quick else full)  # noqa: E731
+    t0 = time.perf_counter()
+    parts = ["## ICL lab: linear-regression experiments (attention vs parametric and recurrent layers)", "",
+             f"Command: `python -m icl_lens.evals.lab{' --quick' if quick else ''}` (shipped checkpoints, no training).",
+             f"Machine: {machine()}.", ""]
+
+    rec = pd.DataFrame([{"arch": a, **{k: training_record(a)[k] for k in ("steps", "batch", "seconds", "eval_loss_n_train")}}
+                        for a in ARCHITECTURES])
+    parts += ["### Models",
+              "10-layer Pre-LN blocks (d_model 32, d_mlp 128, 4 heads, GELU MLP), tokens `[x, y, is_query]`, d_x = 4, "
+              "trained on context lengths 1..16 (`python -m icl_lens.lab.train`). `eval_loss_n_train` = normalised "
+              "MSE at the query with 16 pairs (0 = least squares, 1 = ignoring the context).", "",
+              markdown_table(rec), ""]
+
+    eq = numerical_equivalence(n_prompts=s(64, 8))
+    parts += ["### 1. Numerical equivalence (contextual vs patched context-free forward)",
+              "Every token run alone with its per-layer rank-1 patch of W_in plus the skip-connection bias; "
+              "relative error = max |difference| / max |contextual| over all prompts × 17 positions.", "",
+              markdown_table(eq.to_frame()), ""]
+
+    frames = []
+    for arch in ARCHITECTURES:
+        al = implicit_vs_explicit(arch, n_prompts=s(8, 2))
+        summ = al.summary()
+        frames.append({"arch": arch, "cumulative_cosine": float(summ.cumulative_cosine.mean()),
+                       "cumulative_cosine_at_n": float(summ.cumulative_cosine_at_n.mean()),
+                       "step_cosine": float(summ.step_cosine.mean()),
+                       "control_cosine": float(summ.control_cosine.mean()),
+                       "best_layer": int(summ.cumulative_cosine.idxmax()),
+                       "best_layer_cosine": float(summ.cumulative_cosine.max())})
+        if arch == "softmax":
+            soft = summ
+    parts += ["### 2. Implicit trajectory vs explicit SGD on the same examples",
+              "Normalised Frobenius inner product (closed form) between the implicit patch ΔW_l(i) and the sum of the "
+              "first i SGD steps (lr 1e-2, one pair per step, all layers' W_in), averaged over steps i = 1..16, "
+              "layers and prompts; `step_cosine` compares the i-th steps; `control_cosine` uses SGD on another "
+              "prompt's pairs (different w).", "",
+              markdown_table(pd.DataFrame(frames)), "", "Softmax model, per layer:", "", markdown_table(soft), ""]
+
+    conv = convergence_by_architecture(n_prompts=s(16, 3), n_max=s(64, 32))
+    parts += ["### 3. Convergence by architecture (meta-gradient norm vs context length)",
+              f"Whole-model meta-gradient norm of pair i, i = 1..{conv.n_max} (trained up to {conv.n_train}); "
+              f"power-law fit g(i) ≈ c·i^(−α) from i = {conv.fit_from} (and from i = {conv.n_train}); late/early = mean "
+              f"step over the last quarter / over the first {conv.n_train}; cv = std/mean of the late step across prompts; "
+              "normalised MSE of the query prediction at n_train and n_max pairs.", "",
+              markdown_table(conv.summary()), ""]
+
+    tp = static_thought_patch(n_prompts=s(8, 2), ks=s((1, 2, 4, 8, 16, 32, 64), (1, 8, 64)))
+    parts += ["### 4. Static thought patch (softmax model)",
+              "One (Δ_l, b_l) per layer from K calibration queries (Algorithm 1 of arXiv 2510.08734, ridge 1e-2), "
+              "then the query alone: normalised MSE to y on the calibration queries (train) and 256 fresh queries "
+              "(test), and to the contextual model's predictions (fidelity); mean over prompts.", "",
+              markdown_table(tp.summary()), ""]
+
+    mc = memory_and_cost(lengths=s((16, 64, 256, 1024, 4096), (32, 64, 256)))
+    parts += ["### 5. Memory and time per token (token-by-token decoding, batch 1, float32)",
+              "State bytes measured from the tensors held after T tokens (KV cache for softmax, fixed state otherwise); "
+              "time = mean wall time of the 32 tokens before T on this shared machine (noisy).", "",
+              markdown_table(mc.to_frame().pivot(index="context_length", columns="arch", values="state_bytes")
+                             .reset_index().rename_axis(None, axis=1)), "",
+              "Microseconds per token:", "",
+              markdown_table(mc.to_frame().pivot(index="context_length", columns="arch", values="us_per_token")
+                             .reset_index().rename_axis(None, axis=1)), ""]
+
+    rv = attention_as_regression(n_prompts=s(8, 2))
+    parts += ["### 6. Attention as regression (float64, every layer and head)", "",
+              markdown_table(rv.to_frame()), ""]
+    parts += [f"Total run time: {time.perf_counter() - t0:.0f} s.", ""]
+    text = "\n".join(parts)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    ap.add_argument("--out", default="reports/eval_lab.md")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    sys.stdout.write(run(args.quick, args.out))
+
+
+if __name__ == "__main__":
+    main()
