@@ -73,6 +73,7 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md") -> str:
                        "cumulative_cosine_at_n": float(summ.cumulative_cosine_at_n.mean()),
                        "step_cosine": float(summ.step_cosine.mean()),
                        "control_cosine": float(summ.control_cosine.mean()),
+                       "query_gradient_cosine": float(summ.query_gradient_cosine.mean()),
                        "best_layer": int(summ.cumulative_cosine.idxmax()),
                        "best_layer_cosine": float(summ.cumulative_cosine.max())})
         if arch == "softmax":
@@ -81,7 +82,8 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md") -> str:
               "Normalised Frobenius inner product (closed form) between the implicit patch ΔW_l(i) and the sum of the "
               "first i SGD steps (lr 1e-2, one pair per step, all layers' W_in), averaged over steps i = 1..16, "
               "layers and prompts; `step_cosine` compares the i-th steps; `control_cosine` uses SGD on another "
-              "prompt's pairs (different w).", "",
+              "prompt's pairs (different w); `query_gradient_cosine` compares ΔW_l(16) with one SGD step on the query's own "
+              "held-out label.", "",
               markdown_table(pd.DataFrame(frames)), "", "Softmax model, per layer:", "", markdown_table(soft), ""]
 
     conv = convergence_by_architecture(n_prompts=s(16, 3), n_max=s(64, 32))
@@ -99,10 +101,10 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md") -> str:
               "(test), and to the contextual model's predictions (fidelity); mean over prompts.", "",
               markdown_table(tp.summary()), ""]
 
-    mc = memory_and_cost(lengths=s((16, 64, 256, 1024, 4096), (32, 64, 256)))
+    mc = memory_and_cost(lengths=s((32, 128, 512, 2048), (32, 64, 256)))
     parts += ["### 5. Memory and time per token (token-by-token decoding, batch 1, float32)",
               "State bytes measured from the tensors held after T tokens (KV cache for softmax, fixed state otherwise); "
-              "time = mean wall time of the 32 tokens before T on this shared machine (noisy).", "",
+              "time = median wall time of the 32 tokens before T on this shared machine (noisy).", "",
               markdown_table(mc.to_frame().pivot(index="context_length", columns="arch", values="state_bytes")
                              .reset_index().rename_axis(None, axis=1)), "",
               "Microseconds per token:", "",

@@ -185,13 +185,18 @@ class DeltaRule(_Mixer):
         return torch.stack(out, 1)
 
     def forward(self, h: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """Parallel form of the recurrence (the WY / UT representation): with ``S_t = Σ_{j≤t} u_j k_jᵀ``,
+        ``u_t = β_t (v_t − Σ_{i<t} (k_i·k_t) u_i)``, i.e. ``(I + diag(β) tril₋₁(K Kᵀ)) U = diag(β) V``
+        (unit lower-triangular), and ``z_t = S_t q_t = Σ_{j≤t} (k_j·q_t) u_j``. Equal to the step-by-step
+        update (:meth:`states`, :meth:`step`) up to rounding."""
         q, k, v, beta = self._qkvb(h)
-        S = torch.zeros(h.shape[0], self.n_heads, self.d_head, self.d_head, dtype=h.dtype, device=h.device)
-        zs = []
-        for t in range(h.shape[1]):
-            S = delta_update(S, k[:, t], v[:, t], beta[:, t])
-            zs.append(torch.einsum("bhvk,bhk->bhv", S, q[:, t]))
-        z = self.hook_z(torch.stack(zs, 1))
+        q, k, v, beta = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), beta.transpose(1, 2)  # b h t ·
+        t = h.shape[1]
+        strict = torch.ones(t, t, dtype=torch.bool, device=h.device).tril(-1)
+        system = torch.eye(t, dtype=h.dtype, device=h.device) + beta[..., None] * (k @ k.transpose(-1, -2)) * strict
+        u = torch.linalg.solve_triangular(system, beta[..., None] * v, upper=False, unitriangular=True)
+        z = ((q @ k.transpose(-1, -2)) * (~strict.T)) @ u  # keys j ≤ t (lower triangle incl. diagonal)
+        z = self.hook_z(z.transpose(1, 2))
         return self.W_O(z.flatten(-2))
 
     def init_state(self, batch: int, max_len: int, dtype: torch.dtype):

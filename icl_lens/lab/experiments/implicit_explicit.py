@@ -37,6 +37,7 @@ class AlignmentResult:
     cumulative: Float[Tensor, "prompt layer n"]
     per_step: Float[Tensor, "prompt layer n"]
     control: Float[Tensor, "prompt layer n"]
+    query_gradient: Float[Tensor, "prompt layer"]
 
     def to_frame(self) -> pd.DataFrame:
         P, L, n = self.cumulative.shape
@@ -54,6 +55,7 @@ class AlignmentResult:
             "cumulative_cosine_at_n": self.cumulative[:, :, -1].mean(0).double().numpy(),
             "step_cosine": self.per_step.mean((0, 2)).double().numpy(),
             "control_cosine": self.control.mean((0, 2)).double().numpy(),
+            "query_gradient_cosine": self.query_gradient.mean(0).double().numpy(),
         })
 
 
@@ -77,11 +79,15 @@ def implicit_vs_explicit(arch: str = "softmax", *, n_prompts: int = 8, n_context
     p = sample_prompts(n_prompts, n_context, model.cfg.d_x, generator=torch.Generator().manual_seed(seed), dtype=model.dtype)
     xs, ys = p.context_pairs()
     sgds = [explicit_sgd(model, xs[b], ys[b], lr=lr) for b in range(n_prompts)]
-    cum, step, ctrl = [], [], []
+    cum, step, ctrl, qg = [], [], [], []
     for b in range(n_prompts):
         traj = implicit_trajectory(model, p.tokens[b, :-1], p.tokens[b, -1])
         c, s = _cosines(traj, sgds[b])
         cum.append(c)
         step.append(s)
         ctrl.append(_cosines(traj, sgds[(b + 1) % n_prompts])[0])
-    return AlignmentResult(model.cfg.arch, lr, torch.stack(cum), torch.stack(step), torch.stack(ctrl))
+        xq = p.tokens[b, -1, : model.cfg.d_x]
+        q = explicit_sgd(model, xq[None], p.targets[b][None], lr=lr)
+        qg.append(torch.stack([sum_cosine(traj.u[l, -1][None], traj.v[l, -1][None], q.U[l], q.V[l])
+                               for l in range(model.cfg.n_layers)]))
+    return AlignmentResult(model.cfg.arch, lr, torch.stack(cum), torch.stack(step), torch.stack(ctrl), torch.stack(qg))
