@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     ap.add_argument("--out", default="reports/eval_lab.md")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these tiny models)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     sys.stdout.write(run(args.quick, args.out))

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-layers", type=int, default=10)
     ap.add_argument("--d-model", type=int, default=32)
     ap.add_argument("--out", default=str(CHECKPOINT_DIR), help="checkpoint folder (default: the shipped one)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these tiny models)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     for arch in ARCHITECTURES if args.arch == "all" else (args.arch,):
