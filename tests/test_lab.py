@@ -131,6 +131,7 @@ def test_static_thought_patch_generalises_as_k_grows():
 
 def test_memory_kv_cache_grows_fixed_state_does_not():
     res = memory_and_cost(lengths=(32, 128), window=8)
+    assert (res.to_frame().us_per_token_min > 0).all()
     assert res.bytes_at("softmax", 128) == 4 * res.bytes_at("softmax", 32)
     for arch in ("linear", "delta", "gru"):
         assert res.bytes_at(arch, 128) == res.bytes_at(arch, 32) > 0
