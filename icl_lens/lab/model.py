@@ -14,7 +14,6 @@ Hook names per layer ``l``: ``blocks.l.hook_resid_pre``, ``blocks.l.hook_mix_in`
 """
 from __future__ import annotations
 
-
 from dataclasses import asdict, dataclass
 
 import torch
