@@ -145,7 +145,7 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md") -> str:
     mc = memory_and_cost(lengths=s((32, 128, 512, 2048), (32, 64, 256)))
     parts += ["### 5. Memory and time per token (token-by-token decoding, batch 1, float32)",
               "State bytes measured from the tensors held after T tokens (KV cache for softmax, fixed state otherwise); "
-              "time = median wall time of the 32 tokens before T on this shared machine (noisy).", "",
+              "time per token = minimum (and, in the frame, median) wall time over the 32 tokens before T on this shared machine.", "",
               markdown_table(mc.to_frame().pivot(index="context_length", columns="arch", values="state_bytes")
                              .reset_index().rename_axis(None, axis=1)), "",
               "Microseconds per token (minimum over the window; the median, more disturbed by other jobs, is in "
