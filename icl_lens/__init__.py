@@ -6,6 +6,7 @@ arXiv 2507.16003). icl_lens computes those patches exactly for every layer and t
 of real models, from one forward pass, and builds dynamics, thought patches and
 dashboards on them. See DESIGN notes in docs/ and README.md.
 """
+from icl_lens import lab
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.model.block_family import UnsupportedArchitectureError
 from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, token_patches
@@ -29,6 +30,7 @@ __all__ = [
     "UpdateStats",
     "ZeroNormWarning",
     "known_model_names",
+    "lab",
     "load_model",
     "patches_applied",
     "token_patches",
