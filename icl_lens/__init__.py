@@ -15,6 +15,14 @@ from icl_lens.model.prompts import PromptError
 
 __version__ = "0.1.0"
 
+
+def dashboard(model=None, **kwargs):
+    """The live JupyterLab dashboard (imports ipywidgets/plotly only when called); see ``icl_lens.ui``."""
+    from icl_lens.ui.dashboard import dashboard as _dashboard
+
+    return _dashboard(model, **kwargs)
+
+
 __all__ = [
     "DEFAULT_MODEL",
     "EMBEDDED_MODELS",
@@ -25,6 +33,7 @@ __all__ = [
     "TokenPatches",
     "UnsupportedArchitectureError",
     "ZeroNormWarning",
+    "dashboard",
     "known_model_names",
     "load_model",
     "patches_applied",
