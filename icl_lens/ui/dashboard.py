@@ -100,7 +100,7 @@ class Dashboard:
         self.notice.add_class("icl-notice")
         self.strip = StripPanel()
         self.heatmap = HeatmapPanel()
-        self.trajectory_panel = TrajectoryPanel()
+        self.trajectory_panel = TrajectoryPanel(a.n_layers)
         self.alignment = AlignmentPanel()
         self.attention = AttentionPanel()
         self.export_buttons = [W.Button(description=d, icon=i) for d, i in

@@ -39,8 +39,10 @@ def _labels(tokens) -> list[str]:
     return [f"{p}: {token_label(t)}" for p, t in enumerate(tokens)]
 
 
-def _figure(meta: str, title: str, height: int = 320, **layout) -> go.FigureWidget:
-    fig = go.FigureWidget(layout=dict(meta=meta, title=dict(text=title, font=dict(size=13)), height=height,
+def _figure(meta: str, title: str, height: int = 320, data=(), **layout) -> go.FigureWidget:
+    # Traces go in the constructor: traces added to a FigureWidget before it is displayed
+    # never reach the browser (plotly 7 sends them as a one-off message).
+    fig = go.FigureWidget(data=list(data), layout=dict(meta=meta, title=dict(text=title, font=dict(size=13)), height=height,
                                       margin=dict(l=50, r=20, t=40, b=60), **layout))
     return fig
 
@@ -72,10 +74,10 @@ class HeatmapPanel:
 
     def __init__(self):
         self.kind = W.ToggleButtons(options=self.KINDS, value=self.KINDS[0], style=dict(button_width="auto"))
-        self.fig = _figure("icl_lens:heatmap", "token-patch norm per layer and token", height=360,
-                           yaxis=dict(title="layer", autorange=True))
-        self.fig.add_heatmap(z=[], x=[], y=[], colorscale="Viridis", colorbar=dict(title=""),
-                             hovertemplate="layer %{y}<br>%{text}<br>%{z:.4g}<extra></extra>")
+        trace = go.Heatmap(z=[], x=[], y=[], colorscale="Viridis", colorbar=dict(title=""),
+                           hovertemplate="layer %{y}<br>%{text}<br>%{z:.4g}<extra></extra>")
+        self.fig = _figure("icl_lens:heatmap", "token-patch norm per layer and token", height=360, data=[trace],
+                           yaxis=dict(title="layer"))
         self.widget = W.VBox([self.kind, self.fig])
 
     def values(self, patches: TokenPatches) -> np.ndarray:
@@ -103,10 +105,10 @@ class AlignmentPanel:
     """Token × token cosine of the token patches of one layer."""
 
     def __init__(self):
-        self.fig = _figure("icl_lens:alignment", "patch alignment (cosine), layer 0", height=420,
+        trace = go.Heatmap(z=[], x=[], y=[], zmin=-1, zmax=1, colorscale="RdBu", reversescale=True,
+                           hovertemplate="%{y} · %{x}<br>cos %{z:.3f}<extra></extra>")
+        self.fig = _figure("icl_lens:alignment", "patch alignment (cosine), layer 0", height=420, data=[trace],
                            yaxis=dict(autorange="reversed"))
-        self.fig.add_heatmap(z=[], x=[], y=[], zmin=-1, zmax=1, colorscale="RdBu", reversescale=True,
-                             hovertemplate="%{y} · %{x}<br>cos %{z:.3f}<extra></extra>")
         self.widget = self.fig
 
     def show(self, patches: TokenPatches | None, matrix, layer: int) -> None:
@@ -131,11 +133,13 @@ class TrajectoryPanel:
     """Meta-gradient norm vs context length per layer, with the fitted decay exponent,
     and the cosine between consecutive meta-gradient steps."""
 
-    def __init__(self):
+    def __init__(self, n_layers: int):
         self.loglog = W.Checkbox(value=True, description="log–log", indent=False)
         self.norms = _figure("icl_lens:meta_gradient", "meta-gradient norm vs context length", height=340,
+                             data=_layer_traces(n_layers),
                              xaxis=dict(title="context length i"), yaxis=dict(title="‖W_{i+1} − W_i‖"))
         self.steps = _figure("icl_lens:step_alignment", "consecutive-step alignment", height=340,
+                             data=_layer_traces(n_layers),
                              xaxis=dict(title="context length i"), yaxis=dict(title="cos(step i, step i+1)",
                                                                              range=[-1.05, 1.05]))
         self.message = W.HTML()
@@ -143,11 +147,9 @@ class TrajectoryPanel:
 
     def _ensure_traces(self, n_layers: int) -> None:
         for fig in (self.norms, self.steps):
-            if len(fig.data) != n_layers:  # only when the model changes
+            if len(fig.data) != n_layers:  # at construction and when the model changes
                 fig.data = []
-                for layer in range(n_layers):
-                    fig.add_scatter(x=[], y=[], mode="lines+markers", marker=dict(size=4), name=f"L{layer}",
-                                    line=dict(color=_layer_colour(layer, n_layers)))
+                fig.add_traces(_layer_traces(n_layers))
 
     def apply_scale(self) -> None:
         kind = "log" if self.loglog.value else "linear"
@@ -222,6 +224,11 @@ def _fit_table(trajectory) -> dict[int, str]:
             parts.append(f"R²={row[r2_col]:.2f}")
         out[int(row["layer"])] = "(" + ", ".join(parts) + ")" if parts else ""
     return out
+
+
+def _layer_traces(n_layers: int) -> list[go.Scatter]:
+    return [go.Scatter(x=[], y=[], mode="lines+markers", marker=dict(size=4), name=f"L{layer}",
+                       line=dict(color=_layer_colour(layer, n_layers))) for layer in range(n_layers)]
 
 
 def _layer_colour(layer: int, n_layers: int) -> str:
