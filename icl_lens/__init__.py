@@ -9,6 +9,7 @@ dashboards on them. See DESIGN notes in docs/ and README.md.
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.model.block_family import UnsupportedArchitectureError
 from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, token_patches
+from icl_lens.model.incremental import PatchSession, UpdateStats
 from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
 from icl_lens.model.patched_forward import EquivalenceReport, patches_applied, verify_equivalence
 from icl_lens.model.prompts import PromptError
@@ -29,9 +30,11 @@ __all__ = [
     "EquivalenceReport",
     "ModelNotFoundError",
     "NonFiniteActivationError",
+    "PatchSession",
     "PromptError",
     "TokenPatches",
     "UnsupportedArchitectureError",
+    "UpdateStats",
     "ZeroNormWarning",
     "dashboard",
     "known_model_names",
