@@ -13,6 +13,8 @@ from icl_lens.model.incremental import PatchSession, UpdateStats
 from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
 from icl_lens.model.patched_forward import EquivalenceReport, patches_applied, verify_equivalence
 from icl_lens.model.prompts import PromptError
+from icl_lens.core.trajectory import DecayFit, Trajectory
+from icl_lens.model.trajectory_capture import NoContextError, QueryPositionError, TrajectoryCheck, trajectory, verify_trajectory
 
 __version__ = "0.1.0"
 
@@ -26,13 +28,18 @@ def dashboard(model=None, **kwargs):
 
 __all__ = [
     "DEFAULT_MODEL",
+    "DecayFit",
     "EMBEDDED_MODELS",
     "EquivalenceReport",
     "ModelNotFoundError",
+    "NoContextError",
     "NonFiniteActivationError",
     "PatchSession",
     "PromptError",
+    "QueryPositionError",
     "TokenPatches",
+    "Trajectory",
+    "TrajectoryCheck",
     "UnsupportedArchitectureError",
     "UpdateStats",
     "ZeroNormWarning",
@@ -41,5 +48,7 @@ __all__ = [
     "load_model",
     "patches_applied",
     "token_patches",
+    "trajectory",
     "verify_equivalence",
+    "verify_trajectory",
 ]
