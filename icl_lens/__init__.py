@@ -7,7 +7,9 @@ of real models, from one forward pass, and builds dynamics, thought patches and
 dashboards on them. See DESIGN notes in docs/ and README.md.
 """
 from icl_lens.core.patch_set import TokenPatches
+from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
 from icl_lens.model.block_family import UnsupportedArchitectureError
+from icl_lens.model.generation import GenerationPatches, generate_with_patches
 from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, token_patches
 from icl_lens.model.incremental import PatchSession, UpdateStats
 from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
@@ -31,12 +33,14 @@ __all__ = [
     "DecayFit",
     "EMBEDDED_MODELS",
     "EquivalenceReport",
+    "GenerationPatches",
     "ModelNotFoundError",
     "NoContextError",
     "NonFiniteActivationError",
     "PatchSession",
     "PromptError",
     "QueryPositionError",
+    "SpikeFlags",
     "TokenPatches",
     "Trajectory",
     "TrajectoryCheck",
@@ -44,9 +48,12 @@ __all__ = [
     "UpdateStats",
     "ZeroNormWarning",
     "dashboard",
+    "generate_with_patches",
     "known_model_names",
     "load_model",
     "patches_applied",
+    "spike_scores",
+    "spike_scores_from_norms",
     "token_patches",
     "trajectory",
     "verify_equivalence",

@@ -1,0 +1,1 @@
+"""Evaluations: commands that write Markdown fragments ``reports/eval_<topic>.md``."""
