@@ -13,15 +13,17 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from icl_lens.core.factored import gram_cosine
 from icl_lens.core.patch_set import TokenPatches
+from icl_lens.core.spike_scores import SpikeFlags, spike_scores
+from icl_lens.core.trajectory import Trajectory
 from icl_lens.model.attention import attention_pattern
-from icl_lens.model.capture import token_patches
+from icl_lens.model.incremental import PatchSession
 from icl_lens.model.prompts import PromptError, context_limit
+from icl_lens.model.trajectory_capture import NoContextError, trajectory
 
 DEFAULT_MAX_TOKENS = 1024
 
@@ -76,7 +78,7 @@ class PromptAnalyzer:
         self.name = getattr(model, "icl_lens_name", model.cfg.model_name)
         self.n_ctx = context_limit(model)
         self.limit = self.n_ctx if max_tokens is None else min(self.n_ctx, int(max_tokens))
-        self.session = _patch_session(model)
+        self.session = PatchSession(model)
         self._patches = _Cache(4)
         self._trajectories = _Cache(8)
         self._attention = _Cache(8)
@@ -100,11 +102,9 @@ class PromptAnalyzer:
     def patches(self, prompt: EncodedPrompt) -> tuple[TokenPatches, bool]:
         """Token patches of the prompt and whether anything was recomputed."""
         def make():
-            if self.session is None:
-                self.last_patch_stats = f"all {prompt.ids.numel()} positions (one forward)"
-                return token_patches(self.model, prompt.ids)
             result = self.session.update(prompt.ids)
-            self.last_patch_stats = _session_stats(self.session, prompt.ids.numel())
+            stats = self.session.last_stats
+            self.last_patch_stats = f"{stats.recomputed} of {stats.n_positions} positions (PatchSession)"
             return result
 
         patches, fresh = self._patches.get_or(prompt.key, make)
@@ -112,21 +112,22 @@ class PromptAnalyzer:
             self.last_patch_stats = "cached"
         return patches, fresh
 
-    def trajectory(self, prompt: EncodedPrompt, query: int):
-        """The implicit trajectory of ``query`` (``icl_lens.trajectory``), or None if unavailable."""
-        fn = _library("trajectory")
-        if fn is None:
-            return None, False
-        return self._trajectories.get_or((prompt.key, query), lambda: fn(self.model, prompt.ids, query=query))
+    def trajectory(self, prompt: EncodedPrompt, query: int) -> tuple[Trajectory | str, bool]:
+        """``icl_lens.trajectory`` of ``query``, or a message saying why there is none."""
+        def make():
+            try:
+                return trajectory(self.model, prompt.ids, query=query)
+            except NoContextError as exc:
+                return str(exc)
+        return self._trajectories.get_or((prompt.key, query), make)
 
     def attention(self, prompt: EncodedPrompt, layer: int) -> tuple[Float[Tensor, "head query key"], bool]:
         return self._attention.get_or((prompt.key, layer), lambda: attention_pattern(self.model, prompt.ids, layer))
 
 
-def spike_flags(patches: TokenPatches, threshold: float):
-    """``icl_lens.spike_scores`` of the patches, or None where that API is not available."""
-    fn = _library("spike_scores")
-    return None if fn is None else fn(patches, threshold=threshold)
+def spike_flags(patches: TokenPatches, threshold: float) -> SpikeFlags:
+    """``icl_lens.spike_scores`` of the patches (default window) at the chosen threshold."""
+    return spike_scores(patches, threshold=threshold)
 
 
 def alignment_matrix(patches: TokenPatches, layer: int) -> Float[Tensor, "pos pos"]:
@@ -139,22 +140,3 @@ def timed(fn, *args, **kwargs):
     start = time.perf_counter()
     out = fn(*args, **kwargs)
     return out, time.perf_counter() - start
-
-
-def _library(name: str):
-    import icl_lens
-
-    return getattr(icl_lens, name, None)
-
-
-def _patch_session(model):
-    try:
-        from icl_lens.model.incremental import PatchSession
-    except ImportError:
-        return None
-    return PatchSession(model)
-
-
-def _session_stats(session, n: int) -> str:
-    stats = getattr(session, "last_stats", None)
-    return f"{stats} of {n} positions (PatchSession)" if stats is not None else f"{n} positions (PatchSession)"

@@ -94,6 +94,7 @@ class Dashboard:
         self.head = W.IntSlider(value=0, min=0, max=a.n_heads - 1, description="head", continuous_update=False)
         self.threshold = W.FloatSlider(value=DEFAULT_THRESHOLD, min=1.0, max=8.0, step=0.1,
                                        description="flag at z >", continuous_update=False)
+        self.follow_last = W.Checkbox(value=True, description="query = last token", indent=False)
         self.status = W.HTML(value="<i>Type a prompt.</i>")
         self.status.add_class("icl-status")
         self.notice = W.HTML(value="")
@@ -116,7 +117,8 @@ class Dashboard:
             self.status,
             self.strip.widget,
             self.heatmap.widget,
-            W.HTML("<b>Implicit dynamics of the selected query</b> (click a token to choose it)"),
+            W.HBox([W.HTML("<b>Implicit dynamics of the selected query</b> (click a token to choose it)&nbsp;"),
+                    self.follow_last]),
             self.trajectory_panel.widget,
             W.HBox([self.layer, self.head]),
             W.HBox([self.alignment.widget, self.attention.widget]),
@@ -131,12 +133,20 @@ class Dashboard:
         self.heatmap.kind.observe(lambda _c: self._redraw_heatmap(), names="value")
         self.trajectory_panel.loglog.observe(lambda _c: self.trajectory_panel.apply_scale(), names="value")
         self.strip.widget.observe(self._clicked, names="selected")
+        self.follow_last.observe(self._follow, names="value")
         if prompt:
             self.text.value = prompt
 
     # ----------------------------------------------------------------- display
     def _repr_mimebundle_(self, **kwargs):
+        if self.text.value:  # figures updated before any view existed: draw again once shown
+            self.runner.submit(self._request(), debounce=True)
         return self.widget._repr_mimebundle_(**kwargs)
+
+    @property
+    def model(self):
+        """The model currently analysed (a TransformerBridge)."""
+        return self.analyzer.model
 
     # ------------------------------------------------------------------ public
     def set_prompt(self, text: str) -> int:
@@ -172,7 +182,15 @@ class Dashboard:
         if self._in_worker() or change["new"] is None or change["new"] < 0:
             return
         self._query = int(change["new"])
+        self.follow_last.value = False  # observer: the query is pinned now, no second request
         self._changed(debounce=False)
+
+    def _follow(self, change) -> None:
+        if self._in_worker():
+            return
+        if change["new"]:
+            self._query = None
+            self._changed(debounce=False)
 
     # ------------------------------------------------------------------ worker
     def _say(self, generation: int, text: str, error: bool = False) -> None:
@@ -222,10 +240,11 @@ class Dashboard:
         (patches, fresh), seconds = timed(a.patches, prompt)
         parts.append(f"patches: {a.last_patch_stats} ({_ms(seconds)})" if fresh else "patches: cached")
         spikes, seconds = timed(spike_flags, patches, request.threshold)
-        if spikes is not None:
-            parts.append(f"spike flags ({_ms(seconds)})")
+        parts.append(f"spike flags ({_ms(seconds)})")
         n = patches.n_positions
         query = request.query if request.query is not None and request.query < n else n - 1
+        if request.query is not None and request.query >= n:  # the pinned query was deleted
+            self.runner.draw(generation, lambda: self._unpin())
         layer = min(request.layer, a.n_layers - 1)
         matrix = alignment_matrix(patches, layer)
         notice = prompt.notice(a.name, a.n_ctx)
@@ -248,11 +267,12 @@ class Dashboard:
         if self.runner.newer_pending(generation):
             return
         (trajectory, fresh), seconds = timed(a.trajectory, prompt, query)
-        if trajectory is None:
-            traj_note = "trajectory: waiting for icl_lens.trajectory (dynamics API not installed)"
+        if isinstance(trajectory, str):  # no context before the query
+            traj_note, trajectory = trajectory, None
+            parts.append(f"no trajectory for query {query}")
         else:
-            traj_note = f"trajectory of query {query}" + (f" ({_ms(seconds)})" if fresh else " (cached)")
-        parts.append(traj_note)
+            traj_note = ""
+            parts.append(f"trajectory of query {query}" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
         if self.runner.newer_pending(generation):
             return
         head = min(request.head, a.n_heads - 1)
@@ -260,8 +280,7 @@ class Dashboard:
         parts.append(f"attention L{layer}" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
 
         def phase2():
-            self.trajectory_panel.show(trajectory, query, patches.tokens, a.n_layers,
-                                       "" if trajectory is not None else traj_note)
+            self.trajectory_panel.show(trajectory, query, patches.tokens, a.n_layers, traj_note)
             self.attention.show(patches.tokens, pattern, layer, head)
             s = self.shown
             s.trajectory, s.attention, s.head = trajectory, pattern, head
@@ -269,6 +288,10 @@ class Dashboard:
 
         if self.runner.draw(generation, phase2):
             self.timeline.setdefault(generation, {})["phase2"] = time.perf_counter()
+
+    def _unpin(self) -> None:
+        self._query = None
+        self.follow_last.value = True  # runs in the worker thread: no new request
 
     def _set_status(self, parts: list[str], start: float, error: str, pending: bool) -> None:
         total = time.perf_counter() - start

@@ -166,15 +166,20 @@ class TrajectoryPanel:
                     for trace in fig.data:
                         trace.x, trace.y = [], []
                 return
-            norms = _np(trajectory.meta_gradient_norms())
-            align = _np(trajectory.consecutive_alignment())
-            lengths = np.arange(1, norms.shape[1] + 1)
-            fit = _fit_table(trajectory)
+            norms = _np(trajectory.meta_gradient_norms())  # column k: step i = k + 1
+            align = _np(trajectory.consecutive_alignment())  # column k: cos(G_{k+1}, G_{k+2}), i = k + 2
+            fit = trajectory.decay_fit()
+            rows = {layer: row for row, layer in enumerate(trajectory.layers)}
             for layer, trace in enumerate(self.norms.data):
-                trace.x, trace.y = lengths, norms[layer]
-                trace.name = f"L{layer} {fit.get(layer, '')}"
+                row = rows.get(layer)
+                if row is None:
+                    trace.x, trace.y, trace.name = [], [], f"L{layer}"
+                    continue
+                trace.x, trace.y = np.arange(1, norms.shape[1] + 1), norms[row]
+                trace.name = f"L{layer} (α={float(fit.exponent[row]):.2f}, R²={float(fit.r_squared[row]):.2f})"
             for layer, trace in enumerate(self.steps.data):
-                trace.x, trace.y = lengths[: align.shape[1]], align[layer]
+                row = rows.get(layer)
+                trace.x, trace.y = ([], []) if row is None else (np.arange(2, align.shape[1] + 2), align[row])
             label = token_label(tokens[query]) if query is not None and 0 <= query < len(tokens) else "?"
             self.norms.layout.title.text = f"meta-gradient norm vs context length — query {query} ({label!r})"
             self.steps.layout.title.text = f"consecutive-step alignment — query {query}"
@@ -205,25 +210,6 @@ class AttentionPanel:
 
 def _np(t) -> np.ndarray:
     return t.detach().cpu().double().numpy() if hasattr(t, "detach") else np.asarray(t, dtype=float)
-
-
-def _fit_table(trajectory) -> dict[int, str]:
-    """'α=…, R²=…' per layer from the trajectory's decay fit (its ``to_frame()``)."""
-    try:
-        frame = trajectory.decay_fit().to_frame()
-    except Exception:  # noqa: BLE001 - a fit that cannot be made is shown as missing
-        return {}
-    exp_col = next((c for c in frame.columns if "expon" in c or c in ("alpha", "slope")), None)
-    r2_col = next((c for c in frame.columns if c.lower() in ("r2", "r_squared", "rsquared")), None)
-    out = {}
-    for _, row in frame.iterrows():
-        parts = []
-        if exp_col is not None:
-            parts.append(f"α={row[exp_col]:.2f}")
-        if r2_col is not None:
-            parts.append(f"R²={row[r2_col]:.2f}")
-        out[int(row["layer"])] = "(" + ", ".join(parts) + ")" if parts else ""
-    return out
 
 
 def _layer_traces(n_layers: int) -> list[go.Scatter]:
