@@ -62,18 +62,19 @@ def _check_matches_library(d, model, text: str, layer: int, threshold: float = 3
     assert axis.tickvals[-1] == n - 1 and axis.ticktext[-1] == token_label(patches.tokens[-1])
     # alignment matrix of the chosen layer
     cos = gram_cosine(patches.stacked_u()[layer], patches.v[layer])
-    np.testing.assert_allclose(_arr(d.alignment.fig.data[0].z), cos.double().numpy(), **TOL)
+    np.testing.assert_allclose(_arr(d.alignment.trace.z), cos.double().numpy(), **TOL)
     # trajectory of the last token: meta-gradient norms and consecutive alignment per layer
     traj = icl_lens.trajectory(model, text, query=n - 1)
     norms = traj.meta_gradient_norms().double().numpy()
     align = traj.consecutive_alignment().double().numpy()
     fit = traj.decay_fit()
     for row, l in enumerate(traj.layers):
-        trace = d.trajectory_panel.norms.data[l]
+        trace = d.trajectory_panel.norms[l]
         np.testing.assert_allclose(_arr(trace.y), norms[row], **TOL)
         assert list(trace.x) == list(range(1, norms.shape[1] + 1))
         assert f"α={float(fit.exponent[row]):.2f}" in trace.name
-        np.testing.assert_allclose(_arr(d.trajectory_panel.steps.data[l].y), align[row], **TOL)
+        np.testing.assert_allclose(_arr(d.trajectory_panel.steps[l].y), align[row], **TOL)
+    np.testing.assert_allclose(_arr(d.trajectory_panel.exponents.y), fit.exponent.double().numpy(), **TOL)
     # attention pattern of the chosen layer (all heads; the panel draws the chosen one)
     torch.testing.assert_close(d.shown.attention, attention_pattern(model, text, layer))
     assert f"data-layer='{layer}'" in d.attention.html.value
@@ -108,7 +109,7 @@ def test_click_selects_query_and_threshold_reflags(load, dash_factory):
     assert d.wait(60)
     assert d.shown.query == 5 and d.shown.trajectory.query == 5 and not d.follow_last.value
     ref = icl_lens.trajectory(model, text, query=5).meta_gradient_norms().double().numpy()
-    np.testing.assert_allclose(_arr(d.trajectory_panel.norms.data[0].y), ref[0], **TOL)
+    np.testing.assert_allclose(_arr(d.trajectory_panel.norms[0].y), ref[0], **TOL)
     d.threshold.value = 1.5
     assert d.wait(60)
     expected = icl_lens.spike_scores(icl_lens.token_patches(model, text), threshold=1.5).flags.tolist()
@@ -146,7 +147,7 @@ def test_empty_text_shows_empty_state(load, dash_factory):
     for empty in ("", "   \n"):
         _type(d, empty)
         assert d.strip.widget.tokens == [] and len(d.heatmap.fig.data[0].z) == 0
-        assert all(len(t.y) == 0 for t in d.trajectory_panel.norms.data)
+        assert all(len(t.y) == 0 for t in d.trajectory_panel.norms)
         assert "empty" in d.status.value and "Traceback" not in d.status.value
         assert d.shown.patches is None
 
@@ -164,7 +165,7 @@ def test_unknown_model_keeps_previous_one(load, dash_factory):
     d.model_box.value = "tiny-gemma3"
     assert d.wait(120)
     assert d.analyzer.name == "tiny-gemma3" and d.layer.max == d.model.cfg.n_layers - 1
-    assert len(d.heatmap.fig.data[0].y) == d.model.cfg.n_layers == len(d.trajectory_panel.norms.data)
+    assert len(d.heatmap.fig.data[0].y) == d.model.cfg.n_layers == len(d.trajectory_panel.norms)
 
 
 def test_long_paste_is_cut_to_context_with_notice(load, dash_factory):
@@ -183,7 +184,7 @@ def test_exports_write_html_png_csv(load, dash_factory, tmp_path):
     d = dash_factory(load("tiny-llama"), export_dir=tmp_path)
     _type(d, "abc abc")
     (html,) = d.export_html()
-    assert html.read_text().count("plotly-graph-div") >= 4
+    assert "plotly-graph-div" in html.read_text() and "icl_lens:figures" in html.read_text()
     norms, traj, fit = d.export_csv()
     import pandas as pd
 
@@ -202,7 +203,7 @@ def test_gemma_dashboard_matches_library(gemma, dash_factory):
     patches = icl_lens.token_patches(gemma, text)
     assert d.strip.widget.tokens == list(patches.tokens)
     np.testing.assert_allclose(_arr(d.heatmap.fig.data[0].z), patches.norms().double().numpy(), rtol=1e-4, atol=1e-5)
-    assert len(d.trajectory_panel.norms.data) == 18
+    assert len(d.trajectory_panel.norms) == 18
     traj = icl_lens.trajectory(gemma, text, query=patches.n_positions - 1)
-    np.testing.assert_allclose(_arr(d.trajectory_panel.norms.data[17].y),
+    np.testing.assert_allclose(_arr(d.trajectory_panel.norms[17].y),
                                traj.meta_gradient_norms()[17].double().numpy(), rtol=1e-4, atol=1e-5)

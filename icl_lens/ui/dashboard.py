@@ -28,7 +28,7 @@ from icl_lens.model.prompts import PromptError
 from icl_lens.ui.analysis import DEFAULT_MAX_TOKENS, PromptAnalyzer, alignment_matrix, spike_flags, timed
 from icl_lens.ui.export import export_csv, export_html, export_png
 from icl_lens.ui.latest_wins import LatestWins
-from icl_lens.ui.panels import AlignmentPanel, AttentionPanel, HeatmapPanel, StripPanel, TrajectoryPanel
+from icl_lens.ui.panels import AlignmentPanel, AttentionPanel, FigureGrid, HeatmapPanel, StripPanel, TrajectoryPanel
 
 DEFAULT_THRESHOLD = 3.5
 
@@ -100,9 +100,10 @@ class Dashboard:
         self.notice = W.HTML(value="")
         self.notice.add_class("icl-notice")
         self.strip = StripPanel()
-        self.heatmap = HeatmapPanel()
-        self.trajectory_panel = TrajectoryPanel(a.n_layers)
-        self.alignment = AlignmentPanel()
+        self.grid = FigureGrid(a.n_layers)
+        self.heatmap = HeatmapPanel(self.grid)
+        self.trajectory_panel = TrajectoryPanel(self.grid)
+        self.alignment = AlignmentPanel(self.grid)
         self.attention = AttentionPanel()
         self.export_buttons = [W.Button(description=d, icon=i) for d, i in
                                (("figures → HTML", "file-code-o"), ("figures → PNG", "file-image-o"),
@@ -116,12 +117,10 @@ class Dashboard:
             self.notice,
             self.status,
             self.strip.widget,
-            self.heatmap.widget,
-            W.HBox([W.HTML("<b>Implicit dynamics of the selected query</b> (click a token to choose it)&nbsp;"),
-                    self.follow_last]),
-            self.trajectory_panel.widget,
-            W.HBox([self.layer, self.head]),
-            W.HBox([self.alignment.widget, self.attention.widget]),
+            W.HBox([self.heatmap.widget, self.trajectory_panel.widget, self.follow_last]),
+            W.HBox([self.layer, self.head, W.HTML("&nbsp;(layer: alignment matrix and attention)")]),
+            self.grid.fig,
+            self.attention.widget,
             W.HBox(self.export_buttons),
         ])
         self.widget.add_class("icl-dashboard")
@@ -330,9 +329,8 @@ class Dashboard:
 
     # ------------------------------------------------------------------ export
     def figures(self) -> dict:
-        """The dashboard's plotly figures by name."""
-        return {"heatmap": self.heatmap.fig, "meta_gradient": self.trajectory_panel.norms,
-                "step_alignment": self.trajectory_panel.steps, "alignment": self.alignment.fig}
+        """The dashboard's plotly figures by name (one grid of every plot)."""
+        return {"dashboard_figures": self.grid.fig}
 
     def export_html(self) -> list[Path]:
         return export_html(self.figures(), self.export_dir)

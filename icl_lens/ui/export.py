@@ -31,15 +31,12 @@ def export_png(figures: dict, folder: Path) -> list[Path]:
     if browser and "BROWSER_PATH" not in os.environ:
         os.environ["BROWSER_PATH"] = browser  # kaleido (choreographer) then uses the system Chromium
     folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, fig in figures.items():
-        path = folder / f"{name}.png"
-        try:
-            fig.write_image(path)
-        except Exception as exc:  # noqa: BLE001 - say what is missing instead of a traceback
-            raise RuntimeError(f"PNG export failed ({type(exc).__name__}: {str(exc).splitlines()[0]}); kaleido "
-                               f"needs Chrome or Chromium (set BROWSER_PATH); use 'figures → HTML' instead") from exc
-        paths.append(path)
+    paths = [folder / f"{name}.png" for name in figures]
+    try:
+        pio.write_images(list(figures.values()), paths)  # one browser session for all figures
+    except Exception as exc:  # noqa: BLE001 - say what is missing instead of a traceback
+        raise RuntimeError(f"PNG export failed ({type(exc).__name__}: {str(exc).splitlines()[0]}); kaleido "
+                           f"needs Chrome or Chromium (set BROWSER_PATH); use 'figures → HTML' instead") from exc
     return paths
 
 

@@ -1,7 +1,7 @@
-"""The dashboard's panels: each a small class with a widget and ``show(result)``.
+"""The dashboard's panels: each a small class with its controls and ``show(result)``.
 
-Figures are plotly ``FigureWidget``s created once and updated in place with
-``batch_update()`` (never rebuilt per keystroke). Every per-token axis is keyed by
+The plots live in ONE plotly ``FigureWidget`` (:class:`FigureGrid`) created once and
+updated in place with ``batch_update()`` (never rebuilt per keystroke). Every per-token axis is keyed by
 POSITION (tokens repeat) and labelled with the token text.
 """
 from __future__ import annotations
@@ -39,12 +39,55 @@ def _labels(tokens) -> list[str]:
     return [f"{p}: {token_label(t)}" for p, t in enumerate(tokens)]
 
 
-def _figure(meta: str, title: str, height: int = 320, data=(), **layout) -> go.FigureWidget:
-    # Traces go in the constructor: traces added to a FigureWidget before it is displayed
-    # never reach the browser (plotly 7 sends them as a one-off message).
-    fig = go.FigureWidget(data=list(data), layout=dict(meta=meta, title=dict(text=title, font=dict(size=13)), height=height,
-                                      margin=dict(l=50, r=20, t=40, b=60), **layout))
-    return fig
+class FigureGrid:
+    """ONE plotly FigureWidget holding every plot of the dashboard, in a subplot grid.
+
+    One widget, not one per plot: each FigureWidget ships plotly.js (~5 MB) to the
+    browser, and anywidget gives each widget 2 s to initialise, which several copies
+    parsed at once miss on a busy machine (then that plot never updates).
+
+    Rows: (1) layer × token heatmap; (2) meta-gradient norm | consecutive-step alignment;
+    (3) token × token alignment matrix | fitted decay exponent per layer.
+    Traces: 0 heatmap, 1 alignment matrix, then per layer the meta-gradient lines, the
+    step-alignment lines, and last the exponent bars.
+    """
+
+    TITLES = ("token-patch norm per layer and token", "meta-gradient norm vs context length",
+              "consecutive-step alignment", "patch alignment (cosine), layer 0", "fitted decay exponent α per layer")
+
+    def __init__(self, n_layers: int):
+        from plotly.subplots import make_subplots
+
+        grid = make_subplots(rows=3, cols=2, specs=[[{"colspan": 2}, None], [{}, {}], [{}, {}]],
+                             row_heights=[0.28, 0.3, 0.42], vertical_spacing=0.09, horizontal_spacing=0.12,
+                             subplot_titles=self.TITLES)
+        grid.add_trace(go.Heatmap(z=[], x=[], y=[], colorscale="Viridis",
+                                  colorbar=dict(title=dict(text="‖ΔW‖"), len=0.26, y=0.87),
+                                  hovertemplate="layer %{y}<br>%{text}<br>%{z:.4g}<extra></extra>"), row=1, col=1)
+        grid.add_trace(go.Heatmap(z=[], x=[], y=[], zmin=-1, zmax=1, colorscale="RdBu", reversescale=True,
+                                  colorbar=dict(title=dict(text="cos"), len=0.38, y=0.2, x=0.44),
+                                  hovertemplate="%{y} · %{x}<br>cos %{z:.3f}<extra></extra>"), row=3, col=1)
+        for trace in layer_traces(n_layers):
+            grid.add_trace(trace, row=2, col=1)
+        for trace in layer_traces(n_layers, legend=False):
+            grid.add_trace(trace, row=2, col=2)
+        grid.add_trace(exponent_bars(), row=3, col=2)
+        grid.update_layout(meta="icl_lens:figures", height=1250, margin=dict(l=60, r=30, t=40, b=40),
+                           legend=dict(y=0.62, yanchor="top", font=dict(size=10)))
+        grid.update_yaxes(title_text="layer", row=1, col=1)
+        grid.update_xaxes(title_text="context length i", row=2, col=1)
+        grid.update_yaxes(title_text="‖W_{i+1} − W_i‖", row=2, col=1)
+        grid.update_xaxes(title_text="context length i", row=2, col=2)
+        grid.update_yaxes(title_text="cos(G_{i−1}, G_i)", range=[-1.05, 1.05], row=2, col=2)
+        grid.update_yaxes(autorange="reversed", row=3, col=1)
+        grid.update_xaxes(title_text="layer", row=3, col=2)
+        grid.update_yaxes(title_text="α (‖G_i‖ ∝ i^−α)", row=3, col=2)
+        # Traces go in the constructor: traces added to a FigureWidget before it is
+        # displayed never reach the browser (plotly 7 sends them as a one-off message).
+        self.fig = go.FigureWidget(grid)
+
+    def title(self, index: int, text: str) -> None:
+        self.fig.layout.annotations[index].text = text
 
 
 class StripPanel:
@@ -72,13 +115,14 @@ class HeatmapPanel:
 
     KINDS = ("patch norm ‖ΔW‖", "correction norm ‖attn_C − attn_0‖")
 
-    def __init__(self):
+    def __init__(self, grid: FigureGrid):
+        self.fig = grid.fig
         self.kind = W.ToggleButtons(options=self.KINDS, value=self.KINDS[0], style=dict(button_width="auto"))
-        trace = go.Heatmap(z=[], x=[], y=[], colorscale="Viridis", colorbar=dict(title=""),
-                           hovertemplate="layer %{y}<br>%{text}<br>%{z:.4g}<extra></extra>")
-        self.fig = _figure("icl_lens:heatmap", "token-patch norm per layer and token", height=360, data=[trace],
-                           yaxis=dict(title="layer"))
-        self.widget = W.VBox([self.kind, self.fig])
+        self.widget = self.kind
+
+    @property
+    def trace(self):
+        return self.fig.data[0]
 
     def values(self, patches: TokenPatches) -> np.ndarray:
         t = patches.norms() if self.kind.value == self.KINDS[0] else patches.correction_norms()
@@ -86,104 +130,118 @@ class HeatmapPanel:
 
     def show(self, patches: TokenPatches | None) -> None:
         with self.fig.batch_update():
-            trace = self.fig.data[0]
+            trace = self.trace
             if patches is None:
                 trace.z, trace.x, trace.y, trace.text = [], [], [], []
-                self.fig.layout.xaxis = token_axis([])
+                self.fig.layout.xaxis.update(token_axis([]))
                 return
-            z = self.values(patches)
-            trace.z = z
+            trace.z = self.values(patches)
             trace.x = patches.positions
             trace.y = list(range(patches.n_layers))
             trace.text = [_labels(patches.tokens)] * patches.n_layers
             trace.colorbar.title.text = "‖ΔW‖" if self.kind.value == self.KINDS[0] else "‖corr‖"
-            self.fig.layout.xaxis = token_axis(patches.tokens)
+            self.fig.layout.xaxis.update(token_axis(patches.tokens))
             self.fig.layout.yaxis.range = [-0.5, patches.n_layers - 0.5]
 
 
 class AlignmentPanel:
     """Token × token cosine of the token patches of one layer."""
 
-    def __init__(self):
-        trace = go.Heatmap(z=[], x=[], y=[], zmin=-1, zmax=1, colorscale="RdBu", reversescale=True,
-                           hovertemplate="%{y} · %{x}<br>cos %{z:.3f}<extra></extra>")
-        self.fig = _figure("icl_lens:alignment", "patch alignment (cosine), layer 0", height=420, data=[trace],
-                           yaxis=dict(autorange="reversed"))
-        self.widget = self.fig
+    def __init__(self, grid: FigureGrid):
+        self.grid, self.fig = grid, grid.fig
+
+    @property
+    def trace(self):
+        return self.fig.data[1]
 
     def show(self, patches: TokenPatches | None, matrix, layer: int) -> None:
         with self.fig.batch_update():
-            trace = self.fig.data[0]
+            trace = self.trace
             if patches is None:
                 trace.z, trace.x, trace.y = [], [], []
-                self.fig.layout.xaxis = token_axis([])
-                self.fig.layout.yaxis.update(tickvals=[], ticktext=[])
+                self.fig.layout.xaxis4.update(token_axis([]))
+                self.fig.layout.yaxis4.update(tickvals=[], ticktext=[])
                 return
             trace.z = matrix.detach().cpu().double().numpy()
             trace.x = patches.positions
             trace.y = patches.positions
             axis = token_axis(patches.tokens)
-            self.fig.layout.xaxis = axis
-            self.fig.layout.yaxis.update(tickmode="array", tickvals=axis["tickvals"], ticktext=axis["ticktext"],
-                                         title="token (position)")
-            self.fig.layout.title.text = f"patch alignment (cosine of token patches), layer {layer}"
+            self.fig.layout.xaxis4.update(axis)
+            self.fig.layout.yaxis4.update(tickmode="array", tickvals=axis["tickvals"], ticktext=axis["ticktext"],
+                                          title_text="token (position)")
+            self.grid.title(3, f"patch alignment (cosine of token patches), layer {layer}")
 
 
 class TrajectoryPanel:
-    """Meta-gradient norm vs context length per layer, with the fitted decay exponent,
-    and the cosine between consecutive meta-gradient steps."""
+    """Meta-gradient norm vs context length per layer, consecutive-step alignment, and the
+    fitted decay exponent per layer, for the selected query."""
 
-    def __init__(self, n_layers: int):
+    def __init__(self, grid: FigureGrid):
+        self.grid, self.fig = grid, grid.fig
         self.loglog = W.Checkbox(value=True, description="log–log", indent=False)
-        self.norms = _figure("icl_lens:meta_gradient", "meta-gradient norm vs context length", height=340,
-                             data=_layer_traces(n_layers),
-                             xaxis=dict(title="context length i"), yaxis=dict(title="‖W_{i+1} − W_i‖"))
-        self.steps = _figure("icl_lens:step_alignment", "consecutive-step alignment", height=340,
-                             data=_layer_traces(n_layers),
-                             xaxis=dict(title="context length i"), yaxis=dict(title="cos(step i, step i+1)",
-                                                                             range=[-1.05, 1.05]))
         self.message = W.HTML()
-        self.widget = W.VBox([W.HBox([self.loglog, self.message]), W.HBox([self.norms, self.steps])])
+        self.widget = W.HBox([self.loglog, self.message])
+        self.apply_scale()
+
+    @property
+    def n_layers(self) -> int:
+        return (len(self.fig.data) - 3) // 2
+
+    @property
+    def norms(self) -> tuple:
+        return self.fig.data[2: 2 + self.n_layers]
+
+    @property
+    def steps(self) -> tuple:
+        return self.fig.data[2 + self.n_layers: 2 + 2 * self.n_layers]
+
+    @property
+    def exponents(self):
+        return self.fig.data[-1]
 
     def _ensure_traces(self, n_layers: int) -> None:
-        for fig in (self.norms, self.steps):
-            if len(fig.data) != n_layers:  # at construction and when the model changes
-                fig.data = []
-                fig.add_traces(_layer_traces(n_layers))
+        if self.n_layers == n_layers:
+            return
+        # only when the model changes: replace the per-layer traces
+        self.fig.data = self.fig.data[:2]
+        self.fig.add_traces(layer_traces(n_layers), rows=[2] * n_layers, cols=[1] * n_layers)
+        self.fig.add_traces(layer_traces(n_layers, legend=False), rows=[2] * n_layers, cols=[2] * n_layers)
+        self.fig.add_traces([exponent_bars()], rows=[3], cols=[2])
 
     def apply_scale(self) -> None:
         kind = "log" if self.loglog.value else "linear"
-        with self.norms.batch_update():
-            self.norms.layout.xaxis.type = kind
-            self.norms.layout.yaxis.type = kind
+        with self.fig.batch_update():
+            self.fig.layout.xaxis2.type = kind
+            self.fig.layout.yaxis2.type = kind
 
     def show(self, trajectory, query: int | None, tokens, n_layers: int, message: str = "") -> None:
         self._ensure_traces(n_layers)
         self.message.value = html.escape(message)
-        with self.norms.batch_update(), self.steps.batch_update():
+        with self.fig.batch_update():
             if trajectory is None:
-                for fig in (self.norms, self.steps):
-                    for trace in fig.data:
-                        trace.x, trace.y = [], []
+                for trace in (*self.norms, *self.steps, self.exponents):
+                    trace.x, trace.y = [], []
+                self.grid.title(1, FigureGrid.TITLES[1])
+                self.grid.title(2, FigureGrid.TITLES[2])
                 return
             norms = _np(trajectory.meta_gradient_norms())  # column k: step i = k + 1
             align = _np(trajectory.consecutive_alignment())  # column k: cos(G_{k+1}, G_{k+2}), i = k + 2
             fit = trajectory.decay_fit()
             rows = {layer: row for row, layer in enumerate(trajectory.layers)}
-            for layer, trace in enumerate(self.norms.data):
+            for layer, (line, step) in enumerate(zip(self.norms, self.steps)):
                 row = rows.get(layer)
                 if row is None:
-                    trace.x, trace.y, trace.name = [], [], f"L{layer}"
+                    line.x, line.y, step.x, step.y = [], [], [], []
                     continue
-                trace.x, trace.y = np.arange(1, norms.shape[1] + 1), norms[row]
-                trace.name = f"L{layer} (α={float(fit.exponent[row]):.2f}, R²={float(fit.r_squared[row]):.2f})"
-            for layer, trace in enumerate(self.steps.data):
-                row = rows.get(layer)
-                trace.x, trace.y = ([], []) if row is None else (np.arange(2, align.shape[1] + 2), align[row])
+                line.x, line.y = np.arange(1, norms.shape[1] + 1), norms[row]
+                line.name = f"L{layer} (α={float(fit.exponent[row]):.2f}, R²={float(fit.r_squared[row]):.2f})"
+                step.x, step.y = np.arange(2, align.shape[1] + 2), align[row]
+            bars = self.exponents
+            bars.x, bars.y = list(trajectory.layers), _np(fit.exponent)
+            bars.customdata = _np(fit.r_squared)
             label = token_label(tokens[query]) if query is not None and 0 <= query < len(tokens) else "?"
-            self.norms.layout.title.text = f"meta-gradient norm vs context length — query {query} ({label!r})"
-            self.steps.layout.title.text = f"consecutive-step alignment — query {query}"
-        self.apply_scale()
+            self.grid.title(1, f"meta-gradient norm vs context length — query {query} ({label!r})")
+            self.grid.title(2, f"consecutive-step alignment — query {query}")
 
 
 class AttentionPanel:
@@ -212,9 +270,16 @@ def _np(t) -> np.ndarray:
     return t.detach().cpu().double().numpy() if hasattr(t, "detach") else np.asarray(t, dtype=float)
 
 
-def _layer_traces(n_layers: int) -> list[go.Scatter]:
+def layer_traces(n_layers: int, legend: bool = True) -> list[go.Scatter]:
+    """One line per layer (coloured along Viridis), empty until a trajectory is shown."""
     return [go.Scatter(x=[], y=[], mode="lines+markers", marker=dict(size=4), name=f"L{layer}",
+                       legendgroup=f"L{layer}", showlegend=legend,
                        line=dict(color=_layer_colour(layer, n_layers))) for layer in range(n_layers)]
+
+
+def exponent_bars() -> go.Bar:
+    return go.Bar(x=[], y=[], name="α", showlegend=False, marker_color="#555",
+                  hovertemplate="layer %{x}<br>α = %{y:.3f}<br>R² = %{customdata:.2f}<extra></extra>")
 
 
 def _layer_colour(layer: int, n_layers: int) -> str:
