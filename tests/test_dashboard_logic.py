@@ -79,6 +79,7 @@ def _check_matches_library(d, model, text: str, layer: int, threshold: float = 3
     torch.testing.assert_close(d.shown.attention, attention_pattern(model, text, layer))
     assert f"data-layer='{layer}'" in d.attention.html.value
     assert d.shown.text == text and "Recomputed" in d.status.value
+    assert sum(len(hp.fwd_hooks) for hp in model.hook_dict.values()) == 0, "a hook leaked"
 
 
 def test_figures_hold_library_values(load, dash_factory):

@@ -78,7 +78,7 @@ class PromptAnalyzer:
         self.name = getattr(model, "icl_lens_name", model.cfg.model_name)
         self.n_ctx = context_limit(model)
         self.limit = self.n_ctx if max_tokens is None else min(self.n_ctx, int(max_tokens))
-        self.session = PatchSession(model)
+        self.session = PatchSession(model, logits=False)  # the dashboard needs no logits
         self._patches = _Cache(4)
         self._trajectories = _Cache(8)
         self._attention = _Cache(8)

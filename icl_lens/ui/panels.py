@@ -74,7 +74,7 @@ class FigureGrid:
         grid.add_trace(exponent_bars(), row=3, col=2)
         grid.update_layout(meta="icl_lens:figures", height=1250, margin=dict(l=60, r=30, t=40, b=40),
                            legend=dict(y=0.62, yanchor="top", font=dict(size=10)))
-        grid.update_yaxes(title_text="layer", row=1, col=1)
+        grid.update_yaxes(title_text="layer", dtick=1, row=1, col=1)
         grid.update_xaxes(title_text="context length i", row=2, col=1)
         grid.update_yaxes(title_text="‖W_{i+1} − W_i‖", row=2, col=1)
         grid.update_xaxes(title_text="context length i", row=2, col=2)
