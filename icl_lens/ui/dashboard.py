@@ -64,6 +64,17 @@ class Shown:
     texts_drawn: list = field(default_factory=list)  # (generation, text) in drawing order
 
 
+def load_quietly(name: str):
+    """``load_model`` without the weight-loading progress bar (it would land in the app page)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        return load_model(name)
+    finally:
+        hf_logging.enable_progress_bar()
+
+
 def _ms(seconds: float) -> str:
     return f"{1000 * seconds:.0f} ms"
 
@@ -74,7 +85,7 @@ class Dashboard:
     def __init__(self, model=None, *, prompt: str = "", debounce_s: float = 0.15,
                  max_tokens: int | None = DEFAULT_MAX_TOKENS, export_dir: str | Path = "icl_lens_exports"):
         if model is None or isinstance(model, str):
-            model = load_model(model or DEFAULT_MODEL)
+            model = load_quietly(model or DEFAULT_MODEL)
         self.max_tokens = max_tokens
         self.export_dir = Path(export_dir)
         self.analyzer = PromptAnalyzer(model, max_tokens)
@@ -201,7 +212,7 @@ class Dashboard:
         """Load the requested model; on failure keep the previous one and say why."""
         name = request.model_name
         try:
-            model, seconds = timed(load_model, name)
+            model, seconds = timed(load_quietly, name)
         except Exception as exc:  # noqa: BLE001 - any load failure is shown, the old model stays
             previous = self.analyzer.name
             message = (f"Could not load model {html.escape(name)!r}: {html.escape(str(exc).splitlines()[0])} "

@@ -75,15 +75,15 @@ class FigureGrid:
         grid.update_layout(meta="icl_lens:figures", height=1250, margin=dict(l=60, r=30, t=40, b=40),
                            legend=dict(y=0.62, yanchor="top", font=dict(size=10)))
         grid.update_yaxes(title_text="layer", dtick=1, row=1, col=1)
-        grid.update_xaxes(title_text="context length i", row=2, col=1)
-        grid.update_yaxes(title_text="‖W_{i+1} − W_i‖", row=2, col=1)
+        grid.update_xaxes(title_text="context length i", type="log", row=2, col=1)  # log–log by default
+        grid.update_yaxes(title_text="‖W_{i+1} − W_i‖", type="log", row=2, col=1)
         grid.update_xaxes(title_text="context length i", row=2, col=2)
         grid.update_yaxes(title_text="cos(G_{i−1}, G_i)", range=[-1.05, 1.05], row=2, col=2)
         grid.update_yaxes(autorange="reversed", row=3, col=1)
         grid.update_xaxes(title_text="layer", row=3, col=2)
         grid.update_yaxes(title_text="α (‖G_i‖ ∝ i^−α)", row=3, col=2)
-        # Traces go in the constructor: traces added to a FigureWidget before it is
-        # displayed never reach the browser (plotly 7 sends them as a one-off message).
+        # Traces and layout go in the constructor: changes made to a FigureWidget before it
+        # is displayed never reach the browser (plotly 7 sends them as one-off messages).
         self.fig = go.FigureWidget(grid)
 
     def title(self, index: int, text: str) -> None:
@@ -180,8 +180,7 @@ class TrajectoryPanel:
         self.grid, self.fig = grid, grid.fig
         self.loglog = W.Checkbox(value=True, description="log–log", indent=False)
         self.message = W.HTML()
-        self.widget = W.HBox([self.loglog, self.message])
-        self.apply_scale()
+        self.widget = W.HBox([self.loglog, self.message])  # the grid starts log–log, like the checkbox
 
     @property
     def n_layers(self) -> int:
