@@ -44,7 +44,7 @@ function render({ model, el }) {
       span.textContent = label(tok);
       span.style.background = colour(values[pos] || 0, vmax);
       const v = values[pos] === undefined ? "" : Number(values[pos]).toPrecision(3);
-      span.title = `position ${pos} · ${JSON.stringify(tok)} · patch norm ${v}` + (flags[pos] ? " · spike" : "");
+      span.title = `position ${pos} · ${JSON.stringify(tok)} · mean patch norm over layers ${v}` + (flags[pos] ? " · spike" : "");
       span.addEventListener("click", () => {
         model.set("selected", pos);
         model.save_changes();
