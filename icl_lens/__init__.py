@@ -8,31 +8,56 @@ dashboards on them. See DESIGN notes in docs/ and README.md.
 """
 from icl_lens import lab
 from icl_lens.core.patch_set import TokenPatches
+from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
 from icl_lens.model.block_family import UnsupportedArchitectureError
+from icl_lens.model.generation import GenerationPatches, generate_with_patches
 from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, token_patches
 from icl_lens.model.incremental import PatchSession, UpdateStats
 from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
 from icl_lens.model.patched_forward import EquivalenceReport, patches_applied, verify_equivalence
 from icl_lens.model.prompts import PromptError
+from icl_lens.core.trajectory import DecayFit, Trajectory
+from icl_lens.model.trajectory_capture import NoContextError, QueryPositionError, TrajectoryCheck, trajectory, verify_trajectory
 
 __version__ = "0.1.0"
 
+
+def dashboard(model=None, **kwargs):
+    """The live JupyterLab dashboard (imports ipywidgets/plotly only when called); see ``icl_lens.ui``."""
+    from icl_lens.ui.dashboard import dashboard as _dashboard
+
+    return _dashboard(model, **kwargs)
+
+
 __all__ = [
     "DEFAULT_MODEL",
+    "DecayFit",
     "EMBEDDED_MODELS",
     "EquivalenceReport",
+    "GenerationPatches",
     "ModelNotFoundError",
+    "NoContextError",
     "NonFiniteActivationError",
     "PatchSession",
     "PromptError",
+    "QueryPositionError",
+    "SpikeFlags",
     "TokenPatches",
+    "Trajectory",
+    "TrajectoryCheck",
     "UnsupportedArchitectureError",
     "UpdateStats",
     "ZeroNormWarning",
+    "dashboard",
+    "generate_with_patches",
     "known_model_names",
     "lab",
     "load_model",
     "patches_applied",
+    "spike_scores",
+    "spike_scores_from_norms",
     "token_patches",
+    "trajectory",
     "verify_equivalence",
+    "verify_trajectory",
 ]

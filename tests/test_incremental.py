@@ -33,3 +33,12 @@ def test_session_on_gemma_appends_one_token(gemma):
     patches = session.update(base + " Berlin")
     assert session.last_stats.recomputed == 1
     _assert_same(patches, token_patches(gemma, base + " Berlin"), 1e-3)
+
+
+def test_session_without_logits_matches_through_edits(load):
+    model = load("tiny-gemma3", torch.float64)
+    session = PatchSession(model, logits=False)
+    for cut, reused in [(12, 0), (30, 13), (31, 31), (20, 20), (50, 21)]:
+        patches = session.update(TEXT[:cut])
+        _assert_same(patches, token_patches(model, TEXT[:cut]), 1e-12)
+        assert session.last_stats.reused == reused and session.last_logits is None

@@ -21,7 +21,7 @@ from transformers import DynamicCache
 from icl_lens.core.kept_attention import default_kept_mask
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.model.block_family import block_family
-from icl_lens.model.capture import _LayerCapture, empty_factors, is_bos_kept, warn_zero_inputs
+from icl_lens.model.capture import _LayerCapture, _StopForward, empty_factors, is_bos_kept, warn_zero_inputs
 from icl_lens.model.prompts import encode_prompt, str_tokens
 
 
@@ -41,10 +41,15 @@ class PatchSession:
     ``session.update(prompt) -> TokenPatches`` for the whole prompt; ``session.last_logits``
     holds the logits of its last position; ``session.last_stats`` says what was reused.
     Only the default kept set (BOS + query) is supported here.
+
+    ``logits=False`` skips the unembedding (the forward stops after the last MLP input;
+    the key/value cache is filled in place by then): ``last_logits`` stays None. For
+    Gemma 3 270M the 262k-vocabulary unembedding is most of the cost of appending one
+    token, and the live dashboard does not need logits.
     """
 
-    def __init__(self, model, *, keep_bos: bool = True):
-        self.model, self.keep_bos = model, keep_bos
+    def __init__(self, model, *, keep_bos: bool = True, logits: bool = True):
+        self.model, self.keep_bos, self.logits = model, keep_bos, logits
         self.family = block_family(model)
         self._ids: Tensor | None = None
         self._cache = None
@@ -84,13 +89,21 @@ class PatchSession:
         kept = default_kept_mask(n, keep_bos=kept_bos, device=device)
         new = empty_factors(self.model, n - p, device)
         capture = _LayerCapture(self.model, self.family, kept[p:], True, kept_bos, new, offset=p,
-                                bos_values=self._bos_values, stop_after_last=False)
+                                bos_values=self._bos_values, stop_after_last=not self.logits)
         hooks = [h for layer in range(self.model.cfg.n_layers) for h in capture.hooks(layer)]
         with self.model.hooks(fwd_hooks=hooks):
             # A plain DynamicCache keeps every layer's full history (HF's default cache for
             # sliding-window models drops old keys and then cannot be cropped on edits).
             cache = DynamicCache() if cache is None else cache
-            logits, self._cache = self.model(ids[None, p:], past_key_values=cache, return_type="logits_and_cache")
+            if self.logits:
+                logits, self._cache = self.model(ids[None, p:], past_key_values=cache,
+                                                 return_type="logits_and_cache")
+            else:
+                try:
+                    self.model(ids[None, p:], past_key_values=cache, return_type=None)
+                except _StopForward:
+                    pass
+                logits, self._cache = None, cache  # the attention layers filled the cache in place
         warn_zero_inputs(new["zero_input"], offset=p)
         if self._factors is None:
             self._factors = new
@@ -99,7 +112,7 @@ class PatchSession:
                              for k, v in new.items()}
         self._tokens = self._tokens[:p] + str_tokens(self.model, ids[p:])
         self._ids = ids
-        self.last_logits = logits[0, -1]
+        self.last_logits = None if logits is None else logits[0, -1]
         self.last_stats = UpdateStats(n, p, n - p, time.perf_counter() - start)
         f = self._factors
         return TokenPatches(

@@ -1,0 +1,44 @@
+"""Attention pattern of one layer, read from a forward pass through a scoped hook.
+
+``pattern[h, q, k] = softmax_k(q_h · k_h / √d_head + mask)`` — the attention weights the
+token patches are built from (DESIGN.md §2; Dherin et al. 2025, arXiv 2507.16003).
+The forward stops right after the requested layer's attention, so later layers and the
+unembedding never run.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from icl_lens.model.prompts import encode_prompt
+
+
+class _StopForward(Exception):
+    """Raised from the pattern hook: nothing after it is needed."""
+
+
+def attention_pattern(
+    model, prompt: str | Sequence[int] | Int[Tensor, " pos"], layer: int
+) -> Float[Tensor, "head query key"]:
+    """Attention weights of every head of ``layer`` for ``prompt`` (rows sum to 1)."""
+    n_layers = int(model.cfg.n_layers)
+    if not 0 <= layer < n_layers:
+        raise IndexError(f"layer {layer} is outside the model (0..{n_layers - 1})")
+    ids = encode_prompt(model, prompt)
+    found: list[Tensor] = []
+
+    def grab(pattern: Tensor, hook) -> None:
+        found.append(pattern[0].detach().float().cpu())
+        raise _StopForward
+
+    with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", grab)]):
+        try:
+            model(ids[None], return_type=None)
+        except _StopForward:
+            pass
+    if not found:
+        raise RuntimeError(f"the attention pattern hook of layer {layer} did not fire")
+    return found[0]

@@ -1,0 +1,213 @@
+"""Generate text while recording every new token's patch norms, spike score and flag.
+
+For each generated token ``g_k`` at position ``t = P + k`` (``P`` = prompt length) the
+record holds (DESIGN.md §2; Dherin et al. 2025, arXiv 2507.16003):
+
+* its token patch norms ``‖ΔW[l, t]‖_F`` for every layer ``l`` (the patch of ``g_k`` read
+  as the query, with its context {prompt, g_0..g_{k-1}} removed),
+* its spike score and flag (:func:`icl_lens.spike_scores` over the whole sequence; the
+  score is causal, so it equals the score computed online at step ``k``),
+* ``logprob_k = log p(g_k | prefix)`` and the predictive entropy
+  ``H_k = −Σ_v p(v | prefix) log p(v | prefix)`` (nats) of the distribution ``g_k`` was
+  drawn from, both under the model's own distribution (temperature 1, whatever the
+  sampling temperature).
+
+The key/value cache is reused across steps through :class:`PatchSession`, which
+recomputes only the positions after the longest common prefix with its previous call,
+so a step costs one query position, not a forward over the whole sequence. Passing the
+same ``session`` to several calls also reuses a shared prompt prefix (few-shot preamble).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from icl_lens.core.patch_set import TokenPatches
+from icl_lens.core.spike_scores import SpikeFlags, spike_scores
+from icl_lens.model.incremental import PatchSession
+from icl_lens.model.prompts import PromptError, context_limit, encode_prompt, str_tokens
+
+
+@dataclass(frozen=True, eq=False)
+class GenerationPatches:
+    """A generation with, per generated token, patch norms, spike score/flag, log-prob and entropy."""
+
+    model_name: str
+    prompt_length: int
+    token_ids: Int[Tensor, " pos"]
+    tokens: tuple[str, ...]
+    patches: TokenPatches
+    spikes: SpikeFlags
+    logprobs: Float[Tensor, " new"]
+    entropies: Float[Tensor, " new"]
+    greedy: bool
+    temperature: float
+    seed: int | None
+    stop_reason: str
+
+    @property
+    def n_new(self) -> int:
+        return int(self.logprobs.shape[0])
+
+    @property
+    def positions(self) -> list[int]:
+        """Positions of the generated tokens in the full sequence."""
+        return list(range(self.prompt_length, self.prompt_length + self.n_new))
+
+    @property
+    def generated_ids(self) -> Int[Tensor, " new"]:
+        return self.token_ids[self.prompt_length:]
+
+    @property
+    def generated_tokens(self) -> tuple[str, ...]:
+        return self.tokens[self.prompt_length:]
+
+    @property
+    def text(self) -> str:
+        """The generated continuation as text."""
+        return "".join(self.generated_tokens)
+
+    @property
+    def norms(self) -> Float[Tensor, "layer new"]:
+        """Patch norm of each generated token in every layer."""
+        return self.spikes.norms[:, self.prompt_length:]
+
+    @property
+    def scores(self) -> Float[Tensor, " new"]:
+        return self.spikes.scores[self.prompt_length:]
+
+    @property
+    def flags(self) -> Float[Tensor, " new"]:
+        return self.spikes.flags[self.prompt_length:]
+
+    @property
+    def enough_context(self) -> Float[Tensor, " new"]:
+        return self.spikes.enough_context[self.prompt_length:]
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per generated token: step, position, token, token_id, logprob, entropy,
+        norm (Frobenius norm of the patch over all layers), score, flagged, enough_context."""
+        total = torch.linalg.vector_norm(self.norms, dim=0).tolist()
+        lp, ent = self.logprobs.tolist(), self.entropies.tolist()
+        sc, fl, ok = self.scores.tolist(), self.flags.tolist(), self.enough_context.tolist()
+        ids = self.generated_ids.tolist()
+        rows = [
+            {"step": k, "position": self.prompt_length + k, "token": self.generated_tokens[k], "token_id": ids[k],
+             "logprob": lp[k], "entropy": ent[k], "norm": total[k], "score": sc[k], "flagged": bool(fl[k]),
+             "enough_context": bool(ok[k])}
+            for k in range(self.n_new)
+        ]
+        cols = ["step", "position", "token", "token_id", "logprob", "entropy", "norm", "score", "flagged",
+                "enough_context"]
+        return pd.DataFrame(rows, columns=cols)
+
+
+def predictive_stats(logits: Float[Tensor, " vocab"]) -> tuple[Float[Tensor, " vocab"], float]:
+    """Log-probabilities (float64) and entropy in nats of the softmax of ``logits``."""
+    logp = torch.log_softmax(logits.detach().to(torch.float64), dim=-1)
+    entropy = float(-(logp.exp() * logp).sum())
+    return logp, entropy
+
+
+def _validate(max_new_tokens: int, greedy: bool, temperature: float) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if not greedy and (not isinstance(temperature, (int, float)) or not 0 < temperature < float("inf")):
+        raise ValueError(f"sampling needs a finite temperature > 0, got {temperature!r} (or use greedy=True)")
+
+
+def _next_token(logits: Tensor, greedy: bool, temperature: float, generator: torch.Generator | None) -> int:
+    if greedy:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.detach().to(torch.float64) / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _last_logits(session, vocab: int) -> Tensor:
+    logits = session.last_logits
+    if logits is None:
+        raise RuntimeError("the patch session produced no logits")
+    return logits.detach().reshape(-1, logits.shape[-1])[-1][:vocab]
+
+
+def generate_with_patches(
+    model,
+    prompt: str | Sequence[int] | Int[Tensor, " pos"],
+    *,
+    max_new_tokens: int = 32,
+    greedy: bool = True,
+    temperature: float = 1.0,
+    seed: int | None = None,
+    window: int = 16,
+    threshold: float = 3.5,
+    layers: Sequence[int] | range | None = None,
+    statistic: str = "mean",
+    stop: Sequence[str] = (),
+    stop_at_eos: bool = True,
+    session: PatchSession | None = None,
+) -> GenerationPatches:
+    """Generate up to ``max_new_tokens`` tokens and record each one's patches (module docstring).
+
+    ``greedy``: argmax decoding, else sampling from ``softmax(logits / temperature)`` with
+    a ``torch.Generator`` seeded by ``seed``. Generation stops early after an EOS token
+    (``stop_at_eos``) or once the generated text contains one of the strings in ``stop``
+    (the stopping token is kept). ``window``, ``threshold``, ``layers``, ``statistic``:
+    as in :func:`icl_lens.spike_scores`. ``session``: a :class:`PatchSession` of this
+    model to reuse (its cached prefix is reused where the new prompt shares it).
+    """
+    _validate(max_new_tokens, greedy, temperature)
+    ids = encode_prompt(model, prompt)
+    limit = context_limit(model)
+    if ids.numel() + max_new_tokens > limit:
+        raise PromptError(
+            f"The prompt has {ids.numel()} tokens; with max_new_tokens={max_new_tokens} the sequence would "
+            f"exceed the model's context length of {limit}. Shorten the prompt or generate fewer tokens."
+        )
+    if isinstance(stop, str):
+        stop = (stop,)
+    session = PatchSession(model) if session is None else session
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=ids.device).manual_seed(int(seed))
+    vocab = int(model.cfg.d_vocab)
+    eos = getattr(model.tokenizer, "eos_token_id", None) if stop_at_eos else None
+    prompt_length = int(ids.numel())
+    logprobs: list[float] = []
+    entropies: list[float] = []
+    stop_reason = "max_new_tokens"
+    with torch.no_grad():
+        session.update(ids)
+        for _ in range(max_new_tokens):
+            logits = _last_logits(session, vocab)
+            logp, entropy = predictive_stats(logits)
+            token = _next_token(logits, greedy, temperature, generator)
+            logprobs.append(float(logp[token]))
+            entropies.append(entropy)
+            ids = torch.cat([ids, torch.tensor([token], dtype=ids.dtype, device=ids.device)])
+            patches = session.update(ids)
+            if eos is not None and token == eos:
+                stop_reason = "eos"
+                break
+            if stop and any(s in model.tokenizer.decode(ids[prompt_length:].tolist()) for s in stop):
+                stop_reason = "stop"
+                break
+    flags = spike_scores(patches, window=window, threshold=threshold, layers=layers, statistic=statistic)
+    return GenerationPatches(
+        model_name=getattr(model, "icl_lens_name", model.cfg.model_name),
+        prompt_length=prompt_length,
+        token_ids=ids.cpu(),
+        tokens=str_tokens(model, ids),
+        patches=patches,
+        spikes=flags,
+        logprobs=torch.tensor(logprobs, dtype=torch.float64),
+        entropies=torch.tensor(entropies, dtype=torch.float64),
+        greedy=greedy,
+        temperature=float(temperature),
+        seed=seed,
+        stop_reason=stop_reason,
+    )

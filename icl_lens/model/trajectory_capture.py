@@ -1,0 +1,297 @@
+"""Implicit trajectory W₀..Wₙ of one query from ONE batched forward (DESIGN.md §3).
+
+Dherin et al. 2025 (arXiv 2507.16003, §3). For query ``t`` and each context prefix
+length i = 0..n, the token patch of every layer is computed for the kept set
+``{BOS, c₁..cᵢ, t}`` (DESIGN.md §2) in a "contextual" pass that sees only that prefix:
+
+    r       = query residual entering the block (depends on i beyond layer 0)
+    attn_C  = attention output of the query over keys {BOS, c₁..cᵢ, t}
+    attn_0  = the same scores renormalised over {BOS, t}, times the same values
+    A = ln2(r + attn_C),  a = ln2(r + attn_0),  u = W (A − a),  v = a/‖a‖²,
+    correction = attn_C − attn_0
+
+All n+1 prefix variants run as n+1 copies of the query appended to the prompt prefix
+``x₀..x_{t−1}`` in one sequence (:mod:`icl_lens.core.prefix_variants`): the copies share
+the prefix's keys and values (attention is causal, so ``c_j`` has the same keys and
+values in every prefix forward), each copy masked to its prefix plus itself, at the
+query's original position id. Sliding-window layers keep their window in original
+positions (:func:`icl_lens.model.patched_forward.kept_only_masks`). The forward stops
+after the last requested layer's MLP input: no unembedding. Cost ≈ one forward over
+``t + n + 1`` tokens instead of n forwards over the prompt.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from icl_lens.core.kept_attention import bos_and_self_output
+from icl_lens.core.patch_set import TokenPatches
+from icl_lens.core.prefix_variants import PrefixVariantLayout, prefix_variant_layout
+from icl_lens.core.token_patch import token_patch
+from icl_lens.core.trajectory import Trajectory
+from icl_lens.model.block_family import BlockFamily, block_family, dense_weight
+from icl_lens.model.capture import ZeroNormWarning, _check_finite, _StopForward, patch_dtype
+from icl_lens.model.patched_forward import kept_only_masks, patches_applied
+from icl_lens.model.prompts import bos_id, encode_prompt, str_tokens
+
+
+class QueryPositionError(ValueError):
+    """The query position lies outside the prompt."""
+
+
+class NoContextError(ValueError):
+    """The query has no context tokens to learn from (first token, or right after a kept BOS)."""
+
+
+@dataclass(frozen=True)
+class QuerySetup:
+    """Validated token ids, query position and context layout of one trajectory request."""
+
+    ids: Int[Tensor, " pos"]
+    query: int
+    kept_bos: bool
+    first_context: int
+
+    @property
+    def context_positions(self) -> tuple[int, ...]:
+        return tuple(range(self.first_context, self.query))
+
+    def prefix_ids(self, step: int) -> Int[Tensor, " pos"]:
+        """Positions of the prefix-``step`` input ``[BOS, c₁..c_step, x_t]`` (original position ids)."""
+        kept = list(range(self.first_context + step)) + [self.query]
+        return torch.tensor(kept, device=self.ids.device)
+
+
+def resolve_query(model, prompt, query: int) -> QuerySetup:
+    """Encode ``prompt`` and check that ``query`` is a position with at least one context token."""
+    ids = encode_prompt(model, prompt)
+    n = ids.numel()
+    if not isinstance(query, int) or isinstance(query, bool):
+        raise QueryPositionError(f"query must be an int position, got {query!r}")
+    if not -n <= query < n:
+        raise QueryPositionError(f"query position {query} is outside the prompt of {n} tokens (valid: {-n}..{n - 1})")
+    t = query % n
+    bos = bos_id(model)
+    kept_bos = bool(bos is not None and int(ids[0]) == bos)
+    first_context = 1 if kept_bos else 0
+    if t - first_context < 1:
+        what = "the BOS token it keeps" if kept_bos else "no earlier token"
+        raise NoContextError(
+            f"query position {t} has no context: before it there is only {what}. Pick a later query "
+            f"(at least position {first_context + 1})."
+        )
+    return QuerySetup(ids=ids, query=t, kept_bos=kept_bos, first_context=first_context)
+
+
+def variant_attention_mask(model, layout: PrefixVariantLayout):
+    """Additive attention mask(s) of the shared-prefix sequence: its visibility, plus sliding windows."""
+    dtype = model.cfg.dtype
+    neg = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=layout.positions.device)
+    zero = torch.zeros((), dtype=dtype, device=layout.positions.device)
+    visible = layout.visible[None, None]
+    windowed = kept_only_masks(model, layout.positions[None])
+    if windowed is None:
+        return torch.where(visible, zero, neg)
+    return {kind: torch.where(visible, mask, neg) for kind, mask in windowed.items()}
+
+
+class _TrajectoryCapture:
+    """Hook callbacks that compute the query copies' patch factors while the forward runs."""
+
+    def __init__(self, model, family: BlockFamily, layout: PrefixVariantLayout, kept_bos: bool,
+                 out: dict[str, Tensor], row_of_layer: dict[int, int], last_layer: int):
+        self.model, self.family, self.kept_bos = model, family, kept_bos
+        self.rows = layout.copy_rows()
+        self.out, self.row_of_layer, self.last_layer = out, row_of_layer, last_layer
+        self.dtype = patch_dtype(model)
+        self.state: dict[str, Tensor] = {}
+        self.reentered = False
+
+    def hooks(self, layer: int) -> list[tuple[str, object]]:
+        f = self.family
+        return [
+            (f.resid_pre(layer), self._store("r", copies_only=True)),
+            (f.values(layer), self._store("values", copies_only=False)),
+            (f.scores(layer), self._attend),
+            (f.resid_mid(layer), self._store("resid_mid", copies_only=True)),
+            (f.mlp_input(layer), lambda x, hook, layer=layer: self._patch(x, layer)),
+        ]
+
+    def _store(self, key: str, *, copies_only: bool):
+        def hook(x, hook):
+            self.state[key] = (x[0, self.rows] if copies_only else x[0]).detach()
+        return hook
+
+    def _attend(self, scores: Tensor, hook) -> None:
+        # Kept set {BOS, t} of each copy: its own key (the diagonal) and key 0.
+        z0 = bos_and_self_output(scores[0].detach(), self.state.pop("values"), keep_bos=self.kept_bos)
+        self.state["z0"] = z0[self.rows]
+
+    @torch.no_grad()
+    def _patch(self, mlp_in: Tensor, layer: int) -> None:
+        if self.reentered:  # our own call of ln2 below fires this hook point again
+            return
+        block = self.model.blocks[layer]
+        r, resid_mid, z0 = self.state.pop("r"), self.state.pop("resid_mid"), self.state.pop("z0")
+        if layer in self.row_of_layer:
+            self.reentered = True
+            try:
+                attn_0 = block.attn.o(z0.reshape(1, z0.shape[0], -1).to(r.dtype))
+                if self.family.post_attention_norm:
+                    attn_0 = block.ln1_post(attn_0)
+                a = block.ln2(r[None] + attn_0)[0]
+                attn_0 = attn_0[0]
+            finally:
+                self.reentered = False
+            A = mlp_in[0, self.rows].detach()
+            _check_finite(A, "MLP input (context prefix)", layer)
+            _check_finite(a, "MLP input (context removed)", layer)
+            A, a = A.to(self.dtype), a.to(self.dtype)
+            correction = (resid_mid - r).to(self.dtype) - attn_0.to(self.dtype)
+            u_in, v, zero = token_patch(dense_weight(block.mlp.__getattr__("in")).to(self.dtype), A, a)
+            # Step 0 keeps exactly {BOS, t}: nothing is removed, the patch is zero by definition.
+            keep = torch.ones(u_in.shape[0], 1, dtype=self.dtype, device=u_in.device)
+            keep[0] = 0
+            k = self.row_of_layer[layer]
+            self.out["u_in"][k] = u_in * keep
+            if self.family.gated:
+                self.out["u_gate"][k] = (A - a) @ dense_weight(block.mlp.gate).to(self.dtype).T * keep
+            self.out["v"][k] = v
+            self.out["correction"][k] = correction * keep
+            self.out["zero_input"][k] = zero
+            self.out["zero_input"][k, 0] = False
+        if layer == self.last_layer:
+            raise _StopForward
+
+
+def _resolve_layers(model, layers: Sequence[int] | None) -> tuple[int, ...]:
+    n_layers = model.cfg.n_layers
+    if layers is None:
+        return tuple(range(n_layers))
+    out = []
+    for layer in layers:
+        if not -n_layers <= int(layer) < n_layers:
+            raise ValueError(f"layer {layer} does not exist (the model has {n_layers} layers)")
+        out.append(int(layer) % n_layers)
+    if not out:
+        raise ValueError("layers is empty; pass None for all layers")
+    return tuple(sorted(set(out)))
+
+
+def trajectory(model, prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> Trajectory:
+    """Implicit weights W₀..Wₙ of query ``query`` for every context prefix length (DESIGN.md §3).
+
+    ``prompt``: text or token ids. ``query``: position (negative counts from the end).
+    The context is every token strictly between the kept BOS (when the prompt starts
+    with the tokenizer's BOS) and the query. ``layers``: which layers to return (default
+    all); the forward stops after the last of them. One batched forward over the prompt
+    prefix plus n+1 query copies (see module docstring).
+    """
+    setup = resolve_query(model, prompt, query)
+    family = block_family(model)
+    wanted = _resolve_layers(model, layers)
+    ids, t, device = setup.ids, setup.query, setup.ids.device
+    layout = prefix_variant_layout(t, setup.first_context, device=device)
+    steps = layout.n_steps
+    cfg, dtype = model.cfg, patch_dtype(model)
+    k = len(wanted)
+    out = {
+        "u_in": torch.zeros(k, steps, cfg.d_mlp, dtype=dtype, device=device),
+        "u_gate": torch.zeros(k, steps, cfg.d_mlp, dtype=dtype, device=device) if family.gated else None,
+        "v": torch.zeros(k, steps, cfg.d_model, dtype=dtype, device=device),
+        "correction": torch.zeros(k, steps, cfg.d_model, dtype=dtype, device=device),
+        "zero_input": torch.zeros(k, steps, dtype=torch.bool, device=device),
+    }
+    capture = _TrajectoryCapture(model, family, layout, setup.kept_bos, out,
+                                 {layer: row for row, layer in enumerate(wanted)}, last_layer=wanted[-1])
+    fwd_hooks = [h for layer in range(wanted[-1] + 1) for h in capture.hooks(layer)]
+    mask = variant_attention_mask(model, layout)
+    with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
+        try:
+            model(ids[layout.positions][None], return_type=None, position_ids=layout.positions[None],
+                  attention_mask=mask)
+        except _StopForward:
+            pass
+    zero = out["zero_input"]
+    if zero.any():
+        where = ", ".join(f"layer {wanted[int(l)]} step {int(s)}" for l, s in torch.nonzero(zero)[:10])
+        warnings.warn(f"kept-only MLP input has zero norm at {where}; those patches are set to zero "
+                      f"(pseudo-inverse convention) and are not exact", ZeroNormWarning, stacklevel=2)
+    return Trajectory(
+        tokens=str_tokens(model, ids), query=t, layers=wanted, context_positions=setup.context_positions,
+        u_in=out["u_in"], u_gate=out["u_gate"], v=out["v"], correction=out["correction"],
+        model_name=getattr(model, "icl_lens_name", cfg.model_name), kept_bos=setup.kept_bos,
+    )
+
+
+def steps_as_patches(traj: Trajectory) -> TokenPatches:
+    """The trajectory's steps as a :class:`TokenPatches` whose "positions" are steps i = 0..n.
+
+    Lets :func:`~icl_lens.model.patched_forward.patches_applied` apply ``Wᵢ`` (source
+    index i) to the query of a kept-only input. Needs every layer.
+    """
+    steps = traj.n_context + 1
+    if len(traj.layers) != traj.v.shape[0] or traj.layers != tuple(range(len(traj.layers))):
+        raise ValueError("applying a trajectory needs every layer: compute it with layers=None")
+    return TokenPatches(
+        model_name=traj.model_name, tokens=traj.step_tokens(), token_ids=torch.zeros(steps, dtype=torch.long),
+        u_in=traj.u_in, u_gate=traj.u_gate, v=traj.v, correction=traj.correction,
+        kept=torch.eye(steps, dtype=torch.bool), kept_bos=traj.kept_bos,
+        zero_input=torch.zeros(len(traj.layers), steps, dtype=torch.bool),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class TrajectoryCheck:
+    """Per step: max |logit difference| between ``[BOS, x_t]`` with ``Wᵢ`` and the prefix-i forward."""
+
+    steps: tuple[int, ...]
+    max_abs_err: Float[Tensor, " step"]
+    max_abs_logit: Float[Tensor, " step"]
+
+    @property
+    def relative_error(self) -> float:
+        """Worst step's error divided by that step's largest |logit|."""
+        return float((self.max_abs_err / self.max_abs_logit).max())
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"step": list(self.steps), "max_abs_err": self.max_abs_err.double().numpy(),
+                             "relative_err": (self.max_abs_err / self.max_abs_logit).double().numpy()})
+
+
+@torch.no_grad()
+def verify_trajectory(model, prompt, traj: Trajectory | None = None, *, query: int = -1,
+                      steps: Sequence[int] | None = None) -> TrajectoryCheck:
+    """The exactness identity for trajectory steps: patched ``[BOS, x_t]`` vs the forward on ``[BOS, c₁..cᵢ, x_t]``.
+
+    Each reference forward runs on the prefix tokens only, every token at its original
+    position id (sliding windows measured in original positions).
+    """
+    setup = resolve_query(model, prompt, traj.query if traj is not None else query)
+    if traj is None:
+        traj = trajectory(model, setup.ids, query=setup.query)
+    if traj.query != setup.query or traj.tokens != str_tokens(model, setup.ids):
+        raise ValueError("the trajectory was computed for a different prompt or query")
+    steps = tuple(range(traj.n_context + 1)) if steps is None else tuple(int(s) for s in steps)
+    if any(not 0 <= s <= traj.n_context for s in steps):
+        raise ValueError(f"steps must lie in 0..{traj.n_context}")
+    patches = steps_as_patches(traj)
+    ids, t = setup.ids, setup.query
+    kept = torch.tensor(([0] if setup.kept_bos else []) + [t], device=ids.device)
+    sources = torch.tensor([([-1] if setup.kept_bos else []) + [s] for s in steps], device=ids.device)
+    pos = kept[None].expand(len(steps), -1)
+    with patches_applied(model, patches, sources):
+        patched = model(ids[pos], position_ids=pos, attention_mask=kept_only_masks(model, pos))[:, -1]
+    errs, scales = [], []
+    for row, s in enumerate(steps):
+        p = setup.prefix_ids(s)[None]
+        reference = model(ids[p], position_ids=p, attention_mask=kept_only_masks(model, p))[0, -1]
+        errs.append((patched[row] - reference).abs().max())
+        scales.append(reference.abs().max())
+    return TrajectoryCheck(steps=steps, max_abs_err=torch.stack(errs).cpu(), max_abs_logit=torch.stack(scales).cpu())

@@ -1,0 +1,366 @@
+"""The live dashboard: token patches, spike flags and implicit dynamics while typing.
+
+``icl_lens.dashboard()`` shows, for the prompt in its text area (DESIGN.md §2–§3;
+Dherin et al. 2025, arXiv 2507.16003): a token strip coloured by patch norm
+``‖ΔW‖_F = ‖u‖·‖v‖`` with spike-flagged tokens marked (click = choose the query), a
+layer × token heatmap of patch (or skip-correction) norms, the meta-gradient norms of
+the chosen query vs context length with the fitted decay exponent and consecutive-step
+alignment, the token × token patch alignment of one layer, and one head's attention.
+
+Typing is debounced; each keystroke bumps a generation counter and only the newest
+request is computed and drawn (``LatestWins``). Drawing is two-phase: the strip,
+heatmap and alignment matrix (from the patches alone) first, then the trajectory and
+attention panels, skipped if a newer keystroke is already waiting.
+"""
+from __future__ import annotations
+
+import html
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ipywidgets as W
+
+from icl_lens.model.loading import DEFAULT_MODEL, known_model_names, load_model
+from icl_lens.model.prompts import PromptError
+from icl_lens.ui.analysis import DEFAULT_MAX_TOKENS, PromptAnalyzer, alignment_matrix, spike_flags, timed
+from icl_lens.ui.export import export_csv, export_html, export_png
+from icl_lens.ui.latest_wins import LatestWins
+from icl_lens.ui.panels import AlignmentPanel, AttentionPanel, FigureGrid, HeatmapPanel, StripPanel, TrajectoryPanel
+
+DEFAULT_THRESHOLD = 3.5
+
+
+@dataclass(frozen=True)
+class ViewRequest:
+    """Everything one redraw depends on (a snapshot of the controls)."""
+
+    text: str
+    model_name: str
+    query: int | None  # None: follow the last token
+    layer: int
+    head: int
+    threshold: float
+
+
+@dataclass
+class Shown:
+    """What the figures currently show (the last drawn generation)."""
+
+    generation: int = 0
+    text: str | None = None
+    model_name: str | None = None
+    patches: object = None
+    spikes: object = None
+    query: int | None = None
+    layer: int = 0
+    head: int = 0
+    alignment: object = None
+    trajectory: object = None
+    attention: object = None
+    notice: str = ""
+    texts_drawn: list = field(default_factory=list)  # (generation, text) in drawing order
+
+
+def load_quietly(name: str):
+    """``load_model`` without the weight-loading progress bar (it would land in the app page)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        return load_model(name)
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+def _ms(seconds: float) -> str:
+    return f"{1000 * seconds:.0f} ms"
+
+
+class Dashboard:
+    """The dashboard object; display it in a notebook (it renders as its widget)."""
+
+    def __init__(self, model=None, *, prompt: str = "", debounce_s: float = 0.15,
+                 max_tokens: int | None = DEFAULT_MAX_TOKENS, export_dir: str | Path = "icl_lens_exports"):
+        if model is None or isinstance(model, str):
+            model = load_quietly(model or DEFAULT_MODEL)
+        self.max_tokens = max_tokens
+        self.export_dir = Path(export_dir)
+        self.analyzer = PromptAnalyzer(model, max_tokens)
+        self.shown = Shown(model_name=self.analyzer.name)
+        self.timeline: dict[int, dict[str, float]] = {}
+        self.last_error: str = ""
+        self._query: int | None = None
+
+        a = self.analyzer
+        self.text = W.Textarea(value="", placeholder="Type or paste a prompt…", continuous_update=True,
+                               layout=W.Layout(width="100%", height="90px"))
+        self.text.add_class("icl-prompt")
+        self.model_box = W.Combobox(value=a.name, options=known_model_names(), ensure_option=False,
+                                    continuous_update=False, description="model",
+                                    placeholder="embedded name or HF id")
+        self.layer = W.IntSlider(value=0, min=0, max=a.n_layers - 1, description="layer", continuous_update=False)
+        self.head = W.IntSlider(value=0, min=0, max=a.n_heads - 1, description="head", continuous_update=False)
+        self.threshold = W.FloatSlider(value=DEFAULT_THRESHOLD, min=1.0, max=8.0, step=0.1,
+                                       description="flag at z >", continuous_update=False)
+        self.follow_last = W.Checkbox(value=True, description="query = last token", indent=False)
+        self.status = W.HTML(value="<i>Type a prompt.</i>")
+        self.status.add_class("icl-status")
+        self.notice = W.HTML(value="")
+        self.notice.add_class("icl-notice")
+        self.strip = StripPanel()
+        self.grid = FigureGrid(a.n_layers)
+        self.heatmap = HeatmapPanel(self.grid)
+        self.trajectory_panel = TrajectoryPanel(self.grid)
+        self.alignment = AlignmentPanel(self.grid)
+        self.attention = AttentionPanel()
+        self.export_buttons = [W.Button(description=d, icon=i) for d, i in
+                               (("figures → HTML", "file-code-o"), ("figures → PNG", "file-image-o"),
+                                ("norms, trajectory → CSV", "table"))]
+        for button, fn in zip(self.export_buttons, (self.export_html, self.export_png, self.export_csv)):
+            button.on_click(lambda _b, fn=fn: self._export(fn))
+
+        self.widget = W.VBox([
+            W.HBox([self.model_box, self.threshold]),
+            self.text,
+            self.notice,
+            self.status,
+            self.strip.widget,
+            W.HBox([self.heatmap.widget, self.trajectory_panel.widget, self.follow_last]),
+            W.HBox([self.layer, self.head, W.HTML("&nbsp;(layer: alignment matrix and attention)")]),
+            self.grid.fig,
+            self.attention.widget,
+            W.HBox(self.export_buttons),
+        ])
+        self.widget.add_class("icl-dashboard")
+
+        self.runner = LatestWins(self._work, self._on_error, debounce_s=debounce_s)
+        self.text.observe(lambda _c: self._changed(debounce=True), names="value")
+        for control in (self.model_box, self.layer, self.head, self.threshold):
+            control.observe(lambda _c: self._changed(debounce=False), names="value")
+        self.heatmap.kind.observe(lambda _c: self._redraw_heatmap(), names="value")
+        self.trajectory_panel.loglog.observe(lambda _c: self.trajectory_panel.apply_scale(), names="value")
+        self.strip.widget.observe(self._clicked, names="selected")
+        self.follow_last.observe(self._follow, names="value")
+        if prompt:
+            self.text.value = prompt
+
+    # ----------------------------------------------------------------- display
+    def _repr_mimebundle_(self, **kwargs):
+        if self.text.value:  # figures updated before any view existed: draw again once shown
+            self.runner.submit(self._request(), debounce=True)
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    @property
+    def model(self):
+        """The model currently analysed (a TransformerBridge)."""
+        return self.analyzer.model
+
+    # ------------------------------------------------------------------ public
+    def set_prompt(self, text: str) -> int:
+        """Set the text area (as typing would); returns the request's generation."""
+        self.text.value = text
+        return self.runner.generation
+
+    def wait(self, timeout: float = 120.0) -> bool:
+        """Block until every queued update is computed and drawn (scripts, tests, benchmarks)."""
+        return self.runner.wait_idle(timeout)
+
+    def close(self) -> None:
+        self.runner.close()
+        self.widget.close()
+
+    # ---------------------------------------------------------------- requests
+    def _in_worker(self) -> bool:
+        return threading.current_thread() is self.runner._thread
+
+    def _request(self) -> ViewRequest:
+        return ViewRequest(text=self.text.value, model_name=(self.model_box.value or "").strip(), query=self._query,
+                           layer=int(self.layer.value), head=int(self.head.value),
+                           threshold=float(self.threshold.value))
+
+    def _changed(self, debounce: bool) -> None:
+        if self._in_worker():  # the dashboard itself moved a control while drawing
+            return
+        submitted = time.perf_counter()
+        generation = self.runner.submit(self._request(), debounce=debounce)
+        self.timeline[generation] = {"submitted": submitted}
+
+    def _clicked(self, change) -> None:
+        if self._in_worker() or change["new"] is None or change["new"] < 0:
+            return
+        self._query = int(change["new"])
+        self.follow_last.value = False  # observer: the query is pinned now, no second request
+        self._changed(debounce=False)
+
+    def _follow(self, change) -> None:
+        if self._in_worker():
+            return
+        if change["new"]:
+            self._query = None
+            self._changed(debounce=False)
+
+    # ------------------------------------------------------------------ worker
+    def _say(self, generation: int, text: str, error: bool = False) -> None:
+        colour = "#b00020" if error else "#333"
+        self.runner.draw(generation, lambda: setattr(
+            self.status, "value", f"<span style='color:{colour}'>{text}</span>"))
+
+    def _switch_model(self, request: ViewRequest, generation: int) -> tuple[ViewRequest, str]:
+        """Load the requested model; on failure keep the previous one and say why."""
+        name = request.model_name
+        try:
+            model, seconds = timed(load_quietly, name)
+        except Exception as exc:  # noqa: BLE001 - any load failure is shown, the old model stays
+            previous = self.analyzer.name
+            message = (f"Could not load model {html.escape(name)!r}: {html.escape(str(exc).splitlines()[0])} "
+                       f"Keeping {html.escape(previous)}.")
+
+            def revert():
+                self.model_box.value = previous
+            self.runner.draw(generation, revert)
+            return ViewRequest(request.text, previous, request.query, request.layer, request.head,
+                               request.threshold), message
+        self.analyzer = PromptAnalyzer(model, self.max_tokens)
+        a = self.analyzer
+
+        def resize():
+            self.layer.max, self.head.max = a.n_layers - 1, a.n_heads - 1
+        self.runner.draw(generation, resize)
+        return request, f"loaded {html.escape(name)} ({_ms(seconds)})"
+
+    def _work(self, request: ViewRequest, generation: int) -> None:
+        start = time.perf_counter()
+        parts: list[str] = []
+        error = ""
+        if request.model_name and request.model_name != self.analyzer.name:
+            request, message = self._switch_model(request, generation)
+            if message.startswith("loaded"):
+                parts.append(message)
+            else:
+                error = message
+        a = self.analyzer
+        try:
+            prompt = a.encode(request.text)
+        except PromptError as exc:
+            self._draw_empty(generation, str(exc), error)
+            return
+        (patches, fresh), seconds = timed(a.patches, prompt)
+        parts.append(f"patches: {a.last_patch_stats} ({_ms(seconds)})" if fresh else "patches: cached")
+        spikes, seconds = timed(spike_flags, patches, request.threshold)
+        parts.append(f"spike flags ({_ms(seconds)})")
+        n = patches.n_positions
+        query = request.query if request.query is not None and request.query < n else n - 1
+        if request.query is not None and request.query >= n:  # the pinned query was deleted
+            self.runner.draw(generation, lambda: self._unpin())
+        layer = min(request.layer, a.n_layers - 1)
+        matrix = alignment_matrix(patches, layer)
+        notice = prompt.notice(a.name, a.n_ctx)
+
+        def phase1():
+            self.strip.show(patches, spikes, query)
+            self.heatmap.show(patches)
+            self.alignment.show(patches, matrix, layer)
+            self.notice.value = (f"<div style='background:#fff3cd;padding:4px'>{html.escape(notice)}</div>"
+                                 if notice else "")
+            s = self.shown
+            s.generation, s.text, s.model_name, s.patches, s.spikes = generation, request.text, a.name, patches, spikes
+            s.query, s.layer, s.alignment, s.notice = query, layer, matrix, notice
+            s.texts_drawn.append((generation, request.text))
+            self._set_status(parts, start, error, pending=True)
+
+        if not self.runner.draw(generation, phase1):
+            return
+        self.timeline.setdefault(generation, {})["phase1"] = time.perf_counter()
+        if self.runner.newer_pending(generation):
+            return
+        (trajectory, fresh), seconds = timed(a.trajectory, prompt, query)
+        if isinstance(trajectory, str):  # no context before the query
+            traj_note, trajectory = trajectory, None
+            parts.append(f"no trajectory for query {query}")
+        else:
+            traj_note = ""
+            parts.append(f"trajectory of query {query}" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
+        if self.runner.newer_pending(generation):
+            return
+        head = min(request.head, a.n_heads - 1)
+        (pattern, fresh), seconds = timed(a.attention, prompt, layer)
+        parts.append(f"attention L{layer}" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
+
+        def phase2():
+            self.trajectory_panel.show(trajectory, query, patches.tokens, a.n_layers, traj_note)
+            self.attention.show(patches.tokens, pattern, layer, head)
+            s = self.shown
+            s.trajectory, s.attention, s.head = trajectory, pattern, head
+            self._set_status(parts, start, error, pending=False)
+
+        if self.runner.draw(generation, phase2):
+            self.timeline.setdefault(generation, {})["phase2"] = time.perf_counter()
+
+    def _unpin(self) -> None:
+        self._query = None
+        self.follow_last.value = True  # runs in the worker thread: no new request
+
+    def _set_status(self, parts: list[str], start: float, error: str, pending: bool) -> None:
+        total = time.perf_counter() - start
+        tail = " · trajectory and attention next…" if pending else ""
+        text = "Recomputed " + " · ".join(parts) + f" — {_ms(total)}{tail}"
+        if error:
+            text = f"<span style='color:#b00020'>{error}</span><br>{text}"
+        self.status.value = text
+
+    def _draw_empty(self, generation: int, message: str, error: str) -> None:
+        def empty():
+            self.strip.show(None, None, None)
+            self.heatmap.show(None)
+            self.alignment.show(None, None, 0)
+            self.trajectory_panel.show(None, None, (), self.analyzer.n_layers)
+            self.attention.show((), None, 0, 0)
+            self.notice.value = ""
+            s = self.shown
+            s.generation, s.text, s.patches, s.spikes, s.trajectory, s.attention = generation, "", None, None, None, None
+            s.model_name, s.query, s.alignment, s.notice = self.analyzer.name, None, None, ""
+            s.texts_drawn.append((generation, ""))
+            msg = f"<i>{html.escape(message)}</i>"
+            self.status.value = f"<span style='color:#b00020'>{error}</span><br>{msg}" if error else msg
+
+        if self.runner.draw(generation, empty):
+            self.timeline.setdefault(generation, {})["phase1"] = time.perf_counter()
+
+    def _on_error(self, exc: BaseException) -> None:
+        self.last_error = "".join(traceback.format_exception(exc))
+        generation = self.runner.generation
+        self._say(generation, f"Error: {html.escape(type(exc).__name__)}: {html.escape(str(exc))}", error=True)
+
+    def _redraw_heatmap(self) -> None:
+        if self.shown.patches is not None:
+            self.heatmap.show(self.shown.patches)
+
+    # ------------------------------------------------------------------ export
+    def figures(self) -> dict:
+        """The dashboard's plotly figures by name (one grid of every plot)."""
+        return {"dashboard_figures": self.grid.fig}
+
+    def export_html(self) -> list[Path]:
+        return export_html(self.figures(), self.export_dir)
+
+    def export_png(self) -> list[Path]:
+        return export_png(self.figures(), self.export_dir)
+
+    def export_csv(self) -> list[Path]:
+        return export_csv(self.shown.patches, self.shown.spikes, self.shown.trajectory, self.export_dir)
+
+    def _export(self, fn) -> None:
+        try:
+            paths = fn()
+        except Exception as exc:  # noqa: BLE001 - shown in the status line
+            self.status.value = f"<span style='color:#b00020'>Export failed: {html.escape(str(exc))}</span>"
+            return
+        self.status.value = "Saved " + ", ".join(html.escape(str(p)) for p in paths)
+
+
+def dashboard(model=None, **kwargs) -> Dashboard:
+    """The live dashboard (default model: the embedded Gemma 3 270M). See :class:`Dashboard`."""
+    return Dashboard(model, **kwargs)

@@ -1,0 +1,32 @@
+"""Token strip widget: the anywidget front end in ``widgets/token_strip.js`` (+ ``.css``).
+
+Synced traits: ``tokens``, ``values`` (patch norm per position), ``flags`` (spike flags),
+``selected`` (clicked position, -1 for none), ``vmax`` (colour scale top), ``empty_text``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import anywidget
+import traitlets
+
+
+def widgets_dir() -> Path:
+    """Folder of the front-end assets: ``icl_lens/widgets`` in a wheel, top-level ``widgets/`` in a checkout."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "widgets", here.parent / "widgets"):
+        if (candidate / "token_strip.js").is_file():
+            return candidate
+    raise FileNotFoundError("icl_lens front-end assets (token_strip.js) are missing from the installation")
+
+
+class TokenStrip(anywidget.AnyWidget):
+    _esm = widgets_dir() / "token_strip.js"
+    _css = widgets_dir() / "token_strip.css"
+
+    tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    values = traitlets.List(traitlets.Float()).tag(sync=True)
+    flags = traitlets.List(traitlets.Bool()).tag(sync=True)
+    selected = traitlets.Int(-1).tag(sync=True)
+    vmax = traitlets.Float(0.0).tag(sync=True)
+    empty_text = traitlets.Unicode("Type a prompt to see its token patches.").tag(sync=True)

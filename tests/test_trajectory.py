@@ -1,0 +1,148 @@
+"""Implicit trajectories W₀..Wₙ: exactness identity per step, agreement with token_patches,
+closed-form metrics against dense reconstruction, decay fit, bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from icl_lens import (
+    NoContextError,
+    PromptError,
+    QueryPositionError,
+    token_patches,
+    trajectory,
+    verify_trajectory,
+)
+from icl_lens.core.trajectory_metrics import power_law_fit
+
+TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
+TINY_PROMPT = "ab=1;cd=2;ef=3;ab=1;cd="  # longer than tiny-gemma3's window of 6
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    scale = b.abs().max().clamp_min(torch.finfo(b.dtype).tiny)
+    return float((a - b).abs().max() / scale)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_each_step_reproduces_prefix_forward_float64(load, name):
+    model = load(name, torch.float64)
+    traj = trajectory(model, TINY_PROMPT)
+    n = traj.n_context
+    check = verify_trajectory(model, TINY_PROMPT, traj, steps=[0, 1, 2, n // 2, n - 1, n])
+    assert check.relative_error <= 1e-9, check.to_frame()
+    # Every step genuinely changes something (the identity is not trivially satisfied).
+    assert float(traj.cumulative_norms()[:, -1].max()) > 1e-3
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_last_step_is_the_token_patch(load, name):
+    model = load(name, torch.float64)
+    traj = trajectory(model, TINY_PROMPT, query=-3)
+    patches = token_patches(model, TINY_PROMPT)
+    t, n = traj.query, traj.n_context
+    assert t == len(patches.tokens) - 3 and traj.context_positions == tuple(range(1, t))
+    for field in ("u_in", "u_gate", "v", "correction"):
+        mine, theirs = getattr(traj, field), getattr(patches, field)
+        if theirs is None:
+            assert mine is None
+            continue
+        assert _rel(mine[:, n], theirs[:, t]) <= 1e-9, field
+    # Step 0 keeps {BOS, t}: nothing is removed, so the patch and the correction are zero.
+    assert float(traj.u_in[:, 0].abs().max()) == 0.0 and float(traj.correction[:, 0].abs().max()) == 0.0
+
+
+def test_gemma_float32_steps_are_exact(gemma):
+    prompt = "red -> rouge, blue -> bleu, green ->"
+    traj = trajectory(gemma, prompt)
+    n = traj.n_context
+    check = verify_trajectory(gemma, prompt, traj, steps=[1, n // 2, n])
+    assert check.relative_error <= 1e-4, check.to_frame()
+    patches = token_patches(gemma, prompt)
+    assert _rel(traj.stacked_u()[:, n], patches.stacked_u()[:, traj.query]) <= 1e-4
+    assert _rel(traj.v[:, n], patches.v[:, traj.query]) <= 1e-4
+
+
+def test_layer_subset_matches_full(load):
+    model = load("tiny-gemma3", torch.float64)
+    full = trajectory(model, TINY_PROMPT)
+    some = trajectory(model, TINY_PROMPT, layers=[2, -1])
+    assert some.layers == (2, 3)
+    assert _rel(some.stacked_u(), full.stacked_u()[2:4]) <= 1e-12
+    assert _rel(some.v, full.v[2:4]) <= 1e-12
+
+
+def test_metrics_match_dense_reconstruction(load):
+    """Closed forms against explicit d_u × d_model matrices (test only; the library never builds them)."""
+    model = load("tiny-llama", torch.float64)
+    traj = trajectory(model, TINY_PROMPT)
+    U, V = traj.stacked_u(), traj.v
+    dense = torch.einsum("lsu,lsd->lsud", U, V)  # W_i − W per layer and step
+    grads = dense[:, 1:] - dense[:, :-1]
+    total = dense[:, -1] - dense[:, 0]
+    flat = grads.flatten(2)
+    norms = flat.norm(dim=-1)
+    assert _rel(traj.meta_gradient_norms(), norms) <= 1e-10
+    assert _rel(traj.cumulative_norms(), (dense - dense[:, :1]).flatten(2).norm(dim=-1)) <= 1e-10
+    cons = (flat[:, :-1] * flat[:, 1:]).sum(-1) / (norms[:, :-1] * norms[:, 1:])
+    assert torch.allclose(traj.consecutive_alignment(), cons, atol=1e-9)
+    tot = (flat * total.flatten(1)[:, None]).sum(-1) / (norms * total.flatten(1).norm(dim=-1)[:, None])
+    assert torch.allclose(traj.total_alignment(), tot, atol=1e-9)
+    n = traj.n_context
+    assert traj.meta_gradient_norms().shape == (3, n)
+    assert traj.consecutive_alignment().shape == (3, n - 1)
+    assert traj.total_alignment().shape == (3, n)
+    assert traj.cumulative_norms().shape == (3, n + 1)
+
+
+def test_power_law_fit_recovers_exponent():
+    gen = torch.Generator().manual_seed(0)
+    b = torch.rand(3, generator=gen, dtype=torch.float64) * 2
+    c = torch.rand(3, generator=gen, dtype=torch.float64) + 0.5
+    i = torch.arange(1, 21, dtype=torch.float64)
+    norms = c[:, None] * i[None] ** (-b[:, None])
+    norms[1, 4] = 0.0  # a zero step is left out, not log(0)
+    exponent, prefactor, r2, count = power_law_fit(norms)
+    assert torch.allclose(exponent, b, atol=1e-10) and torch.allclose(prefactor, c, atol=1e-10)
+    assert torch.allclose(r2, torch.ones(3, dtype=torch.float64), atol=1e-12)
+    assert count.tolist() == [20, 19, 20]
+    noisy = norms * torch.exp(torch.randn(norms.shape, generator=gen, dtype=torch.float64))
+    noisy[1, 4] = 1.0
+    _, _, r2_noisy, _ = power_law_fit(noisy)
+    assert bool((r2_noisy < 1).all())
+    few, _, _, count_few = power_law_fit(torch.tensor([[1.0, 0.0, 0.0]]))
+    assert torch.isnan(few).all() and count_few.tolist() == [1]
+
+
+def test_frames(load):
+    model = load("tiny-gpt2", torch.float64)
+    traj = trajectory(model, TINY_PROMPT, query=10)
+    frame = traj.to_frame()
+    assert list(frame.columns) == ["layer", "step", "token", "metric", "value"]
+    n, layers = traj.n_context, len(traj.layers)
+    counts = frame.groupby("metric").size().to_dict()
+    assert counts == {"cumulative_norm": layers * (n + 1), "correction_norm": layers * (n + 1),
+                      "meta_gradient_norm": layers * n, "total_alignment": layers * n,
+                      "consecutive_alignment": layers * (n - 1)}
+    first = frame[(frame.metric == "meta_gradient_norm") & (frame.step == 1)]
+    assert set(first.token) == {traj.tokens[1]}
+    fit = traj.decay_fit().to_frame()
+    assert list(fit.layer) == list(traj.layers) and (fit.n_points <= n).all()
+    assert frame.value.notna().all()
+
+
+def test_bad_queries(load):
+    model = load("tiny-llama", torch.float64)
+    with pytest.raises(QueryPositionError):
+        trajectory(model, "hello", query=99)
+    with pytest.raises(QueryPositionError):
+        trajectory(model, "hello", query=-99)
+    with pytest.raises(NoContextError):
+        trajectory(model, "hello", query=0)
+    with pytest.raises(NoContextError):
+        trajectory(model, "hello", query=1)  # right after the kept BOS
+    with pytest.raises(PromptError):
+        trajectory(model, "x" * (int(model.cfg.n_ctx) + 5))
+    with pytest.raises(ValueError):
+        trajectory(model, "hello", layers=[7])
+    assert issubclass(QueryPositionError, ValueError) and issubclass(NoContextError, ValueError)
