@@ -30,6 +30,10 @@ models: setup
 lab: models
 	$(BIN)/jupyter lab notebooks/02_live_dashboard.ipynb
 
+# Workshop app mode: the dashboard notebook as a standalone page, no code cells shown.
+app: models
+	$(BIN)/voila notebooks/02_live_dashboard.ipynb --no-browser --port=8866 --Voila.ip=127.0.0.1 --strip_sources=True
+
 test: models browser
 	$(BIN)/python -m pytest -q
 
