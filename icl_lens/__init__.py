@@ -12,7 +12,9 @@ from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, to
 from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
 from icl_lens.model.patched_forward import EquivalenceReport, patches_applied, verify_equivalence
 from icl_lens.model.prompts import PromptError
+from icl_lens.core.finetune_alignment import FinetuneAlignment
 from icl_lens.core.trajectory import DecayFit, Trajectory
+from icl_lens.model.explicit_finetune import finetune_alignment
 from icl_lens.model.trajectory_capture import NoContextError, QueryPositionError, TrajectoryCheck, trajectory, verify_trajectory
 
 __version__ = "0.1.0"
@@ -22,6 +24,7 @@ __all__ = [
     "DecayFit",
     "EMBEDDED_MODELS",
     "EquivalenceReport",
+    "FinetuneAlignment",
     "ModelNotFoundError",
     "NoContextError",
     "NonFiniteActivationError",
@@ -32,6 +35,7 @@ __all__ = [
     "TrajectoryCheck",
     "UnsupportedArchitectureError",
     "ZeroNormWarning",
+    "finetune_alignment",
     "known_model_names",
     "load_model",
     "patches_applied",
