@@ -142,6 +142,16 @@ class FinetuneAlignment:
         den = self.implicit.meta_gradient_norms() * self.explicit_norms(rows)[:, -1:]
         return _safe_divide(step_inner, den)
 
+    def cosine_with_explicit_of(self, other: "FinetuneAlignment", rows: str = "all") -> Float[Tensor, " layer"]:
+        """``cos(Wₙ − W₀ of self, E_steps of other)``: a control pairing this prompt's implicit
+        update with another prompt's explicit update (same model and layers)."""
+        if other.layers != self.layers:
+            raise ValueError("both results must cover the same layers")
+        iu, iv = self._implicit_steps()
+        tu, tv = other._explicit_terms(rows)
+        inner = inner_with_terms(iu[:, -1:], iv[:, -1:], tu, tv)[:, 0].sum(-1)
+        return _safe_divide(inner, patch_norm(iu[:, -1], iv[:, -1]) * other.explicit_norms(rows)[:, -1])
+
     def to_frame(self) -> pd.DataFrame:
         """Tidy table (layer, step, metric, value).
 

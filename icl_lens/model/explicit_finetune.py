@@ -45,7 +45,7 @@ def finetune_alignment(
     *,
     query: int = -1,
     lr: float = 1e-3,
-    steps: int = 8,
+    steps: int = 5,
     loss: LossFn | None = None,
 ) -> FinetuneAlignment:
     """Explicit SGD on the context-free input vs the implicit token-patch update, per layer.

@@ -1,0 +1,1 @@
+"""Evaluation commands: each writes a Markdown fragment ``reports/eval_<topic>.md``."""
