@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         "## Implicit (token patch) vs explicit (SGD) weight updates",
         "",
-        f"Command: `python -m icl_lens.evals.finetune_alignment {argv_text}`".replace("  ", " ").rstrip() + "  ",
+        f"Command: `{('python -m icl_lens.evals.finetune_alignment ' + argv_text).strip()}`  ",
         f"Machine: 2 CPU cores shared with other jobs, torch {torch.__version__}, {args.threads} threads; "
         f"model `{args.model}` float32; {len(results)} prompts in {elapsed:.0f} s.",
         "",
