@@ -29,7 +29,7 @@ from torch import Tensor
 from icl_lens.core.finetune_alignment import FinetuneAlignment
 from icl_lens.model.block_family import block_family
 from icl_lens.model.patched_forward import kept_only_masks
-from icl_lens.model.trajectory_capture import resolve_query, trajectory
+from icl_lens.model.trajectory_capture import Prompt, resolve_query, trajectory
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -41,7 +41,7 @@ def contextual_target_loss(logits_at_query: Tensor, contextual_logits: Tensor) -
 
 def finetune_alignment(
     model,
-    prompt,
+    prompt: Prompt,
     *,
     query: int = -1,
     lr: float = 1e-3,

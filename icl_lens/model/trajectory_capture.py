@@ -41,6 +41,9 @@ from icl_lens.model.patched_forward import kept_only_masks, patches_applied
 from icl_lens.model.prompts import bos_id, encode_prompt, str_tokens
 
 
+Prompt = str | Sequence[int] | Int[Tensor, " pos"]
+
+
 class QueryPositionError(ValueError):
     """The query position lies outside the prompt."""
 
@@ -68,7 +71,7 @@ class QuerySetup:
         return torch.tensor(kept, device=self.ids.device)
 
 
-def resolve_query(model, prompt, query: int) -> QuerySetup:
+def resolve_query(model, prompt: Prompt, query: int) -> QuerySetup:
     """Encode ``prompt`` and check that ``query`` is a position with at least one context token."""
     ids = encode_prompt(model, prompt)
     n = ids.numel()
@@ -224,7 +227,7 @@ def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Te
     )
 
 
-def trajectory(model, prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> Trajectory:
+def trajectory(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> Trajectory:
     """Implicit weights W₀..Wₙ of query ``query`` for every context prefix length (DESIGN.md §3).
 
     ``prompt``: text or token ids. ``query``: position (negative counts from the end).
@@ -240,7 +243,7 @@ def trajectory(model, prompt, *, query: int = -1, layers: Sequence[int] | None =
     return _finish(model, setup, wanted, out)
 
 
-def trajectory_naive(model, prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> Trajectory:
+def trajectory_naive(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> Trajectory:
     """Reference method: the same trajectory from n+1 separate forwards, one per prefix ``[BOS, c₁..cᵢ, x_t]``.
 
     Costs O(n²) tokens; kept for benchmarks and as an independent check of :func:`trajectory`.
@@ -294,7 +297,7 @@ class TrajectoryCheck:
 
 
 @torch.no_grad()
-def verify_trajectory(model, prompt, traj: Trajectory | None = None, *, query: int = -1,
+def verify_trajectory(model, prompt: Prompt, traj: Trajectory | None = None, *, query: int = -1,
                       steps: Sequence[int] | None = None) -> TrajectoryCheck:
     """The exactness identity for trajectory steps: patched ``[BOS, x_t]`` vs the forward on ``[BOS, c₁..cᵢ, x_t]``.
 
