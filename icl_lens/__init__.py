@@ -16,7 +16,9 @@ from icl_lens.model.incremental import PatchSession, UpdateStats
 from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
 from icl_lens.model.patched_forward import EquivalenceReport, patches_applied, verify_equivalence
 from icl_lens.model.prompts import PromptError
+from icl_lens.core.finetune_alignment import FinetuneAlignment
 from icl_lens.core.trajectory import DecayFit, Trajectory
+from icl_lens.model.explicit_finetune import finetune_alignment
 from icl_lens.model.trajectory_capture import NoContextError, QueryPositionError, TrajectoryCheck, trajectory, verify_trajectory
 
 __version__ = "0.1.0"
@@ -35,6 +37,7 @@ __all__ = [
     "EMBEDDED_MODELS",
     "EquivalenceReport",
     "GenerationPatches",
+    "FinetuneAlignment",
     "ModelNotFoundError",
     "NoContextError",
     "NonFiniteActivationError",
@@ -50,6 +53,7 @@ __all__ = [
     "ZeroNormWarning",
     "dashboard",
     "generate_with_patches",
+    "finetune_alignment",
     "known_model_names",
     "lab",
     "load_model",

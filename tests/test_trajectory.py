@@ -146,3 +146,23 @@ def test_bad_queries(load):
     with pytest.raises(ValueError):
         trajectory(model, "hello", layers=[7])
     assert issubclass(QueryPositionError, ValueError) and issubclass(NoContextError, ValueError)
+
+
+@pytest.mark.parametrize("name", ("tiny-gpt2", "tiny-gemma3"))
+def test_batched_equals_naive_prefix_forwards(load, name):
+    from icl_lens.model.trajectory_capture import trajectory_naive
+
+    model = load(name, torch.float64)
+    fast, slow = trajectory(model, TINY_PROMPT, query=14), trajectory_naive(model, TINY_PROMPT, query=14)
+    assert _rel(fast.stacked_u(), slow.stacked_u()) <= 1e-9
+    assert _rel(fast.v, slow.v) <= 1e-9 and _rel(fast.correction, slow.correction) <= 1e-9
+
+
+def test_prompt_without_bos_starts_context_at_zero(load):
+    model = load("tiny-llama", torch.float64)
+    ids = model.to_tokens(TINY_PROMPT)[0][1:]  # drop the BOS: nothing is kept but the query
+    traj = trajectory(model, ids)
+    assert not traj.kept_bos and traj.context_positions == tuple(range(ids.numel() - 1))
+    assert verify_trajectory(model, ids, traj, steps=[0, 1, traj.n_context]).relative_error <= 1e-9
+    with pytest.raises(NoContextError):
+        trajectory(model, ids, query=0)

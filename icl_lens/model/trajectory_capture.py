@@ -41,6 +41,9 @@ from icl_lens.model.patched_forward import kept_only_masks, patches_applied
 from icl_lens.model.prompts import bos_id, encode_prompt, str_tokens
 
 
+Prompt = str | Sequence[int] | Int[Tensor, " pos"]
+
+
 class QueryPositionError(ValueError):
     """The query position lies outside the prompt."""
 
@@ -68,7 +71,7 @@ class QuerySetup:
         return torch.tensor(kept, device=self.ids.device)
 
 
-def resolve_query(model, prompt, query: int) -> QuerySetup:
+def resolve_query(model, prompt: Prompt, query: int) -> QuerySetup:
     """Encode ``prompt`` and check that ``query`` is a position with at least one context token."""
     ids = encode_prompt(model, prompt)
     n = ids.numel()
@@ -105,8 +108,8 @@ class _TrajectoryCapture:
     """Hook callbacks that compute the query copies' patch factors while the forward runs."""
 
     def __init__(self, model, family: BlockFamily, layout: PrefixVariantLayout, kept_bos: bool,
-                 out: dict[str, Tensor], row_of_layer: dict[int, int], last_layer: int):
-        self.model, self.family, self.kept_bos = model, family, kept_bos
+                 out: dict[str, Tensor], row_of_layer: dict[int, int], last_layer: int, zero_first: bool):
+        self.model, self.family, self.kept_bos, self.zero_first = model, family, kept_bos, zero_first
         self.rows = layout.copy_rows()
         self.out, self.row_of_layer, self.last_layer = out, row_of_layer, last_layer
         self.dtype = patch_dtype(model)
@@ -157,15 +160,15 @@ class _TrajectoryCapture:
             u_in, v, zero = token_patch(dense_weight(block.mlp.__getattr__("in")).to(self.dtype), A, a)
             # Step 0 keeps exactly {BOS, t}: nothing is removed, the patch is zero by definition.
             keep = torch.ones(u_in.shape[0], 1, dtype=self.dtype, device=u_in.device)
-            keep[0] = 0
+            if self.zero_first:
+                keep[0] = 0
             k = self.row_of_layer[layer]
             self.out["u_in"][k] = u_in * keep
             if self.family.gated:
                 self.out["u_gate"][k] = (A - a) @ dense_weight(block.mlp.gate).to(self.dtype).T * keep
             self.out["v"][k] = v
             self.out["correction"][k] = correction * keep
-            self.out["zero_input"][k] = zero
-            self.out["zero_input"][k, 0] = False
+            self.out["zero_input"][k] = zero & (keep[:, 0] > 0)
         if layer == self.last_layer:
             raise _StopForward
 
@@ -184,7 +187,47 @@ def _resolve_layers(model, layers: Sequence[int] | None) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
-def trajectory(model, prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> Trajectory:
+def _capture_layout(model, ids: Tensor, layout: PrefixVariantLayout, kept_bos: bool,
+                    wanted: tuple[int, ...], *, zero_first: bool) -> dict[str, Tensor]:
+    """One hooked forward of ``layout``'s sequence; patch factors of its query copies for ``wanted`` layers."""
+    family = block_family(model)
+    cfg, dtype, device = model.cfg, patch_dtype(model), ids.device
+    steps, k = layout.n_steps, len(wanted)
+    out = {
+        "u_in": torch.zeros(k, steps, cfg.d_mlp, dtype=dtype, device=device),
+        "u_gate": torch.zeros(k, steps, cfg.d_mlp, dtype=dtype, device=device) if family.gated else None,
+        "v": torch.zeros(k, steps, cfg.d_model, dtype=dtype, device=device),
+        "correction": torch.zeros(k, steps, cfg.d_model, dtype=dtype, device=device),
+        "zero_input": torch.zeros(k, steps, dtype=torch.bool, device=device),
+    }
+    capture = _TrajectoryCapture(model, family, layout, kept_bos, out, {layer: row for row, layer in enumerate(wanted)},
+                                 last_layer=wanted[-1], zero_first=zero_first)
+    fwd_hooks = [h for layer in range(wanted[-1] + 1) for h in capture.hooks(layer)]
+    mask = variant_attention_mask(model, layout)
+    with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
+        try:
+            model(ids[layout.positions][None], return_type=None, position_ids=layout.positions[None],
+                  attention_mask=mask)
+        except _StopForward:
+            pass
+    return out
+
+
+def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Tensor]) -> Trajectory:
+    zero = out["zero_input"]
+    if zero.any():
+        where = ", ".join(f"layer {wanted[int(l)]} step {int(s)}" for l, s in torch.nonzero(zero)[:10])
+        warnings.warn(f"kept-only MLP input has zero norm at {where}; those patches are set to zero "
+                      f"(pseudo-inverse convention) and are not exact", ZeroNormWarning, stacklevel=3)
+    return Trajectory(
+        tokens=str_tokens(model, setup.ids), query=setup.query, layers=wanted,
+        context_positions=setup.context_positions,
+        u_in=out["u_in"], u_gate=out["u_gate"], v=out["v"], correction=out["correction"],
+        model_name=getattr(model, "icl_lens_name", model.cfg.model_name), kept_bos=setup.kept_bos,
+    )
+
+
+def trajectory(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> Trajectory:
     """Implicit weights W₀..Wₙ of query ``query`` for every context prefix length (DESIGN.md §3).
 
     ``prompt``: text or token ids. ``query``: position (negative counts from the end).
@@ -194,40 +237,28 @@ def trajectory(model, prompt, *, query: int = -1, layers: Sequence[int] | None =
     prefix plus n+1 query copies (see module docstring).
     """
     setup = resolve_query(model, prompt, query)
-    family = block_family(model)
     wanted = _resolve_layers(model, layers)
-    ids, t, device = setup.ids, setup.query, setup.ids.device
-    layout = prefix_variant_layout(t, setup.first_context, device=device)
-    steps = layout.n_steps
-    cfg, dtype = model.cfg, patch_dtype(model)
-    k = len(wanted)
-    out = {
-        "u_in": torch.zeros(k, steps, cfg.d_mlp, dtype=dtype, device=device),
-        "u_gate": torch.zeros(k, steps, cfg.d_mlp, dtype=dtype, device=device) if family.gated else None,
-        "v": torch.zeros(k, steps, cfg.d_model, dtype=dtype, device=device),
-        "correction": torch.zeros(k, steps, cfg.d_model, dtype=dtype, device=device),
-        "zero_input": torch.zeros(k, steps, dtype=torch.bool, device=device),
-    }
-    capture = _TrajectoryCapture(model, family, layout, setup.kept_bos, out,
-                                 {layer: row for row, layer in enumerate(wanted)}, last_layer=wanted[-1])
-    fwd_hooks = [h for layer in range(wanted[-1] + 1) for h in capture.hooks(layer)]
-    mask = variant_attention_mask(model, layout)
-    with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
-        try:
-            model(ids[layout.positions][None], return_type=None, position_ids=layout.positions[None],
-                  attention_mask=mask)
-        except _StopForward:
-            pass
-    zero = out["zero_input"]
-    if zero.any():
-        where = ", ".join(f"layer {wanted[int(l)]} step {int(s)}" for l, s in torch.nonzero(zero)[:10])
-        warnings.warn(f"kept-only MLP input has zero norm at {where}; those patches are set to zero "
-                      f"(pseudo-inverse convention) and are not exact", ZeroNormWarning, stacklevel=2)
-    return Trajectory(
-        tokens=str_tokens(model, ids), query=t, layers=wanted, context_positions=setup.context_positions,
-        u_in=out["u_in"], u_gate=out["u_gate"], v=out["v"], correction=out["correction"],
-        model_name=getattr(model, "icl_lens_name", cfg.model_name), kept_bos=setup.kept_bos,
-    )
+    layout = prefix_variant_layout(setup.query, setup.first_context, device=setup.ids.device)
+    out = _capture_layout(model, setup.ids, layout, setup.kept_bos, wanted, zero_first=True)
+    return _finish(model, setup, wanted, out)
+
+
+def trajectory_naive(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> Trajectory:
+    """Reference method: the same trajectory from n+1 separate forwards, one per prefix ``[BOS, c₁..cᵢ, x_t]``.
+
+    Costs O(n²) tokens; kept for benchmarks and as an independent check of :func:`trajectory`.
+    """
+    setup = resolve_query(model, prompt, query)
+    wanted = _resolve_layers(model, layers)
+    device, t, b = setup.ids.device, setup.query, setup.first_context
+    parts = []
+    for i in range(t - b + 1):
+        positions = setup.prefix_ids(i)
+        visible = torch.ones(positions.numel(), positions.numel(), dtype=torch.bool, device=device).tril()
+        layout = PrefixVariantLayout(query=b + i, first_context=b, positions=positions, visible=visible)
+        parts.append(_capture_layout(model, setup.ids, layout, setup.kept_bos, wanted, zero_first=i == 0))
+    out = {key: None if parts[0][key] is None else torch.cat([p[key] for p in parts], dim=1) for key in parts[0]}
+    return _finish(model, setup, wanted, out)
 
 
 def steps_as_patches(traj: Trajectory) -> TokenPatches:
@@ -266,7 +297,7 @@ class TrajectoryCheck:
 
 
 @torch.no_grad()
-def verify_trajectory(model, prompt, traj: Trajectory | None = None, *, query: int = -1,
+def verify_trajectory(model, prompt: Prompt, traj: Trajectory | None = None, *, query: int = -1,
                       steps: Sequence[int] | None = None) -> TrajectoryCheck:
     """The exactness identity for trajectory steps: patched ``[BOS, x_t]`` vs the forward on ``[BOS, c₁..cᵢ, x_t]``.
 

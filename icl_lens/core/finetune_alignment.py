@@ -1,0 +1,179 @@
+"""Implicit (token patch) versus explicit (SGD) weight updates, compared in closed form.
+
+Dherin et al. 2025 (arXiv 2507.16003, §4, "alignment with finetuning"): the implicit
+update a context makes to the first dense MLP weights of a block is compared with the
+update that explicit gradient descent on the context-free input makes to the same
+weights, by the normalised Frobenius inner product (cosine).
+
+*Implicit*, per layer: the token patch ``Pₙ = Wₙ − W₀ = U vᵀ`` of the query's full
+context (:class:`~icl_lens.core.trajectory.Trajectory`, step n), with ``U = [u_gate; u_in]``.
+
+*Explicit*, per layer: SGD on ``W_in`` (``W_up``) and ``W_gate`` of every layer at once,
+on the context-free input ``[BOS, x_t]``. On one input the gradient of a dense layer is a
+sum of rank-1 terms, one per input row r (BOS and query):
+
+    ∇_W L = Σ_r g_r x_rᵀ,   g_r = ∂L/∂(W x_r),  x_r = the MLP input at row r,
+
+so step s adds ``−lr Σ_r g_{s,r} x_{s,r}ᵀ`` and the cumulative update after s steps is
+``E_s = Σ_{j<s} Σ_r U_{j,r} V_{j,r}ᵀ`` with ``U = −lr [g_gate; g_in]``, ``V = x``. All
+inner products use ``⟨u₁v₁ᵀ, u₂v₂ᵀ⟩ = (u₁·u₂)(v₁·v₂)``; no dense matrix is formed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from icl_lens.core.factored import _safe_divide, patch_norm, stack_outputs
+from icl_lens.core.trajectory import Trajectory
+
+
+def _terms(u: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Flatten ``[layer, step, row, d]`` factors into ``[layer, step·row, d]`` rank-1 terms (float64)."""
+    return u.flatten(1, 2).double(), v.flatten(1, 2).double()
+
+
+def inner_with_terms(
+    u: Float[Tensor, "layer k d_u"], v: Float[Tensor, "layer k d_in"],
+    term_u: Float[Tensor, "layer m d_u"], term_v: Float[Tensor, "layer m d_in"],
+) -> Float[Tensor, "layer k m"]:
+    """``⟨u_k v_kᵀ, term_u_m term_v_mᵀ⟩`` for every pair: ``(u·term_u)(v·term_v)``."""
+    return torch.einsum("lku,lmu->lkm", u, term_u) * torch.einsum("lkd,lmd->lkm", v, term_v)
+
+
+def cumulative_sum_norms(term_u: Float[Tensor, "layer m d_u"], term_v: Float[Tensor, "layer m d_in"],
+                         group: int) -> Float[Tensor, "layer s"]:
+    """``‖Σ_{first s·group terms}‖_F`` for s = 1..m/group, from one Gram matrix per layer."""
+    gram = torch.einsum("lau,lbu->lab", term_u, term_u) * torch.einsum("lad,lbd->lab", term_v, term_v)
+    m = gram.shape[-1]
+    ends = range(group, m + 1, group)
+    return torch.stack([gram[:, :e, :e].sum((-2, -1)) for e in ends], dim=-1).clamp_min(0).sqrt()
+
+
+@dataclass(frozen=True, eq=False)
+class FinetuneAlignment:
+    """Implicit trajectory of one query and the explicit SGD updates on its context-free input.
+
+    ``explicit_u_in``/``explicit_u_gate``/``explicit_v`` have shape ``[layer, sgd_step, row, d]``:
+    SGD step s added ``Σ_row u vᵀ`` (u already carries ``−lr``). ``rows`` names the
+    context-free input's positions (BOS and query). ``losses[s]`` is the loss before step s
+    (``losses[-1]`` after the last step).
+    """
+
+    implicit: Trajectory
+    explicit_u_in: Float[Tensor, "layer sgd_step row d_mlp"]
+    explicit_u_gate: Float[Tensor, "layer sgd_step row d_mlp"] | None
+    explicit_v: Float[Tensor, "layer sgd_step row d_model"]
+    rows: tuple[int, ...]
+    losses: Float[Tensor, " sgd_step_plus_1"]
+    lr: float
+    target_token: str
+    loss_name: str
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return self.implicit.layers
+
+    @property
+    def n_sgd_steps(self) -> int:
+        return self.explicit_v.shape[1]
+
+    def _row_slice(self, rows: str) -> slice:
+        if rows == "all":
+            return slice(None)
+        if rows == "query":
+            return slice(len(self.rows) - 1, None)
+        raise ValueError(f"rows must be 'all' or 'query', got {rows!r}")
+
+    def _explicit_terms(self, rows: str = "all") -> tuple[Tensor, Tensor]:
+        sel = self._row_slice(rows)
+        u = stack_outputs(self.explicit_u_in, self.explicit_u_gate)
+        return _terms(u[:, :, sel], self.explicit_v[:, :, sel])
+
+    def _group(self, rows: str) -> int:
+        return len(self.rows[self._row_slice(rows)])
+
+    def explicit_norms(self, rows: str = "all") -> Float[Tensor, "layer sgd_step"]:
+        """``‖E_s‖_F`` after s = 1..steps SGD steps.
+
+        ``rows="query"`` keeps only the gradient terms of the query row (``g_t x_tᵀ``), the
+        part of the SGD update that reads the query's own MLP input, leaving out the BOS row.
+        """
+        tu, tv = self._explicit_terms(rows)
+        return cumulative_sum_norms(tu, tv, group=self._group(rows))
+
+    def implicit_norms(self) -> Float[Tensor, " layer"]:
+        """``‖Wₙ − W₀‖_F``, the full token patch of the query."""
+        return self.implicit.cumulative_norms()[:, -1]
+
+    def _implicit_steps(self) -> tuple[Tensor, Tensor]:
+        return self.implicit.stacked_u().double(), self.implicit.v.double()
+
+    def cosine_by_sgd_step(self, rows: str = "all") -> Float[Tensor, "layer sgd_step"]:
+        """``cos(Wₙ − W₀, E_s)`` for s = 1..steps: the full implicit update vs the explicit update so far."""
+        iu, iv = self._implicit_steps()
+        tu, tv = self._explicit_terms(rows)
+        inner = inner_with_terms(iu[:, -1:], iv[:, -1:], tu, tv)[:, 0]  # layer, term
+        cum = inner.reshape(inner.shape[0], -1, self._group(rows)).sum(-1).cumsum(-1)
+        den = patch_norm(iu[:, -1], iv[:, -1])[:, None] * self.explicit_norms(rows)
+        return _safe_divide(cum, den)
+
+    def cosine(self, rows: str = "all") -> Float[Tensor, " layer"]:
+        """``cos(Wₙ − W₀, E_steps)`` per layer: implicit vs total explicit update."""
+        return self.cosine_by_sgd_step(rows)[:, -1]
+
+    def cumulative_cosine(self, rows: str = "all") -> Float[Tensor, "layer step"]:
+        """``cos(Wᵢ − W₀, E_steps)`` for context prefix lengths i = 0..n (0 at i = 0)."""
+        iu, iv = self._implicit_steps()
+        tu, tv = self._explicit_terms(rows)
+        inner = inner_with_terms(iu, iv, tu, tv).sum(-1)  # layer, step
+        den = patch_norm(iu, iv) * self.explicit_norms(rows)[:, -1:]
+        return _safe_divide(inner, den)
+
+    def meta_gradient_cosine(self, rows: str = "all") -> Float[Tensor, "layer n"]:
+        """``cos(Wᵢ − Wᵢ₋₁, E_steps)`` for i = 1..n: each context token's meta-gradient vs SGD."""
+        iu, iv = self._implicit_steps()
+        tu, tv = self._explicit_terms(rows)
+        inner = inner_with_terms(iu, iv, tu, tv).sum(-1)
+        step_inner = inner[:, 1:] - inner[:, :-1]
+        den = self.implicit.meta_gradient_norms() * self.explicit_norms(rows)[:, -1:]
+        return _safe_divide(step_inner, den)
+
+    def cosine_with_explicit_of(self, other: "FinetuneAlignment", rows: str = "all") -> Float[Tensor, " layer"]:
+        """``cos(Wₙ − W₀ of self, E_steps of other)``: a control pairing this prompt's implicit
+        update with another prompt's explicit update (same model and layers)."""
+        if other.layers != self.layers:
+            raise ValueError("both results must cover the same layers")
+        iu, iv = self._implicit_steps()
+        tu, tv = other._explicit_terms(rows)
+        inner = inner_with_terms(iu[:, -1:], iv[:, -1:], tu, tv)[:, 0].sum(-1)
+        return _safe_divide(inner, patch_norm(iu[:, -1], iv[:, -1]) * other.explicit_norms(rows)[:, -1])
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy table (layer, step, metric, value).
+
+        ``cosine`` / ``cosine_query_row`` / ``implicit_norm`` / ``explicit_norm`` (step = -1: whole run),
+        ``cosine_by_sgd_step`` / ``explicit_norm_by_sgd_step`` (step = SGD step s, 1..steps),
+        ``cumulative_cosine`` (step = context prefix length i, 0..n),
+        ``meta_gradient_cosine`` (step = i, 1..n).
+        """
+        series = {
+            "cosine": (self.cosine()[:, None], -1),
+            "cosine_query_row": (self.cosine("query")[:, None], -1),
+            "implicit_norm": (self.implicit_norms()[:, None], -1),
+            "explicit_norm": (self.explicit_norms()[:, -1:], -1),
+            "cosine_by_sgd_step": (self.cosine_by_sgd_step(), 1),
+            "explicit_norm_by_sgd_step": (self.explicit_norms(), 1),
+            "cumulative_cosine": (self.cumulative_cosine(), 0),
+            "meta_gradient_cosine": (self.meta_gradient_cosine(), 1),
+        }
+        rows = []
+        for metric, (values, first) in series.items():
+            values = values.detach().cpu().double()
+            for k, layer in enumerate(self.layers):
+                for j in range(values.shape[1]):
+                    rows.append((layer, first + j if first >= 0 else -1, metric, float(values[k, j])))
+        return pd.DataFrame(rows, columns=["layer", "step", "metric", "value"])
