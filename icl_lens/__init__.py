@@ -11,6 +11,7 @@ from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_fr
 from icl_lens.model.block_family import UnsupportedArchitectureError
 from icl_lens.model.generation import GenerationPatches, generate_with_patches
 from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, token_patches
+from icl_lens.model.incremental import PatchSession, UpdateStats
 from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
 from icl_lens.model.patched_forward import EquivalenceReport, patches_applied, verify_equivalence
 from icl_lens.model.prompts import PromptError
@@ -24,10 +25,12 @@ __all__ = [
     "GenerationPatches",
     "ModelNotFoundError",
     "NonFiniteActivationError",
+    "PatchSession",
     "PromptError",
     "SpikeFlags",
     "TokenPatches",
     "UnsupportedArchitectureError",
+    "UpdateStats",
     "ZeroNormWarning",
     "generate_with_patches",
     "known_model_names",

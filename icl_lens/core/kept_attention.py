@@ -27,23 +27,31 @@ def _head_values(values: Float[Tensor, "key kv_head d_head"], n_heads: int) -> F
 
 def bos_and_self_output(
     scores: Float[Tensor, "head query key"],
-    values: Float[Tensor, "key kv_head d_head"],
+    values: Float[Tensor, "query kv_head d_head"],
     *,
     keep_bos: bool,
+    offset: int = 0,
+    bos_value: Float[Tensor, "kv_head d_head"] | None = None,
 ) -> Float[Tensor, "query head d_head"]:
-    """``z⁰_t`` for the default kept set ``{0, t}`` (or ``{t}`` when ``keep_bos`` is False)."""
-    n_heads, n = scores.shape[0], scores.shape[1]
-    vals = _head_values(values, n_heads)  # key head d
-    self_vals = vals  # query t reads its own value row t
+    """``z⁰_t`` for the default kept set ``{0, t}`` (or ``{t}`` when ``keep_bos`` is False).
+
+    ``scores`` rows are queries ``offset, offset+1, …`` (keys from 0), ``values`` holds
+    those queries' own value rows, and ``bos_value`` the value of key 0 (default:
+    ``values[0]``, right when ``offset`` is 0). The offset form serves cached decoding.
+    """
+    n_heads = scores.shape[0]
+    self_vals = _head_values(values, n_heads)  # query head d
     if not keep_bos:
         return self_vals.clone()
-    diag = torch.diagonal(scores, dim1=-2, dim2=-1)  # head query
-    first = scores[:, :, 0]  # head query
+    first_val = _head_values((values[0] if bos_value is None else bos_value)[None], n_heads)[0]  # head d
+    diag = torch.diagonal(scores, offset=offset, dim1=-2, dim2=-1)  # head query
+    first = scores[:, :, 0]
     w_bos = torch.sigmoid(first - diag)
     w_self = torch.sigmoid(diag - first)
-    w_bos[:, 0] = 0.0  # query 0 *is* the BOS: one key, weight 1
-    w_self[:, 0] = 1.0
-    return w_bos.T[..., None] * vals[0][None] + w_self.T[..., None] * self_vals
+    if offset == 0:  # query 0 *is* the BOS: one key, weight 1
+        w_bos[:, 0] = 0.0
+        w_self[:, 0] = 1.0
+    return w_bos.T[..., None] * first_val[None] + w_self.T[..., None] * self_vals
 
 
 def kept_set_output(

@@ -47,10 +47,10 @@ def patch_dtype(model) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _check_finite(x: Tensor, what: str, layer: int) -> None:
+def _check_finite(x: Tensor, what: str, layer: int, offset: int = 0) -> None:
     bad = ~torch.isfinite(x)
     if bad.any():
-        pos = int(torch.nonzero(bad.reshape(x.shape[0], -1).any(-1))[0])
+        pos = int(torch.nonzero(bad.reshape(x.shape[0], -1).any(-1))[0]) + offset
         raise NonFiniteActivationError(f"non-finite {what} at layer {layer}, position {pos}")
 
 
@@ -72,14 +72,22 @@ def _kept_sets(n: int, remove, keep_bos: bool, device) -> tuple[Tensor, bool]:
 
 
 class _LayerCapture:
-    """Hook callbacks that compute one layer's patch factors while the forward runs."""
+    """Hook callbacks that compute one layer's patch factors while the forward runs.
+
+    Queries are the positions ``offset .. offset+q-1`` of the forward's input (``offset``
+    > 0 when earlier positions sit in a key/value cache); ``kept`` has one row per query.
+    """
 
     def __init__(self, model, family: BlockFamily, kept: Tensor, default_kept: bool, keep_bos: bool,
-                 out: dict[str, Tensor], last_layer: int):
+                 out: dict[str, Tensor], *, offset: int = 0, bos_values: dict[int, Tensor] | None = None,
+                 stop_after_last: bool = True):
         self.model, self.family, self.kept = model, family, kept
-        self.default_kept, self.keep_bos, self.out, self.last_layer = default_kept, keep_bos, out, last_layer
+        self.default_kept, self.keep_bos, self.out = default_kept, keep_bos, out
+        self.offset, self.stop_after_last = offset, stop_after_last
+        self.bos_values = {} if bos_values is None else bos_values
         self.dtype = patch_dtype(model)
-        causal = torch.ones_like(kept).tril()
+        n_q = kept.shape[0]
+        causal = torch.ones(n_q, kept.shape[1], dtype=torch.bool, device=kept.device).tril(diagonal=offset)
         self.unchanged = (kept == causal).all(-1)  # rows where nothing is removed: zero patch
         self.state: dict[str, Tensor] = {}
         self.reentered = False
@@ -88,7 +96,7 @@ class _LayerCapture:
         f = self.family
         return [
             (f.resid_pre(layer), self._store("r")),
-            (f.values(layer), self._store("values")),
+            (f.values(layer), lambda x, hook, layer=layer: self._values(x, layer)),
             (f.scores(layer), lambda x, hook, layer=layer: self._attend(x, layer)),
             (f.resid_mid(layer), self._store("resid_mid")),
             (f.mlp_input(layer), lambda x, hook, layer=layer: self._patch(x, layer)),
@@ -99,10 +107,17 @@ class _LayerCapture:
             self.state[key] = x[0].detach()
         return hook
 
+    def _values(self, x: Tensor, layer: int) -> None:
+        values = x[0].detach()
+        if self.offset == 0:
+            self.bos_values[layer] = values[0]
+        self.state["values"] = values
+
     def _attend(self, scores: Tensor, layer: int) -> None:
         s, values = scores[0].detach(), self.state.pop("values")
         if self.default_kept:
-            z0 = bos_and_self_output(s, values, keep_bos=self.keep_bos)
+            z0 = bos_and_self_output(s, values, keep_bos=self.keep_bos, offset=self.offset,
+                                     bos_value=self.bos_values.get(layer))
         else:
             z0 = kept_set_output(s, values, self.kept)
         self.state["z0"] = z0
@@ -126,8 +141,8 @@ class _LayerCapture:
         finally:
             self.reentered = False
         A = mlp_in[0].detach()
-        _check_finite(A, "MLP input (contextual)", layer)
-        _check_finite(a, "MLP input (context removed)", layer)
+        _check_finite(A, "MLP input (contextual)", layer, self.offset)
+        _check_finite(a, "MLP input (context removed)", layer, self.offset)
         A, a = A.to(self.dtype), a.to(self.dtype)
         correction = (resid_mid - r).to(self.dtype) - attn_0.to(self.dtype)
         u_in, v, zero = token_patch(dense_weight(block.mlp.__getattr__("in")).to(self.dtype), A, a)
@@ -139,8 +154,31 @@ class _LayerCapture:
         self.out["v"][layer] = v
         self.out["correction"][layer] = correction * keep
         self.out["zero_input"][layer] = zero & ~self.unchanged
-        if layer == self.last_layer:
+        if self.stop_after_last and layer == self.model.cfg.n_layers - 1:
             raise _StopForward
+
+
+def empty_factors(model, n: int, device) -> dict[str, Tensor | None]:
+    """Zeroed factor buffers for ``n`` positions of every layer."""
+    cfg, dtype, gated = model.cfg, patch_dtype(model), block_family(model).gated
+    return {
+        "u_in": torch.zeros(cfg.n_layers, n, cfg.d_mlp, dtype=dtype, device=device),
+        "u_gate": torch.zeros(cfg.n_layers, n, cfg.d_mlp, dtype=dtype, device=device) if gated else None,
+        "v": torch.zeros(cfg.n_layers, n, cfg.d_model, dtype=dtype, device=device),
+        "correction": torch.zeros(cfg.n_layers, n, cfg.d_model, dtype=dtype, device=device),
+        "zero_input": torch.zeros(cfg.n_layers, n, dtype=torch.bool, device=device),
+    }
+
+
+def warn_zero_inputs(zero: Tensor, offset: int = 0) -> None:
+    if zero.any():
+        where = ", ".join(f"layer {int(l)} position {int(p) + offset}" for l, p in torch.nonzero(zero)[:10])
+        warnings.warn(f"kept-only MLP input has zero norm at {where}; those patches are set to zero "
+                      f"(pseudo-inverse convention) and are not exact", ZeroNormWarning, stacklevel=3)
+
+
+def is_bos_kept(model, ids: Tensor, keep_bos: bool) -> bool:
+    return bool(keep_bos and bos_id(model) is not None and int(ids[0]) == bos_id(model))
 
 
 def token_patches(
@@ -160,33 +198,21 @@ def token_patches(
     family = block_family(model)
     ids = encode_prompt(model, prompt)
     n, device = ids.numel(), ids.device
-    kept_bos = bool(keep_bos and bos_id(model) is not None and int(ids[0]) == bos_id(model))
+    kept_bos = is_bos_kept(model, ids, keep_bos)
     kept, default_kept = _kept_sets(n, remove, kept_bos, device)
-    cfg, dtype = model.cfg, patch_dtype(model)
-    n_layers = cfg.n_layers
-    out = {
-        "u_in": torch.zeros(n_layers, n, cfg.d_mlp, dtype=dtype, device=device),
-        "u_gate": torch.zeros(n_layers, n, cfg.d_mlp, dtype=dtype, device=device) if family.gated else None,
-        "v": torch.zeros(n_layers, n, cfg.d_model, dtype=dtype, device=device),
-        "correction": torch.zeros(n_layers, n, cfg.d_model, dtype=dtype, device=device),
-        "zero_input": torch.zeros(n_layers, n, dtype=torch.bool, device=device),
-    }
-    capture = _LayerCapture(model, family, kept, default_kept, kept_bos, out, last_layer=n_layers - 1)
-    fwd_hooks = [h for layer in range(n_layers) for h in capture.hooks(layer)]
+    out = empty_factors(model, n, device)
+    capture = _LayerCapture(model, family, kept, default_kept, kept_bos, out)
+    fwd_hooks = [h for layer in range(model.cfg.n_layers) for h in capture.hooks(layer)]
     with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
         try:
             model(ids[None], return_type=None)
         except _StopForward:
             pass
-    zero = out["zero_input"]
-    if zero.any():
-        where = ", ".join(f"layer {int(l)} position {int(p)}" for l, p in torch.nonzero(zero)[:10])
-        warnings.warn(f"kept-only MLP input has zero norm at {where}; those patches are set to zero "
-                      f"(pseudo-inverse convention) and are not exact", ZeroNormWarning, stacklevel=2)
+    warn_zero_inputs(out["zero_input"])
     return TokenPatches(
-        model_name=getattr(model, "icl_lens_name", cfg.model_name),
+        model_name=getattr(model, "icl_lens_name", model.cfg.model_name),
         tokens=str_tokens(model, ids),
         token_ids=ids.cpu(),
         u_in=out["u_in"], u_gate=out["u_gate"], v=out["v"], correction=out["correction"],
-        kept=kept, kept_bos=kept_bos, zero_input=zero,
+        kept=kept, kept_bos=kept_bos, zero_input=out["zero_input"],
     )

@@ -29,11 +29,11 @@ def encode_prompt(model, prompt: str | Sequence[int] | Tensor) -> Int[Tensor, " 
         ids = model.to_tokens(prompt, truncate=False)[0]
     else:
         ids = torch.as_tensor(prompt)
+        if ids.numel() == 0:
+            raise PromptError("The prompt has no tokens.")
         if ids.is_floating_point() or ids.ndim > 2 or (ids.ndim == 2 and ids.shape[0] != 1):
             raise PromptError(f"token ids must be a 1-D integer sequence, got shape {tuple(ids.shape)} {ids.dtype}")
         ids = ids.flatten().long()
-        if ids.numel() == 0:
-            raise PromptError("The prompt has no tokens.")
         vocab = int(model.cfg.d_vocab)
         if int(ids.min()) < 0 or int(ids.max()) >= vocab:
             raise PromptError(f"token ids must lie in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")

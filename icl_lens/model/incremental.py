@@ -1,0 +1,109 @@
+"""Token patches for a growing prompt, reusing the key/value cache of the unchanged prefix.
+
+Token patches are causal: the patch of position ``t`` depends only on tokens ``≤ t``
+(DESIGN.md §2). When a prompt is edited at its end (typing, generation), the patches
+of the longest common token prefix are kept and only the new positions are computed,
+in one cached forward of the new tokens. The cached keys and values are the contextual
+pass's own, and the kept-key renormalisation of DESIGN.md §2 needs only the new rows of
+the score matrix plus the BOS value, so the result equals ``token_patches`` on the full
+prompt (tested).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from transformers import DynamicCache
+
+from icl_lens.core.kept_attention import default_kept_mask
+from icl_lens.core.patch_set import TokenPatches
+from icl_lens.model.block_family import block_family
+from icl_lens.model.capture import _LayerCapture, empty_factors, is_bos_kept, warn_zero_inputs
+from icl_lens.model.prompts import encode_prompt, str_tokens
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What the last :meth:`PatchSession.update` recomputed."""
+
+    n_positions: int
+    reused: int
+    recomputed: int
+    seconds: float
+
+
+class PatchSession:
+    """Keeps the key/value cache and the factors of the last prompt; ``update`` extends them.
+
+    ``session.update(prompt) -> TokenPatches`` for the whole prompt; ``session.last_logits``
+    holds the logits of its last position; ``session.last_stats`` says what was reused.
+    Only the default kept set (BOS + query) is supported here.
+    """
+
+    def __init__(self, model, *, keep_bos: bool = True):
+        self.model, self.keep_bos = model, keep_bos
+        self.family = block_family(model)
+        self._ids: Tensor | None = None
+        self._cache = None
+        self._factors: dict[str, Tensor | None] | None = None
+        self._bos_values: dict[int, Tensor] = {}
+        self._tokens: tuple[str, ...] = ()
+        self.last_logits: Float[Tensor, " vocab"] | None = None
+        self.last_stats: UpdateStats | None = None
+
+    def reset(self) -> None:
+        self._ids = self._cache = self._factors = None
+        self._bos_values, self._tokens = {}, ()
+
+    def _common_prefix(self, ids: Tensor) -> int:
+        if self._ids is None:
+            return 0
+        m = min(len(ids), len(self._ids))
+        diff = torch.nonzero(ids[:m] != self._ids[:m])
+        p = int(diff[0]) if len(diff) else m
+        # Recompute at least the last token: its logits are needed, and a prompt that
+        # only shrank still needs a cache cropped to p - 1 positions.
+        return min(p, len(ids) - 1)
+
+    @torch.no_grad()
+    def update(self, prompt) -> TokenPatches:
+        start = time.perf_counter()
+        ids = encode_prompt(self.model, prompt)
+        n, device = ids.numel(), ids.device
+        kept_bos = is_bos_kept(self.model, ids, self.keep_bos)
+        p = self._common_prefix(ids)
+        if p == 0 or self._cache is None:
+            self.reset()
+            p, cache = 0, None
+        else:
+            cache = self._cache
+            cache.crop(-(len(self._ids) - p))  # HF's crop takes the number of tokens to drop
+        kept = default_kept_mask(n, keep_bos=kept_bos, device=device)
+        new = empty_factors(self.model, n - p, device)
+        capture = _LayerCapture(self.model, self.family, kept[p:], True, kept_bos, new, offset=p,
+                                bos_values=self._bos_values, stop_after_last=False)
+        hooks = [h for layer in range(self.model.cfg.n_layers) for h in capture.hooks(layer)]
+        with self.model.hooks(fwd_hooks=hooks):
+            # A plain DynamicCache keeps every layer's full history (HF's default cache for
+            # sliding-window models drops old keys and then cannot be cropped on edits).
+            cache = DynamicCache() if cache is None else cache
+            logits, self._cache = self.model(ids[None, p:], past_key_values=cache, return_type="logits_and_cache")
+        warn_zero_inputs(new["zero_input"], offset=p)
+        if self._factors is None:
+            self._factors = new
+        else:
+            self._factors = {k: None if v is None else torch.cat([self._factors[k][:, :p], v], dim=1)
+                             for k, v in new.items()}
+        self._tokens = self._tokens[:p] + str_tokens(self.model, ids[p:])
+        self._ids = ids
+        self.last_logits = logits[0, -1]
+        self.last_stats = UpdateStats(n, p, n - p, time.perf_counter() - start)
+        f = self._factors
+        return TokenPatches(
+            model_name=getattr(self.model, "icl_lens_name", self.model.cfg.model_name),
+            tokens=self._tokens, token_ids=ids.cpu(), u_in=f["u_in"], u_gate=f["u_gate"], v=f["v"],
+            correction=f["correction"], kept=kept, kept_bos=kept_bos, zero_input=f["zero_input"],
+        )

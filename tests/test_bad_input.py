@@ -1,0 +1,71 @@
+"""Bad input gets a clear, specific error fast (and never NaN)."""
+import time
+import warnings
+
+import pytest
+import torch
+from transformers import MixtralConfig
+
+from icl_lens import (
+    ModelNotFoundError,
+    NonFiniteActivationError,
+    PromptError,
+    UnsupportedArchitectureError,
+    ZeroNormWarning,
+    load_model,
+    token_patches,
+)
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n\t"])
+def test_empty_prompt(load, prompt):
+    with pytest.raises(PromptError, match="empty"):
+        token_patches(load("tiny-llama"), prompt)
+
+
+def test_too_long_prompt_names_the_limit(load):
+    model = load("tiny-llama")
+    with pytest.raises(PromptError, match=r"at most 256"):
+        token_patches(model, "x" * 300)
+
+
+def test_unknown_model_offline_fails_fast_listing_embedded_names(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    with pytest.raises(ModelNotFoundError, match="gemma-3-270m.*smollm2-135m"):
+        load_model("no-such-org/no-such-model")
+    assert time.perf_counter() - start < 5
+
+
+def test_unsupported_architecture_lists_families(tmp_path):
+    MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1, num_local_experts=2, architectures=["MixtralForCausalLM"]).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedArchitectureError, match="gpt2.*llama.*gemma3"):
+        load_model(str(tmp_path))
+
+
+def test_zero_norm_activation_warns_and_stays_finite():
+    model = load_model("tiny-llama")  # private copy: we damage it
+    model.blocks[1].ln2.original_component.weight.data.zero_()
+    with pytest.warns(ZeroNormWarning, match="layer 1 position"):
+        patches = token_patches(model, "zero norm here")
+    assert torch.isfinite(patches.norms()).all()
+    assert patches.zero_input[1, 2:].all() and not patches.zero_input[0].any()
+    assert patches.norms()[1].abs().max() == 0
+
+
+def test_non_finite_activation_names_layer_and_position():
+    model = load_model("tiny-gpt2")
+    model.blocks[2].ln2.original_component.weight.data[3] = float("inf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(NonFiniteActivationError, match="layer 2, position 0"):
+            token_patches(model, "boom")
+
+
+def test_bad_token_ids(load):
+    model = load("tiny-gpt2")
+    with pytest.raises(PromptError, match="lie in"):
+        token_patches(model, [1, 2, 99999])
+    with pytest.raises(PromptError, match="no tokens"):
+        token_patches(model, [])
