@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from icl_lens import (
+    PatchSession,
     PromptError,
     SpikeFlags,
     generate_with_patches,
@@ -178,6 +179,23 @@ def test_generation_matches_full_recompute_tiny(load):
     on_prompt = spike_scores(token_patches(model, gen.token_ids[: gen.prompt_length]), window=8)
     ok = on_prompt.enough_context
     assert torch.allclose(on_prompt.scores[ok], gen.spikes.scores[: gen.prompt_length][ok], atol=1e-6)
+
+
+def test_generation_reuses_the_cache(load):
+    model = load("tiny-gemma3")
+    session = PatchSession(model)
+    gen = generate_with_patches(model, "one two three four five six", max_new_tokens=4, stop_at_eos=False,
+                                session=session)
+    n = gen.token_ids.numel()
+    assert gen.recomputed == (gen.prompt_length, 1, 1, 1, 1)  # one position per generated token
+    assert session.last_stats.n_positions == n and session.last_stats.reused == n - 1
+    _check_against_full_pass(model, gen, rtol=1e-4)
+    # the same prompt again in the same session: only its last position is recomputed
+    again = generate_with_patches(model, "one two three four five six", max_new_tokens=2, stop_at_eos=False,
+                                  session=session)
+    assert again.recomputed == (1, 1, 1)
+    assert torch.equal(again.token_ids, gen.token_ids[: again.token_ids.numel()])
+    _check_against_full_pass(model, again, rtol=1e-4)
 
 
 def test_sampling_is_seeded(load):

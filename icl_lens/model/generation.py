@@ -35,7 +35,11 @@ from icl_lens.model.prompts import PromptError, context_limit, encode_prompt, st
 
 @dataclass(frozen=True, eq=False)
 class GenerationPatches:
-    """A generation with, per generated token, patch norms, spike score/flag, log-prob and entropy."""
+    """A generation with, per generated token, patch norms, spike score/flag, log-prob and entropy.
+
+    ``recomputed``: positions computed by each session update (the prompt's first, then
+    one per generated token); 1 per step shows the key/value cache was reused.
+    """
 
     model_name: str
     prompt_length: int
@@ -49,6 +53,7 @@ class GenerationPatches:
     temperature: float
     seed: int | None
     stop_reason: str
+    recomputed: tuple[int, ...] = ()
 
     @property
     def n_new(self) -> int:
@@ -128,6 +133,12 @@ def _next_token(logits: Tensor, greedy: bool, temperature: float, generator: tor
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def _recomputed(session, ids: Tensor) -> int:
+    """Positions the session's last update computed (all of them if it keeps no statistics)."""
+    stats = getattr(session, "last_stats", None)
+    return int(ids.numel()) if stats is None else int(stats.recomputed)
+
+
 def _last_logits(session, vocab: int) -> Tensor:
     logits = session.last_logits
     if logits is None:
@@ -180,8 +191,10 @@ def generate_with_patches(
     logprobs: list[float] = []
     entropies: list[float] = []
     stop_reason = "max_new_tokens"
+    recomputed: list[int] = []
     with torch.no_grad():
-        session.update(ids)
+        patches = session.update(ids)
+        recomputed.append(_recomputed(session, ids))
         for _ in range(max_new_tokens):
             logits = _last_logits(session, vocab)
             logp, entropy = predictive_stats(logits)
@@ -190,6 +203,7 @@ def generate_with_patches(
             entropies.append(entropy)
             ids = torch.cat([ids, torch.tensor([token], dtype=ids.dtype, device=ids.device)])
             patches = session.update(ids)
+            recomputed.append(_recomputed(session, ids))
             if eos is not None and token == eos:
                 stop_reason = "eos"
                 break
@@ -210,4 +224,5 @@ def generate_with_patches(
         temperature=float(temperature),
         seed=seed,
         stop_reason=stop_reason,
+        recomputed=tuple(recomputed),
     )
