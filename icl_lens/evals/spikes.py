@@ -64,7 +64,9 @@ def answer_all(model_name: str, items: list[FactualPrompt], *, max_new_tokens: i
     session = PatchSession(model)
     out = []
     start = time.perf_counter()
-    for item in items:
+    for i, item in enumerate(items):
+        if i % 25 == 0:
+            print(f"{model_name}: question {i}/{len(items)}, {time.perf_counter() - start:.0f} s", file=sys.stderr)
         gen = generate_with_patches(model, item.text, max_new_tokens=max_new_tokens, stop=("\n",),
                                     session=session, window=window)
         n_answer = next((k for k, tok in enumerate(gen.generated_tokens) if "\n" in tok), gen.n_new)
