@@ -270,3 +270,8 @@ def test_auroc_identities():
     assert flipped == pytest.approx(1 - r.auroc)
     with pytest.raises(ValueError):
         auroc([0.1, 0.2], [True, True])
+    # within-stratum AUROC: a score that only separates the strata earns 0.5
+    strata = [0, 0, 0, 1, 1, 1]
+    between = [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    labels = [True, False, False, True, True, False]
+    assert auroc(between, labels) > 0.5 and auroc(between, labels, strata) == 0.5

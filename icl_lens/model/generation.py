@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from icl_lens.core.patch_set import TokenPatches
@@ -87,11 +87,11 @@ class GenerationPatches:
         return self.spikes.scores[self.prompt_length:]
 
     @property
-    def flags(self) -> Float[Tensor, " new"]:
+    def flags(self) -> Bool[Tensor, " new"]:
         return self.spikes.flags[self.prompt_length:]
 
     @property
-    def enough_context(self) -> Float[Tensor, " new"]:
+    def enough_context(self) -> Bool[Tensor, " new"]:
         return self.spikes.enough_context[self.prompt_length:]
 
     def to_frame(self) -> pd.DataFrame:
