@@ -235,6 +235,8 @@ def test_generation_bad_arguments(load, kwargs, error):
 
 def test_generation_bad_prompts(load):
     model = load("tiny-gemma3")
+    with pytest.raises(ValueError, match="another model"):
+        generate_with_patches(model, "hello", max_new_tokens=1, session=PatchSession(load("tiny-llama")))
     with pytest.raises(PromptError, match="empty"):
         generate_with_patches(model, "   ", max_new_tokens=2)
     n_ctx = model.cfg.n_ctx

@@ -181,6 +181,8 @@ def generate_with_patches(
         )
     if isinstance(stop, str):
         stop = (stop,)
+    if session is not None and getattr(session, "model", model) is not model:
+        raise ValueError("session belongs to another model; pass a PatchSession(model) of this model")
     session = PatchSession(model) if session is None else session
     generator = None
     if seed is not None:
