@@ -5,6 +5,10 @@
 with replacement; a resample is a weight vector ``w`` (counts), and
 ``AUROC(w) = Σ_ij w⁺_i K_ij w⁻_j / (Σ w⁺)(Σ w⁻)`` with ``K_ij = [s⁺_i > s⁻_j] + ½[s⁺_i = s⁻_j]``,
 so all resamples cost one matrix product. Resamples without both classes are dropped.
+
+Stratified (within-group) AUROC, ``strata=``: only pairs whose two examples share a
+stratum count, ``Σ_ij S_ij K_ij / Σ_ij S_ij`` with ``S_ij = [stratum⁺_i = stratum⁻_j]``; it
+removes what a score gains merely by telling the strata (e.g. question kinds) apart.
 """
 from __future__ import annotations
 
@@ -22,14 +26,24 @@ class AurocResult:
     n_neg: int
 
 
-def _pair_kernel(scores: np.ndarray, positive: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _pair_kernel(scores: np.ndarray, positive: np.ndarray, strata=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     pos, neg = scores[positive], scores[~positive]
     kernel = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])
-    return kernel, np.flatnonzero(positive), np.flatnonzero(~positive)
+    if strata is None:
+        same = np.ones_like(kernel)
+    else:
+        strata = np.asarray(strata)
+        same = (strata[positive][:, None] == strata[~positive][None, :]).astype(float)
+        if not same.any():
+            raise ValueError("no stratum holds both a positive and a negative example")
+    return kernel * same, same, np.flatnonzero(positive), np.flatnonzero(~positive)
 
 
-def auroc(scores, positive) -> float:
-    """AUROC of ``scores`` for predicting ``positive`` (higher score = more likely positive)."""
+def auroc(scores, positive, strata=None) -> float:
+    """AUROC of ``scores`` for predicting ``positive`` (higher score = more likely positive).
+
+    ``strata``: optional group label per example; only pairs within a group count.
+    """
     scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
     if scores.shape != positive.shape or scores.ndim != 1:
         raise ValueError("scores and positive must be 1-D arrays of the same length")
@@ -37,20 +51,21 @@ def auroc(scores, positive) -> float:
         raise ValueError("scores must be finite")
     if positive.all() or not positive.any():
         raise ValueError("AUROC needs at least one positive and one negative example")
-    kernel, _, _ = _pair_kernel(scores, positive)
-    return float(kernel.mean())
+    kernel, same, _, _ = _pair_kernel(scores, positive, strata)
+    return float(kernel.sum() / same.sum())
 
 
-def bootstrap_auroc(scores, positive, *, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> AurocResult:
+def bootstrap_auroc(scores, positive, *, strata=None, n_boot: int = 2000, seed: int = 0,
+                    level: float = 0.95) -> AurocResult:
     """AUROC with a percentile-bootstrap ``level`` confidence interval over examples."""
     scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
-    point = auroc(scores, positive)
-    kernel, ipos, ineg = _pair_kernel(scores, positive)
+    point = auroc(scores, positive, strata)
+    kernel, same, ipos, ineg = _pair_kernel(scores, positive, strata)
     rng = np.random.default_rng(seed)
     n = scores.shape[0]
     counts = rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(float)
     wp, wn = counts[:, ipos], counts[:, ineg]
-    den = wp.sum(1) * wn.sum(1)
+    den = ((wp @ same) * wn).sum(1)
     num = ((wp @ kernel) * wn).sum(1)
     ok = den > 0
     boots = num[ok] / den[ok]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from icl_lens.core.patch_set import TokenPatches
@@ -35,7 +35,11 @@ from icl_lens.model.prompts import PromptError, context_limit, encode_prompt, st
 
 @dataclass(frozen=True, eq=False)
 class GenerationPatches:
-    """A generation with, per generated token, patch norms, spike score/flag, log-prob and entropy."""
+    """A generation with, per generated token, patch norms, spike score/flag, log-prob and entropy.
+
+    ``recomputed``: positions computed by each session update (the prompt's first, then
+    one per generated token); 1 per step shows the key/value cache was reused.
+    """
 
     model_name: str
     prompt_length: int
@@ -49,6 +53,7 @@ class GenerationPatches:
     temperature: float
     seed: int | None
     stop_reason: str
+    recomputed: tuple[int, ...] = ()
 
     @property
     def n_new(self) -> int:
@@ -82,11 +87,11 @@ class GenerationPatches:
         return self.spikes.scores[self.prompt_length:]
 
     @property
-    def flags(self) -> Float[Tensor, " new"]:
+    def flags(self) -> Bool[Tensor, " new"]:
         return self.spikes.flags[self.prompt_length:]
 
     @property
-    def enough_context(self) -> Float[Tensor, " new"]:
+    def enough_context(self) -> Bool[Tensor, " new"]:
         return self.spikes.enough_context[self.prompt_length:]
 
     def to_frame(self) -> pd.DataFrame:
@@ -126,6 +131,12 @@ def _next_token(logits: Tensor, greedy: bool, temperature: float, generator: tor
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.detach().to(torch.float64) / temperature, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _recomputed(session, ids: Tensor) -> int:
+    """Positions the session's last update computed (all of them if it keeps no statistics)."""
+    stats = getattr(session, "last_stats", None)
+    return int(ids.numel()) if stats is None else int(stats.recomputed)
 
 
 def _last_logits(session, vocab: int) -> Tensor:
@@ -170,6 +181,8 @@ def generate_with_patches(
         )
     if isinstance(stop, str):
         stop = (stop,)
+    if session is not None and getattr(session, "model", model) is not model:
+        raise ValueError("session belongs to another model; pass a PatchSession(model) of this model")
     session = PatchSession(model) if session is None else session
     generator = None
     if seed is not None:
@@ -180,8 +193,10 @@ def generate_with_patches(
     logprobs: list[float] = []
     entropies: list[float] = []
     stop_reason = "max_new_tokens"
+    recomputed: list[int] = []
     with torch.no_grad():
-        session.update(ids)
+        patches = session.update(ids)
+        recomputed.append(_recomputed(session, ids))
         for _ in range(max_new_tokens):
             logits = _last_logits(session, vocab)
             logp, entropy = predictive_stats(logits)
@@ -190,6 +205,7 @@ def generate_with_patches(
             entropies.append(entropy)
             ids = torch.cat([ids, torch.tensor([token], dtype=ids.dtype, device=ids.device)])
             patches = session.update(ids)
+            recomputed.append(_recomputed(session, ids))
             if eos is not None and token == eos:
                 stop_reason = "eos"
                 break
@@ -210,4 +226,5 @@ def generate_with_patches(
         temperature=float(temperature),
         seed=seed,
         stop_reason=stop_reason,
+        recomputed=tuple(recomputed),
     )
