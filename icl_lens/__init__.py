@@ -12,6 +12,10 @@ from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, to
 from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
 from icl_lens.model.patched_forward import EquivalenceReport, patches_applied, verify_equivalence
 from icl_lens.model.prompts import PromptError
+from icl_lens.model.thought_eval import ThoughtEval, evaluate_thought
+from icl_lens.model.thought_fit import thought_patch
+from icl_lens.model.thought_result import ThoughtPatch
+from icl_lens.tasks import Task, TaskFormatError, load_task
 
 __version__ = "0.1.0"
 
@@ -22,12 +26,19 @@ __all__ = [
     "ModelNotFoundError",
     "NonFiniteActivationError",
     "PromptError",
+    "Task",
+    "TaskFormatError",
+    "ThoughtEval",
+    "ThoughtPatch",
     "TokenPatches",
     "UnsupportedArchitectureError",
     "ZeroNormWarning",
+    "evaluate_thought",
     "known_model_names",
     "load_model",
+    "load_task",
     "patches_applied",
+    "thought_patch",
     "token_patches",
     "verify_equivalence",
 ]

@@ -7,16 +7,20 @@ are active on the model (a thought patch, for example) act on every step.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 
 @torch.no_grad()
 def greedy_continuations(
-    model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, batch_size: int = 16
+    model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, batch_size: int = 16,
+    finished: Callable[[int, list[int]], bool] | None = None,
 ) -> list[list[int]]:
-    """Token ids greedily generated after each prompt (``max_new_tokens`` each, no early stop)."""
+    """Token ids greedily generated after each prompt (at most ``max_new_tokens`` each).
+
+    ``finished(i, new_ids)``: optional early stop; a batch stops once it holds for every row.
+    """
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
     device = model.cfg.device
@@ -32,6 +36,10 @@ def greedy_continuations(
                 logits = model(ids, logits_to_keep=1)[:, -1]
                 nxt = logits.argmax(-1)
                 ids = torch.cat([ids, nxt[:, None]], dim=1)
+                if finished is not None and all(
+                    finished(i, ids[k, len(prompts[i]) :].tolist()) for k, i in enumerate(chunk)
+                ):
+                    break
             for k, i in enumerate(chunk):
                 out[i] = ids[k, len(prompts[i]) :].tolist()
     return out

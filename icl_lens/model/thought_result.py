@@ -64,7 +64,7 @@ class ThoughtPatch:
 
     def weight_deltas(self, layer: int, model=None, m: Tensor | None = None) -> dict[str, Float[Tensor, "d_mlp d_model"]]:
         """Dense ``Δ = W M`` of one layer: ``{"in": …}`` plus ``{"gate": …}`` for gated MLPs."""
-        from icl_lens.model.block_family import block_family, dense_weight
+        from icl_lens.model.block_family import block_family
 
         model = self._model(model)
         fam, mlp = block_family(model), model.blocks[layer].mlp

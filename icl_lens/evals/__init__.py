@@ -1,0 +1,1 @@
+"""Evaluation commands that write Markdown fragments ``reports/eval_<topic>.md``."""

@@ -1,0 +1,1 @@
+"""Front ends of icl_lens: CLI subcommands, dashboards."""
