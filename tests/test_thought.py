@@ -29,20 +29,36 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
+def _final_resid(model, ids: list[int]) -> torch.Tensor:
+    name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    _, cache = model.run_with_cache(torch.tensor([ids]), names_filter=name)
+    return cache[name][0, -1]
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("name", TINY)
 def test_one_query_reproduces_contextual_logits(load, name, dtype):
-    """One single-token calibration query, ridge 0, eta 1: patched [BOS, x] == contextual [BOS, I, x]."""
+    """One single-token calibration query, ridge 0, eta 1: patched [BOS, x] == contextual [BOS, I, x].
+
+    In float64 the identity is checked on the residual stream entering the final norm
+    (≤ 1e-9): HF's Gemma 3 RMSNorm upcasts to float32 internally (``x.float()``) even in
+    a float64 model, so float64 logits can only agree to ~1e-8.
+    """
     model = load(name, dtype)
     patch = thought_patch(model, INSTRUCTION, ["q"])
     contextual = _logits(model, INSTRUCTION, "q")
     with patch.applied():
         patched = _logits(model, None, "q")
     unpatched = _logits(model, None, "q")
-    assert _rel(patched, contextual) <= TOL[dtype]
-    assert _rel(unpatched, contextual) > 100 * TOL[dtype]  # the instruction does matter
-    # hooks are gone after the block
-    assert torch.equal(_logits(model, None, "q"), unpatched)
+    logit_tol = 1e-7 if dtype == torch.float64 else TOL[torch.float32]
+    assert _rel(patched, contextual) <= logit_tol
+    assert _rel(unpatched, contextual) > 1e-2  # the instruction does matter
+    assert torch.equal(_logits(model, None, "q"), unpatched)  # hooks are gone after the block
+    if dtype == torch.float64:
+        ctx_ids = with_bos(model, text_ids(model, INSTRUCTION) + text_ids(model, "q"))
+        with patch.applied():
+            resid = _final_resid(model, with_bos(model, text_ids(model, "q")))
+        assert _rel(resid, _final_resid(model, ctx_ids)) <= TOL[torch.float64]
 
 
 @pytest.mark.parametrize("name", ["gemma-3-270m", "smollm2-135m"])
@@ -148,7 +164,8 @@ def test_singular_systems_fall_back_to_the_pseudo_inverse(load):
 
 
 def test_iterations_shrink_the_residual_with_small_eta(load):
-    model = load("tiny-gemma3", torch.float64)
+    """Sweeps with η < 1 approach the exact patch (bias site; the Gemma gain site need not, see thought_fit)."""
+    model = load("tiny-llama", torch.float64)
     contextual = _logits(model, INSTRUCTION, "q")
     errs = []
     for it in (1, 4):
