@@ -78,6 +78,11 @@ def pad_id(model) -> int:
     return 0
 
 
+def first_positions(rows: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """(row-in-chunk, 0) for each row: the BOS of every sequence."""
+    return torch.arange(len(rows), dtype=torch.long), torch.zeros(len(rows), dtype=torch.long)
+
+
 def query_positions(batch: QueryBatch, rows: Sequence[int]) -> tuple[Tensor, Tensor]:
     """Flat (row-in-chunk, position) indices of every query token of ``rows``, in order."""
     r, p = [], []

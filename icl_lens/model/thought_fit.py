@@ -8,7 +8,9 @@ queries ``x₁…x_q`` (``n`` query tokens in all, every token of every query):
    query token ``i`` (the forward stops after the last block: no unembedding).
 2. For ``l = 0 … L−1`` (``iterations`` sweeps), *non-contextual passes* over
    ``[BOS, xⱼ]`` with every patch fitted so far applied, stopped at layer ``l``:
-   a. read the MLP inputs ``aᵢ``; matrix residual ``δᵢ = Aᵢ − aᵢ − M aᵢ`` (``M``: the
+   a. read the MLP inputs ``aᵢ`` (query tokens, plus the BOS of each sequence as an
+      anchor row whose target is its own unpatched input: position 0 sees only itself,
+      so its contextual and context-free states are equal); matrix residual ``δᵢ = Aᵢ − aᵢ − M aᵢ`` (``M``: the
       current input map, zero in the first sweep); ``M ← M + η · input_map(δ, a, λ)``
       so ``Δ = W M`` is the least-squares thought matrix ``(Σ W δᵢ aᵢᵀ)(Σ aᵢaᵢᵀ + λI)⁻¹``
       of each dense layer reading the MLP input (``W_in``; ``W_gate``, ``W_up``);
@@ -22,8 +24,12 @@ queries ``x₁…x_q`` (``n`` query tokens in all, every token of every query):
 Exactness (the reduction test): one single-token calibration query, ``λ = 0``, ``η = 1``:
 ``M a = δ`` exactly (pseudo-inverse of one column = the token patch) and the vector
 adds exactly ``ρ``, so every block output of the query equals its contextual one and
-the logits match. The non-contextual pass keeps BOS (DESIGN.md §2); BOS rows are not
-calibration rows (their drift is measured and corrected at the query in later layers).
+the logits match (BOS + one token: two rows, interpolated exactly). The non-contextual
+pass keeps BOS (DESIGN.md §2). The BOS anchor rows matter on real models: the first
+token after BOS is often a secondary attention sink with a massive activation in the
+context-free pass (SmolLM2: norm ~650 vs ~100 in context at layer 3), and its
+residual shares a direction with BOS's own input; without the anchor, the matrix fit
+also rewrites BOS and destroys the sink. The vector is fitted on query tokens only.
 A constant vector cannot be exact for several tokens at once, so multi-token queries
 are fitted in the least-squares sense only.
 
@@ -48,8 +54,16 @@ from torch import Tensor
 from icl_lens.core.thought_math import gain_vector, input_map, mean_vector, relative_residual, rms_normalize
 from icl_lens.model.block_family import block_family
 from icl_lens.model.capture import NonFiniteActivationError, patch_dtype
-from icl_lens.model.prompts import PromptError
-from icl_lens.model.query_batches import QueryBatch, pad_id, query_batch, query_positions, right_padded, text_ids
+from icl_lens.model.prompts import PromptError, bos_id
+from icl_lens.model.query_batches import (
+    QueryBatch,
+    first_positions,
+    pad_id,
+    query_batch,
+    query_positions,
+    right_padded,
+    text_ids,
+)
 from icl_lens.model.thought_apply import post_norm_eps, thought_hooks, vector_site
 from icl_lens.model.thought_result import ThoughtPatch
 
@@ -101,9 +115,10 @@ def _gather(x: Tensor, rows: Tensor, pos: Tensor, dtype) -> Tensor:
 
 
 @torch.no_grad()
-def _contextual(model, batch: QueryBatch, family, batch_size: int, dtype) -> tuple[list[Tensor], list[Tensor]]:
-    """MLP inputs ``A`` and block outputs ``O`` of every layer at every query token."""
+def _contextual(model, batch: QueryBatch, family, batch_size: int, dtype) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """MLP inputs ``A`` and block outputs ``O`` of every layer at every query token; MLP input at position 0."""
     n_layers = model.cfg.n_layers
+    first: list[Tensor | None] = [None] * n_layers
     mlp_in: list[list[Tensor]] = [[] for _ in range(n_layers)]
     outs: list[list[Tensor]] = [[] for _ in range(n_layers)]
     pad = pad_id(model)
@@ -113,6 +128,8 @@ def _contextual(model, batch: QueryBatch, family, batch_size: int, dtype) -> tup
 
         def read_in(x, hook, layer):
             mlp_in[layer].append(_gather(x, r_idx, p_idx, dtype))
+            if first[layer] is None:
+                first[layer] = x.detach()[0, 0].to(dtype)
 
         def read_out(x, hook, layer):
             outs[layer].append(_gather(x, r_idx, p_idx, dtype))
@@ -133,26 +150,33 @@ def _contextual(model, batch: QueryBatch, family, batch_size: int, dtype) -> tup
     for layer in range(n_layers):
         _check(A[layer], "contextual MLP input", layer)
         _check(O[layer], "contextual block output", layer)
-    return A, O
+    return A, O, first
 
 
 @torch.no_grad()
-def _read_plain(model, batch: QueryBatch, hooks_base, reads: dict[str, str], stop: str, batch_size: int, dtype) -> dict[str, Tensor]:
-    """Non-contextual forward(s) with ``hooks_base`` applied; gather the ``reads`` hook points; stop at ``stop``."""
-    got: dict[str, list[Tensor]] = {k: [] for k in reads}
+def _read_plain(model, batch: QueryBatch, hooks_base, reads: dict[str, str], stop: str, batch_size: int, dtype,
+                bos_reads: tuple[str, ...] = ()) -> dict[str, Tensor]:
+    """Non-contextual forward(s) with ``hooks_base`` applied; gather the ``reads`` hook points; stop at ``stop``.
+
+    ``stop`` must be one of the ``reads`` (the forward ends right after reading it).
+    """
+    if stop not in reads.values():
+        raise ValueError(f"stop hook {stop!r} is not read")
+    got: dict[str, list[Tensor]] = {k: [] for k in [*reads, *(f"{k}_bos" for k in bos_reads)]}
     pad = pad_id(model)
     for rows in _chunks(len(batch.sequences), batch_size):
         ids = right_padded([batch.sequences[r] for r in rows], pad, model.cfg.device)
         r_idx, p_idx = query_positions(batch, rows)
+        r0, p0 = first_positions(rows)
         hooks = list(hooks_base)
         for key, name in reads.items():
             def read(x, hook, key=key, name=name):
                 got[key].append(_gather(x, r_idx, p_idx, dtype))
+                if key in bos_reads:
+                    got[f"{key}_bos"].append(_gather(x, r0, p0, dtype))
                 if name == stop:
                     raise _Stop
             hooks.append((name, read))
-        if stop not in reads.values():
-            hooks.append((stop, lambda x, hook: (_ for _ in ()).throw(_Stop())))
         with model.hooks(fwd_hooks=hooks):
             try:
                 model(ids, return_type=None)
@@ -187,7 +211,8 @@ def thought_patch(
     cfg = model.cfg
     ctx = query_batch(model, query_ids, prefix=instr_ids)
     plain = query_batch(model, query_ids)
-    A, O = _contextual(model, ctx, family, batch_size, dtype)
+    A, O, A_first = _contextual(model, ctx, family, batch_size, dtype)
+    anchor = bos_id(model) is not None  # every sequence starts with BOS: fit it too, target unchanged
 
     d = cfg.d_model
     maps = torch.zeros(cfg.n_layers, d, d, dtype=dtype, device=cfg.device)
@@ -203,11 +228,16 @@ def thought_patch(
             if do_matrix:
                 hooks = thought_hooks(model, patched_maps, patched_vecs, family=family)
                 got = _read_plain(model, plain, hooks, {"a": family.mlp_input(layer)}, family.mlp_input(layer),
-                                  batch_size, dtype)
+                                  batch_size, dtype, bos_reads=("a",) if anchor else ())
                 a = got["a"]
                 _check(a, "non-contextual MLP input", layer)
                 target = A[layer] - a - a @ maps[layer].T
-                step = input_map(target, a, ridge=ridge)
+                rows_a, rows_t = a, target
+                if anchor:  # BOS rows: position 0 sees only itself, so its contextual input is A_first
+                    a0 = got["a_bos"]
+                    rows_a = torch.cat([a0, a])
+                    rows_t = torch.cat([A_first[layer].expand_as(a0) - a0 - a0 @ maps[layer].T, target])
+                step = input_map(rows_t, rows_a, ridge=ridge)
                 maps[layer] += eta * step
                 m_res[layer] = relative_residual(A[layer] - a, a @ maps[layer].T)
                 patched_maps[layer] = maps[layer]

@@ -5,7 +5,8 @@ Each task is one JSON object on one line (``<name>.jsonl``): ``{"name", "instruc
 train queries are the calibration set of the thought patch, test queries are held out.
 Lookup tasks (capitals, translations) split their pairs; the synthetic key–value
 dictionaries state all k made-up pairs in the instruction and ask for the keys in
-different phrasings for train and test (the test phrasings never appear in training).
+with a lead word for train (``code blor:``) and bare as in the instruction for test
+(``blor:``); no test string is a calibration string.
 """
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ chicken pollo|sugar azúcar|salt sal|garden jardín|kitchen cocina|shoe zapato|s
 key llave|knife cuchillo|spoon cuchara|forest bosque|island isla|church iglesia|street calle|song canción
 world mundo|brother hermano|sister hermana|father padre|mother madre"""
 
-KV_TRAIN_LEADS = ["", "code ", "key ", "item ", "entry ", "word ", "name ", "tag "]
-KV_TEST_LEADS = ["id ", "label ", "token ", "ref "]
+KV_TRAIN_LEADS = ["code ", "key ", "item ", "entry ", "word ", "name ", "tag ", "id "]
+KV_TEST_LEADS = [""]  # the instruction's own format, "key:"; never a calibration string
 
 
 def _pairs(text: str) -> list[tuple[str, str]]:
