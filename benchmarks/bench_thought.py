@@ -83,6 +83,10 @@ def main(argv=None) -> int:
         f"| same forward, no unembedding | {t_nolog:.2f} | {t_nolog / t_logits:.2f} | {m_nolog:.0f} |",
         f"| thought_patch fit (1 contextual pass + 2 truncated plain passes per layer, all layers) | {t_fit:.2f} | "
         f"{t_fit / t_logits:.2f} | {m_fit:.0f} |",
+        "",
+        "`return_type=None` does not skip the bridge's unembedding (same time and peak as with logits), so the "
+        "fit's contextual pass stops at the last block with a hook instead. Timings on these shared cores vary "
+        "by 2× or more between runs; the ratio in one run is the number to read.",
     ]
     text = "\n".join(lines) + "\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
