@@ -59,7 +59,9 @@ def write_report(out: Path, models: list[str], tasks: list[str], threads: int) -
     lines = [
         "## Thought patches: prompts turned into weights (issue 5)",
         "",
-        f"Command: `{COMMAND}` (then `{COMMAND} --report-only` to assemble). Machine: 2 shared CPU cores, "
+        f"Commands run: `{COMMAND} --models gemma-3-270m --curve-tasks capitals` and "
+        f"`{COMMAND} --models smollm2-135m --curve-tasks capitals` (in parallel), then "
+        f"`{COMMAND} --report-only --notes NOTES.md`. Machine: 2 shared CPU cores (heavily loaded), "
         f"torch {torch.__version__}, {threads} thread(s), float32, {platform.machine()}.",
         "",
         "Method (Mazzawi, Dherin et al. 2025, arXiv 2510.08734, Algorithm 1): thought patch fitted layer by "
