@@ -20,6 +20,10 @@ from icl_lens.core.finetune_alignment import FinetuneAlignment
 from icl_lens.core.trajectory import DecayFit, Trajectory
 from icl_lens.model.explicit_finetune import finetune_alignment
 from icl_lens.model.trajectory_capture import NoContextError, QueryPositionError, TrajectoryCheck, trajectory, verify_trajectory
+from icl_lens.model.thought_eval import ThoughtEval, evaluate_thought
+from icl_lens.model.thought_fit import thought_patch
+from icl_lens.model.thought_result import ThoughtPatch
+from icl_lens.tasks import Task, TaskFormatError, load_task
 
 __version__ = "0.1.0"
 
@@ -45,6 +49,10 @@ __all__ = [
     "PromptError",
     "QueryPositionError",
     "SpikeFlags",
+    "Task",
+    "TaskFormatError",
+    "ThoughtEval",
+    "ThoughtPatch",
     "TokenPatches",
     "Trajectory",
     "TrajectoryCheck",
@@ -54,12 +62,15 @@ __all__ = [
     "dashboard",
     "generate_with_patches",
     "finetune_alignment",
+    "evaluate_thought",
     "known_model_names",
     "lab",
     "load_model",
+    "load_task",
     "patches_applied",
     "spike_scores",
     "spike_scores_from_norms",
+    "thought_patch",
     "token_patches",
     "trajectory",
     "verify_equivalence",

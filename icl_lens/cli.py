@@ -12,7 +12,7 @@ import sys
 import torch
 
 # Feature modules that contribute a subcommand through ``register(subparsers)``.
-SUBCOMMAND_MODULES: tuple[str, ...] = ()
+SUBCOMMAND_MODULES: tuple[str, ...] = ("icl_lens.ui.thought_eval_cli",)
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -1,4 +1,4 @@
-"""Front ends built on the library: the live dashboard (ipywidgets + plotly + circuitsvis)."""
-from icl_lens.ui.dashboard import Dashboard, dashboard
+"""Front ends built on the library: the live dashboard (``icl_lens.ui.dashboard``) and CLI subcommands.
 
-__all__ = ["Dashboard", "dashboard"]
+Nothing is imported here, so the CLI does not pull in ipywidgets or plotly.
+"""

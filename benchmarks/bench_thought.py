@@ -1,0 +1,99 @@
+"""Benchmark: fit a thought patch from 32 calibration queries on Gemma 3 270M (CPU).
+
+``python benchmarks/bench_thought.py [--model gemma-3-270m] [--task capitals] [--threads 1]``
+writes ``reports/bench_thought.md``. Baselines measured in the same run on the same batch
+(the 32 contextual prompts ``[BOS] + instruction + query``, right-padded): one plain
+forward with logits, and one forward without the unembedding. Peak memory is the
+process's peak resident set (VmHWM), reset before each measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from icl_lens import load_model, load_task, thought_patch
+from icl_lens.model.query_batches import pad_id, query_batch, right_padded, text_ids
+
+
+def _reset_peak() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _peak_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _measure(fn, repeats: int) -> tuple[float, float]:
+    best, peak = float("inf"), 0.0
+    for _ in range(repeats):
+        _reset_peak()
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+        peak = max(peak, _peak_mib())
+    return best, peak
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", default="gemma-3-270m")
+    p.add_argument("--task", default="capitals")
+    p.add_argument("--n", type=int, default=32)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", default="reports/bench_thought.md")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model = load_model(args.model)
+    task = load_task(args.task)
+    queries = [q for q, _ in task.train[: args.n]]
+    batch = query_batch(model, [text_ids(model, q) for q in queries], prefix=text_ids(model, task.instruction))
+    ids = right_padded(batch.sequences, pad_id(model), model.cfg.device)
+    _reset_peak()
+    idle = _peak_mib()
+    with torch.no_grad():
+        t_logits, m_logits = _measure(lambda: model(ids), args.repeats)
+        t_nolog, m_nolog = _measure(lambda: model(ids, return_type=None), args.repeats)
+    t_fit, m_fit = _measure(lambda: thought_patch(model, task.instruction, queries), args.repeats)
+    lines = [
+        "## Thought patch fitting speed (issue 5)",
+        "",
+        f"Command: `python benchmarks/bench_thought.py --model {args.model} --task {args.task} --n {args.n} "
+        f"--threads {args.threads}`. Machine: 2 CPU cores shared with other jobs (load varies), "
+        f"torch {torch.__version__}, {args.threads} thread(s), float32, {platform.machine()}. "
+        f"Best of {args.repeats}; peak = process VmHWM after a reset (includes the loaded model, "
+        f"{idle:.0f} MiB at rest).",
+        "",
+        f"Batch: {len(queries)} calibration queries of task `{args.task}`, contextual prompts "
+        f"{ids.shape[0]} × {ids.shape[1]} tokens (right-padded), {batch.n_tokens} query tokens.",
+        "",
+        "| what | seconds | × plain forward | peak RSS MiB |",
+        "|---|---|---|---|",
+        f"| plain forward of the contextual batch, with logits | {t_logits:.2f} | 1.00 | {m_logits:.0f} |",
+        f"| same forward, no unembedding | {t_nolog:.2f} | {t_nolog / t_logits:.2f} | {m_nolog:.0f} |",
+        f"| thought_patch fit (1 contextual pass + 2 truncated plain passes per layer, all layers) | {t_fit:.2f} | "
+        f"{t_fit / t_logits:.2f} | {m_fit:.0f} |",
+        "",
+        "`return_type=None` does not skip the bridge's unembedding (same time and peak as with logits), so the "
+        "fit's contextual pass stops at the last block with a hook instead. Timings on these shared cores vary "
+        "by 2× or more between runs; the ratio in one run is the number to read.",
+    ]
+    text = "\n".join(lines) + "\n"
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

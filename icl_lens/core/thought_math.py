@@ -1,0 +1,123 @@
+"""Least-squares thought vectors and thought matrices (Mazzawi, Dherin et al. 2025, arXiv 2510.08734).
+
+A token patch (Dherin et al. 2025, arXiv 2507.16003) makes one query's context-free MLP
+input ``a`` act like its contextual input ``A``: ``(W + ΔW) a = W A``. Averaging over
+the calibration tokens ``i`` of many queries gives token-independent updates:
+
+    thought vector   δ(I) = (1/n) Σᵢ ρᵢ                    (ρᵢ: block-output residual)
+    thought matrix   Δ(I) = (Σᵢ W δᵢ aᵢᵀ)(Σᵢ aᵢ aᵢᵀ + λI)⁻¹   (δᵢ = Aᵢ − aᵢ)
+
+``W`` factors out of the matrix: ``Δ(I) = W M`` with the ``d_model × d_model`` *input
+map* ``M = D Aᵀ (A Aᵀ + λI)⁻¹ = D (AᵀA + λI)⁻¹ Aᵀ`` (columns of ``D`` and ``A`` are the
+``δᵢ`` and ``aᵢ``). So one ``M`` serves every dense layer that reads the MLP input:
+``W_in`` of a plain MLP, and ``W_gate`` and ``W_up`` of a gated MLP, which get the two
+separate least-squares fits ``Δ_gate = W_gate M`` and ``Δ_up = W_up M`` of the paper's
+Gemma adaptation. The ``n × n`` form is used (``n`` calibration tokens, usually
+``n < d_model``).
+
+Singular systems. With ``λ = 0`` and ``Σ aᵢaᵢᵀ`` singular (always when ``n < d_model``),
+``Z⁻¹`` is replaced by the Moore–Penrose pseudo-inverse: ``M = D A⁺``, the
+minimum-Frobenius-norm least-squares solution (singular values below
+``rtol·σ_max``, ``rtol = n_max·eps``, count as zero). For one calibration token it is
+exactly the token patch ``W δ aᵀ/‖a‖²``. Non-finite inputs raise; the result is never NaN.
+
+Gain form of the vector (for blocks whose MLP branch ends in an RMSNorm, Gemma 3): a
+bias after the post-FFN norm has no slot in the Hugging Face architecture, so the vector
+is fitted as an update ``g`` of that norm's gain instead: the branch output becomes
+``(1 + w + g) ⊙ ŷ`` (``ŷ`` = the RMS-normalised MLP output), and ``g`` solves the
+per-coordinate least squares ``min Σᵢ ‖ρᵢ − g ⊙ ŷᵢ‖²``:
+``g = Σᵢ ρᵢ ⊙ ŷᵢ / (Σᵢ ŷᵢ⊙ŷᵢ + λ)`` (0 where the denominator is 0). For one calibration
+token it adds exactly ``ρ``, like the bias (Goldwaser, Munn, Gonzalvo, Dherin,
+arXiv 2511.17864, patch the norm parameters of sandwich-norm blocks the same way).
+"""
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+
+class SingularFitError(FloatingPointError):
+    """A least-squares fit produced non-finite numbers (inputs are checked before)."""
+
+
+def _check_finite(x: Tensor, what: str) -> None:
+    if not torch.isfinite(x).all():
+        raise SingularFitError(f"non-finite values in {what}")
+
+
+def pinv_rtol(n_rows: int, n_cols: int, dtype: torch.dtype) -> float:
+    """Relative singular-value cutoff of the pseudo-inverse fallback: ``max(m, n)·eps``."""
+    return max(n_rows, n_cols) * float(torch.finfo(dtype).eps)
+
+
+def input_map(
+    delta: Float[Tensor, "n d_model"],
+    inputs: Float[Tensor, "n d_model"],
+    *,
+    ridge: float = 0.0,
+) -> Float[Tensor, "d_model d_model"]:
+    """``M`` with ``Δ = W M`` the least-squares thought matrix: ``M aᵢ ≈ δᵢ`` for every row ``i``.
+
+    Rows of ``delta`` are ``δᵢ = Aᵢ − aᵢ`` (or any residual to fit), rows of ``inputs``
+    the context-free MLP inputs ``aᵢ``. ``ridge`` is ``λ`` (absolute, ``≥ 0``); ``λ = 0``
+    uses the minimum-norm pseudo-inverse.
+    """
+    if delta.shape != inputs.shape or delta.ndim != 2:
+        raise ValueError(f"delta and inputs must both be [n, d_model]; got {tuple(delta.shape)}, {tuple(inputs.shape)}")
+    if ridge < 0:
+        raise ValueError(f"ridge must be >= 0, got {ridge}")
+    _check_finite(delta, "residuals δ")
+    _check_finite(inputs, "MLP inputs a")
+    n = inputs.shape[0]
+    if ridge > 0:
+        gram = inputs @ inputs.T + ridge * torch.eye(n, dtype=inputs.dtype, device=inputs.device)
+        coef = torch.linalg.solve(gram, delta)  # (AᵀA + λI)⁻¹ Dᵀ, rows index tokens
+        m = coef.T @ inputs  # D (AᵀA+λI)⁻¹ Aᵀ  (transposed convention: rows=tokens)
+    else:
+        pinv = torch.linalg.pinv(inputs, rtol=pinv_rtol(*inputs.shape, inputs.dtype))  # [d, n]
+        m = delta.T @ pinv.T  # D A⁺
+    _check_finite(m, "thought matrix input map")
+    return m
+
+
+def mean_vector(residuals: Float[Tensor, "n d_model"]) -> Float[Tensor, " d_model"]:
+    """Thought vector: the mean residual ``(1/n) Σ ρᵢ`` (least squares over a constant)."""
+    _check_finite(residuals, "vector residuals ρ")
+    return residuals.mean(0)
+
+
+def gain_vector(
+    residuals: Float[Tensor, "n d_model"],
+    normalized: Float[Tensor, "n d_model"],
+    *,
+    ridge: float = 0.0,
+) -> Float[Tensor, " d_model"]:
+    """Gain update ``g`` minimising ``Σᵢ ‖ρᵢ − g ⊙ ŷᵢ‖²`` (+ ``λ‖g‖²``), coordinate by coordinate."""
+    _check_finite(residuals, "vector residuals ρ")
+    _check_finite(normalized, "normalised MLP outputs ŷ")
+    num = (residuals * normalized).sum(0)
+    den = (normalized * normalized).sum(0) + ridge
+    tiny = float(torch.finfo(den.dtype).tiny) ** 0.5
+    return torch.where(den > tiny, num / torch.where(den > tiny, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
+def relative_residual(target: Float[Tensor, "n d"], fitted: Float[Tensor, "n d"]) -> float:
+    """``‖target − fitted‖_F / ‖target‖_F`` (0 when the target is 0)."""
+    den = float(torch.linalg.norm(target))
+    return 0.0 if den == 0.0 else float(torch.linalg.norm(target - fitted)) / den
+
+
+def rms_normalize(x: Float[Tensor, "*batch d"], eps: float) -> Float[Tensor, "*batch d"]:
+    """``x / sqrt(mean(x²) + eps)``, the gain-free RMSNorm (computed in float32 at least)."""
+    xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def random_like_norm(
+    reference: Float[Tensor, "*shape"], target_norm: float, generator: torch.Generator
+) -> Float[Tensor, "*shape"]:
+    """A Gaussian random tensor shaped like ``reference``, rescaled to Frobenius norm ``target_norm``."""
+    r = torch.randn(reference.shape, generator=generator, dtype=reference.dtype).to(reference.device)
+    n = torch.linalg.norm(r)
+    return r * (target_norm / n) if float(n) > 0 else r

@@ -1,0 +1,63 @@
+"""Greedy continuations of many prompts, batched by prompt length.
+
+Prompts of equal length share a batch, so every row's last token sits at the same
+position and only the last position's logits are computed (``logits_to_keep=1``: for
+Gemma 3 the 262k-row unembedding is never applied to the whole prompt). Whatever hooks
+are active on the model (a thought patch, for example) act on every step.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+@torch.no_grad()
+def greedy_continuations(
+    model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, batch_size: int = 16,
+    finished: Callable[[int, list[int]], bool] | None = None,
+) -> list[list[int]]:
+    """Token ids greedily generated after each prompt (at most ``max_new_tokens`` each).
+
+    ``finished(i, new_ids)``: optional early stop; a batch stops once it holds for every row.
+    """
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    device = model.cfg.device
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(len(p), []).append(i)
+    out: list[list[int]] = [[] for _ in prompts]
+    for _, rows in sorted(groups.items()):
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            ids = torch.tensor([list(prompts[i]) for i in chunk], dtype=torch.long, device=device)
+            for _ in range(max_new_tokens):
+                logits = model(ids, logits_to_keep=1)[:, -1]
+                nxt = logits.argmax(-1)
+                ids = torch.cat([ids, nxt[:, None]], dim=1)
+                if finished is not None and all(
+                    finished(i, ids[k, len(prompts[i]) :].tolist()) for k, i in enumerate(chunk)
+                ):
+                    break
+            for k, i in enumerate(chunk):
+                out[i] = ids[k, len(prompts[i]) :].tolist()
+    return out
+
+
+def last_logits(model, prompts: Sequence[Sequence[int]], *, batch_size: int = 16) -> torch.Tensor:
+    """Logits at the last position of each prompt, ``[n_prompts, vocab]``."""
+    device = model.cfg.device
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(len(p), []).append(i)
+    rows_out: dict[int, torch.Tensor] = {}
+    with torch.no_grad():
+        for _, rows in sorted(groups.items()):
+            for start in range(0, len(rows), batch_size):
+                chunk = rows[start : start + batch_size]
+                ids = torch.tensor([list(prompts[i]) for i in chunk], dtype=torch.long, device=device)
+                logits = model(ids, logits_to_keep=1)[:, -1]
+                for k, i in enumerate(chunk):
+                    rows_out[i] = logits[k]
+    return torch.stack([rows_out[i] for i in range(len(prompts))])

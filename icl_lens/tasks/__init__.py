@@ -1,0 +1,84 @@
+"""Tasks for thought-patch evaluations (arXiv 2510.08734), one JSON object per ``.jsonl`` file.
+
+Format: ``{"name": str, "instruction": str, "train": [{"query", "answer"}, ...],
+"test": [...]}``. ``train`` queries calibrate the thought patch; ``test`` queries are
+held out. An answer is correct when the greedy continuation of the query starts with it
+(leading spaces stripped). Shipped: ``capitals``, ``en_fr``, ``en_es`` and synthetic
+key–value dictionaries ``kv4``, ``kv8``, ``kv16``, ``kv32`` (regenerate with
+``python -m icl_lens.tasks.build_tasks``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+TASK_DIR = Path(__file__).parent
+SHIPPED_TASKS = ("capitals", "en_fr", "en_es", "kv4", "kv8", "kv16", "kv32")
+
+
+class TaskFormatError(ValueError):
+    """A task file is malformed; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    instruction: str
+    train: tuple[tuple[str, str], ...]
+    test: tuple[tuple[str, str], ...]
+
+
+def _require(obj, key: str, kind, where: str):
+    if not isinstance(obj, dict):
+        raise TaskFormatError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if key not in obj:
+        raise TaskFormatError(f"{where}: missing field {key!r}")
+    if not isinstance(obj[key], kind):
+        raise TaskFormatError(f"{where}: field {key!r} must be {kind.__name__}, got {type(obj[key]).__name__}")
+    return obj[key]
+
+
+def _examples(task: dict, split: str, where: str) -> tuple[tuple[str, str], ...]:
+    items = _require(task, split, list, where)
+    out = []
+    for i, item in enumerate(items):
+        at = f"{where}, {split}[{i}]"
+        q, a = _require(item, "query", str, at), _require(item, "answer", str, at)
+        if not q.strip():
+            raise TaskFormatError(f"{at}: field 'query' is empty")
+        if not a.strip():
+            raise TaskFormatError(f"{at}: field 'answer' is empty")
+        out.append((q, a))
+    if not out:
+        raise TaskFormatError(f"{where}: field {split!r} has no examples")
+    return tuple(out)
+
+
+def load_task(path: str | Path) -> Task:
+    """Read and validate one task file (the first non-blank line holds the task)."""
+    path = Path(path)
+    if not path.exists() and (TASK_DIR / f"{path}.jsonl").exists():
+        path = TASK_DIR / f"{path}.jsonl"  # a shipped task by name
+    if not path.exists():
+        raise FileNotFoundError(f"task file {str(path)!r} not found; shipped tasks: {', '.join(SHIPPED_TASKS)}")
+    lines = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
+    if not lines:
+        raise TaskFormatError(f"{path}: the file is empty")
+    if len(lines) > 1:
+        raise TaskFormatError(f"{path}: one task per file expected, found {len(lines)} non-blank lines")
+    n, line = lines[0]
+    where = f"{path}, line {n}"
+    try:
+        task = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise TaskFormatError(f"{where}: not valid JSON ({err.msg})") from None
+    name = _require(task, "name", str, where)
+    instruction = _require(task, "instruction", str, where)
+    if not instruction.strip():
+        raise TaskFormatError(f"{where}: field 'instruction' is empty")
+    return Task(name, instruction, _examples(task, "train", where), _examples(task, "test", where))
+
+
+def shipped_task_paths() -> list[Path]:
+    return [TASK_DIR / f"{name}.jsonl" for name in SHIPPED_TASKS]

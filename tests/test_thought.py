@@ -1,0 +1,252 @@
+"""Thought patches (arXiv 2510.08734): reduction identity, export reload, least squares, bad input, CLI."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from icl_lens import PromptError, thought_patch
+from icl_lens.core.thought_math import gain_vector, input_map
+from icl_lens.model.greedy import last_logits
+from icl_lens.model.query_batches import text_ids, with_bos
+from icl_lens.tasks import TaskFormatError, load_task, shipped_task_paths
+
+TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
+INSTRUCTION = "Remember: the secret word is banana, and 7 follows 3.\n"
+TOL = {torch.float64: 1e-9, torch.float32: 1e-4}  # DESIGN.md §2 equivalence targets
+
+
+def _logits(model, instruction: str | None, query: str) -> torch.Tensor:
+    ids = (text_ids(model, instruction) if instruction else []) + text_ids(model, query)
+    return last_logits(model, [with_bos(model, ids)])[0]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def _final_resid(model, ids: list[int]) -> torch.Tensor:
+    name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    _, cache = model.run_with_cache(torch.tensor([ids]), names_filter=name)
+    return cache[name][0, -1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", TINY)
+def test_one_query_reproduces_contextual_logits(load, name, dtype):
+    """One single-token calibration query, ridge 0, eta 1: patched [BOS, x] == contextual [BOS, I, x].
+
+    In float64 the identity is checked on the residual stream entering the final norm
+    (≤ 1e-9): HF's Gemma 3 RMSNorm upcasts to float32 internally (``x.float()``) even in
+    a float64 model, so float64 logits can only agree to ~1e-8.
+    """
+    model = load(name, dtype)
+    patch = thought_patch(model, INSTRUCTION, ["q"])
+    contextual = _logits(model, INSTRUCTION, "q")
+    with patch.applied():
+        patched = _logits(model, None, "q")
+    unpatched = _logits(model, None, "q")
+    logit_tol = 1e-7 if dtype == torch.float64 else TOL[torch.float32]
+    assert _rel(patched, contextual) <= logit_tol
+    assert _rel(unpatched, contextual) > 1e-2  # the instruction does matter
+    assert torch.equal(_logits(model, None, "q"), unpatched)  # hooks are gone after the block
+    if dtype == torch.float64:
+        ctx_ids = with_bos(model, text_ids(model, INSTRUCTION) + text_ids(model, "q"))
+        with patch.applied():
+            resid = _final_resid(model, with_bos(model, text_ids(model, "q")))
+        assert _rel(resid, _final_resid(model, ctx_ids)) <= TOL[torch.float64]
+
+
+@pytest.mark.parametrize("name", ["gemma-3-270m", "smollm2-135m"])
+def test_one_query_reproduces_contextual_logits_embedded(load, name):
+    model = load(name)
+    instruction = "France: Paris\nJapan: Tokyo\n"
+    query = "Italy:"
+    ids = text_ids(model, query)
+    query = model.tokenizer.decode(ids[-1:]) if len(ids) > 1 else query  # one token, as in the identity
+    patch = thought_patch(model, instruction, [query])
+    contextual = _logits(model, instruction, query)
+    with patch.applied():
+        patched = _logits(model, None, query)
+    assert _rel(patched, contextual) <= TOL[torch.float32]
+
+
+def test_gated_mlps_get_separate_fits_and_gemma_uses_the_gain(load):
+    gemma, llama, gpt2 = load("tiny-gemma3"), load("tiny-llama"), load("tiny-gpt2")
+    pg = thought_patch(gemma, INSTRUCTION, ["ab", "cd"], layers=[1])
+    assert pg.vector_site == "gain" and thought_patch(llama, INSTRUCTION, ["ab"]).vector_site == "bias"
+    deltas = pg.weight_deltas(1)
+    assert set(deltas) == {"in", "gate"} and not torch.allclose(deltas["in"], torch.zeros_like(deltas["in"]))
+    assert set(thought_patch(gpt2, INSTRUCTION, ["ab"]).weight_deltas(0)) == {"in"}
+    # only the requested layer is patched
+    assert float(pg.maps[0].abs().max()) == 0.0 and float(pg.vectors[2].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_export_reloads_in_plain_transformers(load, name, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = load(name)
+    patch = thought_patch(model, INSTRUCTION, ["dog ->", "house ->", "tree ->"])
+    patch.save_pretrained(tmp_path)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path)
+    prompts = [with_bos(model, text_ids(model, q)) for q in ("sun ->", "a much longer test query ->")]
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        with torch.no_grad(), patch.applied():
+            bridge = model(ids)[0]
+        with torch.no_grad():
+            plain = hf(ids).logits[0]
+        assert _rel(plain, bridge) <= TOL[torch.float32]
+        with torch.no_grad():
+            assert _rel(model(ids)[0], bridge) > 1e-3  # the export is not the base model
+
+
+def test_export_loads_without_icl_lens(load, tmp_path):
+    """A fresh interpreter that imports only transformers gets the patched logits."""
+    model = load("tiny-llama")
+    patch = thought_patch(model, INSTRUCTION, ["ab", "xyz"])
+    patch.save_pretrained(tmp_path / "m")
+    prompt = with_bos(model, text_ids(model, "hello"))
+    with torch.no_grad(), patch.applied():
+        expected = model(torch.tensor([prompt]))[0, -1]
+    torch.save({"ids": prompt, "logits": expected}, tmp_path / "ref.pt")
+    code = (
+        "import sys, torch, transformers\n"
+        f"m = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / 'm')!r})\n"
+        f"ref = torch.load({str(tmp_path / 'ref.pt')!r})\n"
+        "out = m(torch.tensor([ref['ids']])).logits[0, -1]\n"
+        "assert 'icl_lens' not in sys.modules\n"
+        "print(float((out - ref['logits']).abs().max() / ref['logits'].abs().max()))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert float(res.stdout.strip().splitlines()[-1]) <= TOL[torch.float32]
+
+
+def test_input_map_is_the_papers_least_squares():
+    """M with Δ = W M equals (Σ W δ aᵀ)(Σ a aᵀ + λI)⁻¹ / W; ridge 0 is the min-norm pseudo-inverse."""
+    gen = torch.Generator().manual_seed(0)
+    d, n, d_mlp = 12, 5, 20
+    a = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    delta = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    w = torch.randn(d_mlp, d, generator=gen, dtype=torch.float64)
+    lam = 0.7
+    paper = (w @ delta.T @ a) @ torch.linalg.inv(a.T @ a + lam * torch.eye(d, dtype=torch.float64))
+    assert torch.allclose(w @ input_map(delta, a, ridge=lam), paper, atol=1e-10)
+    m0 = input_map(delta, a)
+    assert torch.allclose(m0 @ a.T, delta.T, atol=1e-10)  # n < d: interpolates every token
+    assert torch.allclose(m0, delta.T @ torch.linalg.pinv(a).T, atol=1e-10)
+
+
+def test_singular_systems_fall_back_to_the_pseudo_inverse(load):
+    a = torch.zeros(3, 4, dtype=torch.float64)
+    a[:, 0] = 1.0  # three identical inputs: rank 1
+    delta = torch.arange(12, dtype=torch.float64).reshape(3, 4)
+    m = input_map(delta, a)
+    assert torch.isfinite(m).all()
+    assert torch.allclose(m @ a[0], delta.mean(0), atol=1e-12)  # least squares of repeated rows
+    assert torch.equal(input_map(delta, torch.zeros(3, 4, dtype=torch.float64)), torch.zeros(4, 4, dtype=torch.float64))
+    g = gain_vector(delta, torch.zeros(3, 4, dtype=torch.float64))
+    assert torch.equal(g, torch.zeros(4, dtype=torch.float64))
+    model = load("tiny-llama", torch.float64)
+    patch = thought_patch(model, INSTRUCTION, ["q", "q", "q"])  # duplicated calibration rows
+    assert torch.isfinite(patch.maps).all() and torch.isfinite(patch.vectors).all()
+    with patch.applied():
+        patched = _logits(model, None, "q")
+    assert _rel(patched, _logits(model, INSTRUCTION, "q")) <= TOL[torch.float64]
+
+
+def test_iterations_shrink_the_residual_with_small_eta(load):
+    """Sweeps with η < 1 approach the exact patch (bias site; the Gemma gain site need not, see thought_fit)."""
+    model = load("tiny-llama", torch.float64)
+    contextual = _logits(model, INSTRUCTION, "q")
+    errs = []
+    for it in (1, 4):
+        with thought_patch(model, INSTRUCTION, ["q"], eta=0.5, iterations=it).applied():
+            errs.append(_rel(_logits(model, None, "q"), contextual))
+    assert errs[1] < errs[0]
+
+
+def test_control_has_same_norms_other_directions(load):
+    model = load("tiny-llama")
+    patch = thought_patch(model, INSTRUCTION, ["ab", "cd", "ef"])
+    control = patch.random_control(3)
+    assert torch.allclose(control.matrix_norms(), patch.matrix_norms(), rtol=1e-4)
+    assert torch.allclose(control.vector_norms(), patch.vector_norms(), rtol=1e-4)
+    cos = torch.nn.functional.cosine_similarity(control.maps.flatten(1), patch.maps.flatten(1), dim=-1)
+    assert float(cos.abs().max()) < 0.5
+    frame = patch.to_frame()
+    assert list(frame["layer"]) == list(range(model.cfg.n_layers)) and (frame["matrix_norm"] > 0).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        (dict(instruction="   ", queries=["a"]), PromptError),
+        (dict(instruction="x", queries=[]), PromptError),
+        (dict(instruction="x", queries=["a", " "]), PromptError),
+        (dict(instruction="x", queries="abc"), PromptError),
+        (dict(instruction="x", queries=["a"], kind="tensor"), ValueError),
+        (dict(instruction="x", queries=["a"], ridge=-1.0), ValueError),
+        (dict(instruction="x", queries=["a"], eta=float("nan")), ValueError),
+        (dict(instruction="x", queries=["a"], layers=[7]), ValueError),
+        (dict(instruction="x", queries=["a"], iterations=0), ValueError),
+    ],
+)
+def test_bad_arguments_fail_fast(load, kwargs, error):
+    with pytest.raises(error):
+        thought_patch(load("tiny-gpt2"), **kwargs)
+
+
+def _write_task(path, **overrides):
+    task = {"name": "t", "instruction": "a: 1\nb: 2\n", "train": [{"query": "a:", "answer": "1"}],
+            "test": [{"query": "b:", "answer": "2"}, {"query": "c:", "answer": "3"}]}
+    task.update(overrides)
+    task = {k: v for k, v in task.items() if v is not None}
+    path.write_text("\n" + json.dumps(task) + "\n")
+    return path
+
+
+def test_task_files_are_validated(tmp_path):
+    with pytest.raises(TaskFormatError, match=r"line 2: missing field 'instruction'"):
+        load_task(_write_task(tmp_path / "a.jsonl", instruction=None))
+    with pytest.raises(TaskFormatError, match=r"train\[0\]: missing field 'answer'"):
+        load_task(_write_task(tmp_path / "b.jsonl", train=[{"query": "a:"}]))
+    with pytest.raises(TaskFormatError, match=r"test\[0\]: field 'answer' is empty"):
+        load_task(_write_task(tmp_path / "c.jsonl", test=[{"query": "b:", "answer": "  "}]))
+    with pytest.raises(FileNotFoundError):
+        load_task(tmp_path / "missing.jsonl")
+    for path in shipped_task_paths():
+        task = load_task(path)
+        assert task.train and task.test and not set(task.train) & set(task.test)
+
+
+def test_empty_answers_are_rejected_before_any_fit(load):
+    """Answers that tokenise to nothing (here: whitespace only) fail with the split and index named."""
+    from icl_lens.model.thought_eval import evaluate_thought
+    from icl_lens.tasks import Task
+
+    task = Task("t", "a: 1\n", (("a:", "1"),), (("b:", "2"), ("c:", " ")))
+    with pytest.raises(PromptError, match=r"test\[1\] answer"):
+        evaluate_thought(load("tiny-gpt2"), task)
+
+
+def test_cli_json_on_a_tiny_task(tmp_path, capsys):
+    from icl_lens.ui.thought_eval_cli import main
+
+    path = _write_task(tmp_path / "tiny.jsonl", train=[{"query": "a:", "answer": "1"}, {"query": "z:", "answer": "9"}])
+    assert main(["thought-eval", str(path), "--model", "tiny-llama", "--json", "--n-train", "2"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out) == {"task", "model", "n_train", "n_test", "accuracy", "seconds"}
+    assert out["task"] == "t" and out["model"] == "tiny-llama" and out["n_train"] == 2 and out["n_test"] == 2
+    assert set(out["accuracy"]) == {"none", "full", "patched", "control"}
+    assert all(v in (0.0, 0.5, 1.0) for v in out["accuracy"].values()) and out["seconds"] > 0
+    assert main(["thought-eval", str(tmp_path / "nope.jsonl"), "--model", "tiny-llama"]) == 2
+    assert "not found" in capsys.readouterr().err
