@@ -83,7 +83,7 @@ def main() -> None:
                 start = time.perf_counter()
                 naive, fast = naive_patches(model, ids)
                 t_naive = time.perf_counter() - start
-                rel = float((naive.norms() - fast.norms()).abs().max() / fast.norms().abs().max())
+                rel = float((naive.norms() - fast.norms()).abs().max() / fast.norms().abs().max())  # noqa: E501
                 naive_rows.append((name, n, t_naive, t_patch, t_naive / t_patch, rel))
                 print(f"{name:14s} naive {t_naive:.1f} s vs one-pass {t_patch:.3f} s ({t_naive/t_patch:.0f}x); "
                       f"max norm difference {rel:.1e} (relative)", flush=True)
@@ -95,7 +95,9 @@ def main() -> None:
         f"Machine: {device_text}; torch {torch.__version__}, float32; median of 3 runs after 1 warm-up.", "",
         "Plain forward = TransformerBridge forward with logits. Patches = `token_patches` for every layer "
         "and token (one forward, hooks, stops before the unembedding). Peak memory = growth during the call "
-        + ("(CUDA max allocated)." if args.device.startswith("cuda") else "(process RSS sampled every 2 ms)."), "",
+        + ("(CUDA max allocated)." if args.device.startswith("cuda") else
+           "(process RSS sampled every 2 ms, above its level at the start of the call; the allocator reuses "
+           "memory freed by earlier calls, so this is the *new* memory a call needed, a lower bound)."), "",
         "| model | tokens | forward ms | patches ms | ratio | peak MB forward | peak MB patches |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]

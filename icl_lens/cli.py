@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FloatingPointError, IndexError) as err:  # our errors carry a message for the user
+    except (ValueError, FloatingPointError, IndexError, FileNotFoundError) as err:  # our errors carry a message for the user
         print(f"icl-lens: error: {err}", file=sys.stderr)
         return 2
 

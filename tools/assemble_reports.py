@@ -19,7 +19,8 @@ HEADERS = {
              "Numbers are what the commands printed on the machine stated, whatever they were.\n"),
     "bench": ("BENCHMARKS.md", "# Benchmarks\n\nSpeed and memory, measured by the scripts in `benchmarks/`; "
               "each section names its command and machine. Ratios are against a baseline measured in the "
-              "same run. Rebuild this file with `python tools/assemble_reports.py`.\n"),
+              "same run. Rebuild this file with `python tools/assemble_reports.py`. GPU figures: none yet; no GPU "
+              "machine was lent to the sessions that wrote these (`--device cuda` is implemented, unmeasured).\n"),
 }
 ORDER = ["patches", "trajectory", "dashboard", "thought", "spikes", "finetune_alignment", "lab"]
 
