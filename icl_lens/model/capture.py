@@ -124,38 +124,47 @@ class _LayerCapture:
 
     @torch.no_grad()
     def _patch(self, mlp_in: Tensor, layer: int) -> None:
-        if self.reentered:  # our own call of ln2 below fires this hook point again
+        if self.reentered:  # layer_factors' own call of ln2 fires this hook point again
             return
-        block = self.model.blocks[layer]
         r, resid_mid, z0 = self.state.pop("r"), self.state.pop("resid_mid"), self.state.pop("z0")
-        model_dtype = r.dtype
-        # The bridge's own components, so attn_0 and a are rounded exactly as the
-        # kept-only forward will round them.
-        self.reentered = True
-        try:
-            attn_0 = block.attn.o(z0.reshape(1, z0.shape[0], -1).to(model_dtype))
-            if self.family.post_attention_norm:
-                attn_0 = block.ln1_post(attn_0)
-            a = block.ln2(r[None] + attn_0)[0]
-            attn_0 = attn_0[0]
-        finally:
-            self.reentered = False
-        A = mlp_in[0].detach()
-        _check_finite(A, "MLP input (contextual)", layer, self.offset)
-        _check_finite(a, "MLP input (context removed)", layer, self.offset)
-        A, a = A.to(self.dtype), a.to(self.dtype)
-        correction = (resid_mid - r).to(self.dtype) - attn_0.to(self.dtype)
-        u_in, v, zero = token_patch(dense_weight(block.mlp.__getattr__("in")).to(self.dtype), A, a)
+        f = layer_factors(self, layer, r, resid_mid, z0, mlp_in[0].detach(), "MLP input (contextual)", self.offset)
         keep = (~self.unchanged)[:, None].to(self.dtype)
-        self.out["u_in"][layer] = u_in * keep
-        if self.family.gated:
-            gate_w = dense_weight(block.mlp.gate).to(self.dtype)
-            self.out["u_gate"][layer] = (A - a) @ gate_w.T * keep
-        self.out["v"][layer] = v
-        self.out["correction"][layer] = correction * keep
-        self.out["zero_input"][layer] = zero & ~self.unchanged
+        self.out["u_in"][layer] = f["u_in"] * keep
+        if f["u_gate"] is not None:
+            self.out["u_gate"][layer] = f["u_gate"] * keep
+        self.out["v"][layer] = f["v"]
+        self.out["correction"][layer] = f["correction"] * keep
+        self.out["zero_input"][layer] = f["zero"] & ~self.unchanged
         if self.stop_after_last and layer == self.model.cfg.n_layers - 1:
             raise _StopForward
+
+
+def layer_factors(capture, layer: int, r: Tensor, resid_mid: Tensor, z0: Tensor, A: Tensor,
+                  what: str, offset: int = 0) -> dict[str, Tensor | None]:
+    """Patch factors of one layer for rows with residual ``r``, kept-key attention ``z0`` and MLP input ``A``.
+
+    ``attn_0 = post_norm(W_O z0)`` and ``a = ln2(r + attn_0)`` go through the bridge's own
+    components, so they are rounded exactly as the kept-only forward will round them.
+    ``capture.reentered`` is set meanwhile: the ln2 call fires the MLP-input hook again.
+    """
+    model, family, dtype = capture.model, capture.family, capture.dtype
+    block = model.blocks[layer]
+    capture.reentered = True
+    try:
+        attn_0 = block.attn.o(z0.reshape(1, z0.shape[0], -1).to(r.dtype))
+        if family.post_attention_norm:
+            attn_0 = block.ln1_post(attn_0)
+        a = block.ln2(r[None] + attn_0)[0]
+        attn_0 = attn_0[0]
+    finally:
+        capture.reentered = False
+    _check_finite(A, what, layer, offset)
+    _check_finite(a, "MLP input (context removed)", layer, offset)
+    A, a = A.to(dtype), a.to(dtype)
+    u_in, v, zero = token_patch(dense_weight(block.mlp.__getattr__("in")).to(dtype), A, a)
+    u_gate = (A - a) @ dense_weight(block.mlp.gate).to(dtype).T if family.gated else None
+    correction = (resid_mid - r).to(dtype) - attn_0.to(dtype)
+    return {"u_in": u_in, "u_gate": u_gate, "v": v, "correction": correction, "zero": zero}
 
 
 def empty_factors(model, n: int, device) -> dict[str, Tensor | None]:

@@ -33,10 +33,9 @@ from torch import Tensor
 from icl_lens.core.kept_attention import bos_and_self_output
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.prefix_variants import PrefixVariantLayout, prefix_variant_layout
-from icl_lens.core.token_patch import token_patch
 from icl_lens.core.trajectory import Trajectory
-from icl_lens.model.block_family import BlockFamily, block_family, dense_weight
-from icl_lens.model.capture import ZeroNormWarning, _check_finite, _StopForward, patch_dtype
+from icl_lens.model.block_family import BlockFamily, block_family
+from icl_lens.model.capture import ZeroNormWarning, _StopForward, layer_factors, patch_dtype
 from icl_lens.model.patched_forward import kept_only_masks, patches_applied
 from icl_lens.model.prompts import bos_id, encode_prompt, str_tokens
 
@@ -140,35 +139,21 @@ class _TrajectoryCapture:
     def _patch(self, mlp_in: Tensor, layer: int) -> None:
         if self.reentered:  # our own call of ln2 below fires this hook point again
             return
-        block = self.model.blocks[layer]
         r, resid_mid, z0 = self.state.pop("r"), self.state.pop("resid_mid"), self.state.pop("z0")
         if layer in self.row_of_layer:
-            self.reentered = True
-            try:
-                attn_0 = block.attn.o(z0.reshape(1, z0.shape[0], -1).to(r.dtype))
-                if self.family.post_attention_norm:
-                    attn_0 = block.ln1_post(attn_0)
-                a = block.ln2(r[None] + attn_0)[0]
-                attn_0 = attn_0[0]
-            finally:
-                self.reentered = False
-            A = mlp_in[0, self.rows].detach()
-            _check_finite(A, "MLP input (context prefix)", layer)
-            _check_finite(a, "MLP input (context removed)", layer)
-            A, a = A.to(self.dtype), a.to(self.dtype)
-            correction = (resid_mid - r).to(self.dtype) - attn_0.to(self.dtype)
-            u_in, v, zero = token_patch(dense_weight(block.mlp.__getattr__("in")).to(self.dtype), A, a)
+            f = layer_factors(self, layer, r, resid_mid, z0, mlp_in[0, self.rows].detach(),
+                              "MLP input (context prefix)")
             # Step 0 keeps exactly {BOS, t}: nothing is removed, the patch is zero by definition.
-            keep = torch.ones(u_in.shape[0], 1, dtype=self.dtype, device=u_in.device)
+            keep = torch.ones(f["u_in"].shape[0], 1, dtype=self.dtype, device=f["u_in"].device)
             if self.zero_first:
                 keep[0] = 0
             k = self.row_of_layer[layer]
-            self.out["u_in"][k] = u_in * keep
+            self.out["u_in"][k] = f["u_in"] * keep
             if self.family.gated:
-                self.out["u_gate"][k] = (A - a) @ dense_weight(block.mlp.gate).to(self.dtype).T * keep
-            self.out["v"][k] = v
-            self.out["correction"][k] = correction * keep
-            self.out["zero_input"][k] = zero & (keep[:, 0] > 0)
+                self.out["u_gate"][k] = f["u_gate"] * keep
+            self.out["v"][k] = f["v"]
+            self.out["correction"][k] = f["correction"] * keep
+            self.out["zero_input"][k] = f["zero"] & (keep[:, 0] > 0)
         if layer == self.last_layer:
             raise _StopForward
 
