@@ -1,14 +1,5 @@
 """Write notebooks/03_implicit_dynamics.ipynb (kept as code so the notebook stays reviewable)."""
-import nbformat as nbf
-
-md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
-
-
-def solution(src: str):
-    cell = code(src)
-    cell.metadata.update({"jupyter": {"source_hidden": True}, "tags": ["solution"]})
-    return cell
-
+from notebook_cells import code, md, solution, write
 
 cells = [
     md("# 03 · Implicit dynamics: in-context learning as online gradient steps\n\n"
@@ -56,6 +47,4 @@ cells = [
              "pd.DataFrame({\"all rows\": fa.cosine().numpy(), \"query row\": fa.cosine(rows=\"query\").numpy(),\n"
              "              \"after SGD step 1\": fa.cosine_by_sgd_step()[:, 0].numpy()}, index=list(fa.layers))"),
 ]
-nb = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
-nbf.write(nb, "notebooks/03_implicit_dynamics.ipynb")
-print("wrote notebooks/03_implicit_dynamics.ipynb")
+write(cells, "notebooks/03_implicit_dynamics.ipynb")

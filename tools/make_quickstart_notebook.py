@@ -1,14 +1,5 @@
 """Write notebooks/01_quickstart.ipynb (kept as code so the notebook stays reviewable)."""
-import nbformat as nbf
-
-md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
-
-
-def solution(src: str):
-    cell = code(src)
-    cell.metadata.update({"jupyter": {"source_hidden": True}, "tags": ["solution"]})
-    return cell
-
+from notebook_cells import code, md, solution, write
 
 cells = [
     md("# 01 · Quickstart: a prompt as weight updates\n\n"
@@ -45,6 +36,4 @@ cells = [
              "ablated = icl_lens.token_patches(model, prompt, remove=range(1, k))\n"
              "print(icl_lens.verify_equivalence(model, prompt, ablated).relative_error)"),
 ]
-nb = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
-nbf.write(nb, "notebooks/01_quickstart.ipynb")
-print("wrote notebooks/01_quickstart.ipynb")
+write(cells, "notebooks/01_quickstart.ipynb")
