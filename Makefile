@@ -27,8 +27,11 @@ browser:
 models: setup
 	$(BIN)/python -m icl_lens.cli prepare
 
+# Jupyter refuses to run as root unless told; containers and CI machines often are root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: models
-	$(BIN)/jupyter lab notebooks/02_live_dashboard.ipynb
+	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/02_live_dashboard.ipynb
 
 # Workshop app mode: the dashboard notebook as a standalone page, no code cells shown.
 app: models
