@@ -81,3 +81,12 @@ def removal_kept_mask(
     """Kept set when the positions in ``removed`` are dropped: causal keys not removed, plus ``t`` itself."""
     causal = torch.ones(n, n, dtype=torch.bool, device=removed.device).tril()
     return (causal & ~removed[None, :]) | torch.eye(n, dtype=torch.bool, device=removed.device)
+
+
+def removes_nothing(kept: Bool[Tensor, "query key"], *, offset: int = 0) -> Bool[Tensor, " query"]:
+    """Rows whose kept set is the whole causal prefix: nothing is removed, the patch is zero.
+
+    Row ``i`` is query position ``offset + i`` (``offset`` > 0 for cached decoding).
+    """
+    causal = torch.ones(kept.shape, dtype=torch.bool, device=kept.device).tril(diagonal=offset)
+    return (kept == causal).all(-1)

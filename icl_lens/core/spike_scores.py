@@ -52,6 +52,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from icl_lens.core.kept_attention import removes_nothing
 from icl_lens.core.patch_set import TokenPatches
 
 MAD_TO_SIGMA = 1.4826  # 1 / Φ⁻¹(3/4): MAD of a normal times this is its σ
@@ -231,9 +232,7 @@ def spike_scores_from_norms(
 
 def informative_positions(patches: TokenPatches) -> Bool[Tensor, " pos"]:
     """Positions whose kept set removes some context (the others have a zero patch by definition)."""
-    kept = patches.kept.cpu()
-    causal = torch.ones_like(kept).tril()
-    return ~(kept == causal).all(-1)
+    return ~removes_nothing(patches.kept.cpu())
 
 
 def spike_scores(

@@ -22,7 +22,13 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from icl_lens.core.kept_attention import bos_and_self_output, default_kept_mask, kept_set_output, removal_kept_mask
+from icl_lens.core.kept_attention import (
+    bos_and_self_output,
+    default_kept_mask,
+    kept_set_output,
+    removal_kept_mask,
+    removes_nothing,
+)
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.token_patch import token_patch
 from icl_lens.model.block_family import BlockFamily, block_family, dense_weight
@@ -86,9 +92,7 @@ class _LayerCapture:
         self.offset, self.stop_after_last = offset, stop_after_last
         self.bos_values = {} if bos_values is None else bos_values
         self.dtype = patch_dtype(model)
-        n_q = kept.shape[0]
-        causal = torch.ones(n_q, kept.shape[1], dtype=torch.bool, device=kept.device).tril(diagonal=offset)
-        self.unchanged = (kept == causal).all(-1)  # rows where nothing is removed: zero patch
+        self.unchanged = removes_nothing(kept, offset=offset)  # zero patch on these rows
         self.state: dict[str, Tensor] = {}
         self.reentered = False
 
