@@ -25,7 +25,7 @@ from common import peak_memory, prompt_ids, time_it  # noqa: E402
 from icl_lens import load_model, patches_applied, token_patches  # noqa: E402
 from icl_lens.core.token_patch import token_patch  # noqa: E402
 from icl_lens.model.block_family import block_family, dense_weight  # noqa: E402
-from icl_lens.model.patched_forward import kept_only_masks  # noqa: E402
+from icl_lens.model.kept_only import kept_only_masks  # noqa: E402
 
 
 def naive_patches(model, ids):

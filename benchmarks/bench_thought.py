@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from icl_lens import load_model, load_task, thought_patch
-from icl_lens.model.query_batches import pad_id, query_batch, right_padded, text_ids
+from icl_lens.thought.batches import pad_id, query_batch, right_padded, text_ids
 
 
 def _reset_peak() -> None:

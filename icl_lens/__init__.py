@@ -4,7 +4,7 @@ A transformer reading a prompt behaves exactly as if the first dense weights of 
 MLP had received a rank-1 update per token, the *token patch* (Dherin et al. 2025,
 arXiv 2507.16003). icl_lens computes those patches exactly for every layer and token
 of real models, from one forward pass, and builds dynamics, thought patches and
-dashboards on them. See DESIGN notes in docs/ and README.md.
+dashboards on them. Definitions: docs/design.md; usage: README.md.
 """
 from icl_lens import lab
 from icl_lens.core.patch_set import TokenPatches
@@ -14,16 +14,13 @@ from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, to
 from icl_lens.model.generation import GenerationPatches, generate_with_patches
 from icl_lens.model.incremental import PatchSession, UpdateStats
 from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
-from icl_lens.model.patched_forward import EquivalenceReport, patches_applied, verify_equivalence
+from icl_lens.model.kept_only import EquivalenceReport, patches_applied, verify_equivalence
 from icl_lens.model.prompts import PromptError
 from icl_lens.core.finetune_alignment import FinetuneAlignment
 from icl_lens.core.trajectory import DecayFit, Trajectory
 from icl_lens.model.explicit_finetune import finetune_alignment
 from icl_lens.model.trajectory_capture import NoContextError, QueryPositionError, TrajectoryCheck, trajectory, verify_trajectory
-from icl_lens.model.thought_eval import ThoughtEval, evaluate_thought
-from icl_lens.model.thought_fit import thought_patch
-from icl_lens.model.thought_result import ThoughtPatch
-from icl_lens.tasks import Task, TaskFormatError, load_task
+from icl_lens.thought import Task, TaskFormatError, ThoughtEval, ThoughtPatch, evaluate_thought, load_task, thought_patch
 
 __version__ = "0.1.0"
 

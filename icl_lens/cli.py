@@ -1,28 +1,39 @@
-"""Command line: ``icl-lens patches "PROMPT"``, ``icl-lens prepare``, and the feature subcommands.
+"""Command line: ``icl-lens patches "PROMPT"``, ``icl-lens thought-eval TASK``, ``icl-lens prepare``.
 
-Run ``icl-lens --help`` or ``icl-lens SUBCOMMAND --help``.
+Run ``icl-lens --help`` or ``icl-lens SUBCOMMAND --help``. Inputs are validated before
+any model is loaded, so a bad prompt or task file fails in well under a second. Exit
+codes: 0 success, 1 the equivalence check of ``patches`` failed its tolerance, 2 bad
+input or another error with a message.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 
 import torch
 
-# Feature modules that contribute a subcommand through ``register(subparsers)``.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("icl_lens.ui.thought_eval_cli",)
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+# Default tolerance of the equivalence identity (relative to the largest |logit|), docs/design.md §2.
+TOLERANCE = {"float32": 1e-4, "float64": 1e-9}
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+class CommandError(ValueError):
+    """A command-line input is invalid; the message says which and why."""
 
 
 def _patches(args: argparse.Namespace) -> int:
+    if not args.prompt.strip():
+        raise CommandError("the prompt is empty (or only whitespace); pass some text to analyse")
+    tolerance = TOLERANCE[args.dtype] if args.tolerance is None else args.tolerance
+    if not tolerance > 0:
+        raise CommandError(f"--tolerance must be > 0, got {tolerance}")
     from icl_lens import load_model, token_patches, verify_equivalence
 
     model = load_model(args.model, device=args.device, dtype=DTYPES[args.dtype])
     patches = token_patches(model, args.prompt)
     report = verify_equivalence(model, args.prompt, patches)
+    exact = report.relative_error <= tolerance
     if args.out:
         from icl_lens.model.patch_export import save_patches
 
@@ -37,6 +48,9 @@ def _patches(args: argparse.Namespace) -> int:
             "correction_norms": patches.correction_norms().double().cpu().tolist(),
             "equivalence_max_abs_err": float(report.max_abs_err.max()),
             "max_abs_logit": report.max_abs_logit,
+            "relative_error": report.relative_error,
+            "tolerance": tolerance,
+            "exact": exact,
         }))
     else:
         frame = patches.to_frame()
@@ -47,15 +61,44 @@ def _patches(args: argparse.Namespace) -> int:
         print("token-patch norms ||dW||_F (rows: layer, columns: position:token)")
         print(table.round(3).to_string())
         print(f"equivalence: max |logit diff| = {float(report.max_abs_err.max()):.3g} "
-              f"(relative {report.relative_error:.3g} of max |logit| {report.max_abs_logit:.3g})")
+              f"(relative {report.relative_error:.3g} of max |logit| {report.max_abs_logit:.3g}; "
+              f"tolerance {tolerance:.0e}: {'exact' if exact else 'NOT exact'})")
         if args.out:
             print(f"factors written to {args.out}")
+    if not exact:
+        print(f"icl-lens: equivalence error {report.relative_error:.3g} exceeds the tolerance {tolerance:.0e}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _thought_eval(args: argparse.Namespace) -> int:
+    from icl_lens.thought import evaluate_thought, load_task
+
+    task = load_task(args.task)  # validate the file before loading a model
+    if args.n_train is not None and not 1 <= args.n_train <= len(task.train):
+        raise CommandError(f"--n-train must be in 1..{len(task.train)} for task {task.name!r}, got {args.n_train}")
+    from icl_lens import load_model
+
+    model = load_model(args.model)
+    result = evaluate_thought(model, task, kind=args.kind, eta=args.eta, ridge=args.ridge, n_train=args.n_train)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(f"task {result.task} | model {result.model} | {result.n_train} calibration queries | "
+              f"{result.n_test} test queries")
+        for cond, acc in result.accuracy.items():
+            print(f"  {cond:<8} {acc:6.1%}")
+        print(f"  seconds  {result.seconds:.1f}")
     return 0
 
 
 def _prepare(args: argparse.Namespace) -> int:
     from icl_lens.model.loading import EMBEDDED_MODELS, prepare_embedded
 
+    unknown = [m for m in args.models if m not in EMBEDDED_MODELS]
+    if unknown:
+        raise CommandError(f"not embedded models: {', '.join(unknown)}; embedded: {', '.join(EMBEDDED_MODELS)}")
     for name in args.models or list(EMBEDDED_MODELS):
         print(f"{name}: {prepare_embedded(name)}")
     return 0
@@ -66,23 +109,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="icl-lens", description="In-context learning as weight updates.")
     sub = parser.add_subparsers(dest="command", required=True)
+    model_help = f"embedded/tiny name ({', '.join(known_model_names())}), HF id or local directory"
 
     p = sub.add_parser("patches", help="token patches of every layer and token of a prompt")
     p.add_argument("prompt")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"embedded/tiny name ({', '.join(known_model_names())}), HF id or local directory")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="largest accepted relative equivalence error (default: 1e-4 for float32, 1e-9 for float64); "
+                        "above it the command exits with status 1")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     p.add_argument("--out", metavar="FILE.safetensors", help="write the factors as safetensors")
     p.set_defaults(func=_patches)
 
+    p = sub.add_parser("thought-eval", help="evaluate a thought patch (prompt turned into weights) on a task",
+                       description="Test accuracy with no instruction, with the full instruction in context, with "
+                                   "the thought patch fitted on the task's train queries (arXiv 2510.08734) and no "
+                                   "instruction, and with a random control patch of the same per-layer norms.")
+    p.add_argument("task", help="task .jsonl file, or the name of a shipped task (e.g. capitals)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
+    p.add_argument("--kind", choices=("vector", "matrix", "both"), default="both")
+    p.add_argument("--eta", type=float, default=1.0, help="step size η (default 1)")
+    p.add_argument("--ridge", type=float, default=0.0, help="ridge λ ≥ 0 (default 0: pseudo-inverse)")
+    p.add_argument("--n-train", type=int, default=None, help="calibration queries to use (default: all train)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_thought_eval)
+
     p = sub.add_parser("prepare", help="dequantise and cache the embedded models (one time)")
     p.add_argument("models", nargs="*", help="embedded names (default: all)")
     p.set_defaults(func=_prepare)
-
-    for module in SUBCOMMAND_MODULES:
-        importlib.import_module(module).register(sub)
     return parser
 
 
@@ -90,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FloatingPointError, IndexError, FileNotFoundError) as err:  # our errors carry a message for the user
+    except (ValueError, FloatingPointError, IndexError, FileNotFoundError) as err:  # our errors carry a message
         print(f"icl-lens: error: {err}", file=sys.stderr)
         return 2
 

@@ -1,4 +1,4 @@
-"""The CLI: JSON output and safetensors export."""
+"""The CLI: JSON output, safetensors export, the tolerance's exit status, input checked before loading."""
 import json
 import subprocess
 import sys
@@ -16,10 +16,11 @@ def test_patches_json_and_safetensors(tmp_path):
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert set(data) == {"model", "tokens", "token_ids", "kept_bos", "norms", "correction_norms",
-                         "equivalence_max_abs_err", "max_abs_logit"}
+                         "equivalence_max_abs_err", "max_abs_logit", "relative_error", "tolerance", "exact"}
     n = len(data["tokens"])
     assert n == 8 and data["kept_bos"] and len(data["norms"]) == 3 and len(data["norms"][0]) == n
-    assert data["equivalence_max_abs_err"] <= 1e-9 * data["max_abs_logit"]
+    assert data["tolerance"] == 1e-9 and data["exact"] is True
+    assert data["relative_error"] == data["equivalence_max_abs_err"] / data["max_abs_logit"] <= 1e-9
     with safe_open(str(out), "pt") as f:
         assert set(f.keys()) == {"u_in", "u_gate", "v", "correction", "tokens"}
         assert f.get_tensor("u_in").shape == (3, n, 160)
@@ -34,3 +35,21 @@ def test_plain_mlp_has_no_gate_and_errors_are_clean(tmp_path):
         assert "u_gate" not in f.keys()
     proc = _run("patches", "   ", "--model", "tiny-gpt2")
     assert proc.returncode == 2 and "empty" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_equivalence_above_tolerance_exits_nonzero():
+    """float32 errors are ~1e-7 relative: a 1e-12 tolerance must fail, with status 1 and a message."""
+    proc = _run("patches", "abc abc", "--model", "tiny-llama", "--json", "--tolerance", "1e-12")
+    assert proc.returncode == 1
+    data = json.loads(proc.stdout)
+    assert data["exact"] is False and data["relative_error"] > 1e-12
+    assert "exceeds the tolerance" in proc.stderr
+    assert _run("patches", "abc abc", "--model", "tiny-llama", "--tolerance", "0").returncode == 2
+
+
+def test_input_is_checked_before_any_model_loads():
+    """An empty prompt with a model that does not exist: the prompt error wins, so nothing was loaded."""
+    proc = _run("patches", "  ", "--model", "no-such-model-anywhere")
+    assert proc.returncode == 2 and "prompt is empty" in proc.stderr
+    proc = _run("thought-eval", "missing-task.jsonl", "--model", "no-such-model-anywhere")
+    assert proc.returncode == 2 and "not found" in proc.stderr

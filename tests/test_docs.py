@@ -1,4 +1,5 @@
 """Every code sample in README.md and docs/*.md runs (Python blocks and icl-lens command lines)."""
+import json
 import pathlib
 import re
 import shlex
@@ -34,3 +35,6 @@ def test_cli_sample_runs(line, tmp_path):
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip()
+    if args[0] == "patches" and "--json" in args:  # the printed identity must hold, not just the exit status
+        data = json.loads(proc.stdout)
+        assert data["exact"] and data["relative_error"] <= data["tolerance"] <= 1e-4

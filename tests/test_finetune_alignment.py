@@ -10,7 +10,7 @@ from icl_lens import FinetuneAlignment, finetune_alignment
 from icl_lens.core.factored import stack_outputs
 from icl_lens.model.block_family import block_family, original
 from icl_lens.model.explicit_finetune import contextual_target_loss
-from icl_lens.model.patched_forward import kept_only_masks
+from icl_lens.model.kept_only import kept_only_masks
 
 TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
 PROMPT = "ab=1;cd=2;ef=3;ab=1;cd="

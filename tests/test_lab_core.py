@@ -6,12 +6,11 @@ import math
 import pytest
 import torch
 
-from icl_lens.core.factored import sum_norm
+from icl_lens.core.factored import sum_cosine, sum_inner, sum_norm
 from icl_lens.core.kernel_regression import feature_kernel_regression, nadaraya_watson
 from icl_lens.core.online_regression import delta_loss, delta_update, hebbian_loss, hebbian_update, loss_gradient
-from icl_lens.core.power_law import fit_decay_exponent
-from icl_lens.core.rank_one_sums import sum_cosine, sum_inner
-from icl_lens.core.thought_least_squares import thought_matrix, thought_vector
+from icl_lens.core.least_squares import input_map, mean_vector
+from icl_lens.core.power_law import power_law_fit
 
 G = torch.Generator().manual_seed(0)
 
@@ -59,22 +58,24 @@ def test_sum_cosine_matches_dense():
     assert sum_cosine(U1, V1, torch.zeros(1, 6, dtype=torch.float64), V2[:1]) == 0
 
 
-def test_power_law_fit_recovers_exponent():
-    n = torch.arange(1, 65, dtype=torch.float64)
+def test_power_law_fit_recovers_exponent_at_given_x():
+    n = torch.arange(3, 67, dtype=torch.float64)
     y = torch.stack([3 * n ** -0.5, 2 * n ** 0.0])
-    alpha, c = fit_decay_exponent(n, y)
-    assert torch.allclose(alpha, torch.tensor([0.5, 0.0], dtype=torch.float64), atol=1e-12)
-    assert torch.allclose(c, torch.tensor([3.0, 2.0], dtype=torch.float64))
-    with pytest.raises(ValueError, match="positive"):
-        fit_decay_exponent(n, -y)
+    fit = power_law_fit(y, x=n)
+    assert torch.allclose(fit.exponent, torch.tensor([0.5, 0.0], dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(fit.prefactor, torch.tensor([3.0, 2.0], dtype=torch.float64))
+    assert fit.n_points.tolist() == [64, 64]
+    assert power_law_fit(-y, x=n).exponent.isnan().all()  # no positive point enters
+    with pytest.raises(ValueError, match="positive x"):
+        power_law_fit(y, x=n - 10)
 
 
 def test_thought_matrix_interpolates_when_inputs_are_independent():
     W, A, a = rand(10, 6), rand(4, 6), rand(4, 6)  # 4 independent inputs in 6 dims
-    D = thought_matrix(W, A - a, a)
+    D = W @ input_map(A - a, a)
     assert torch.allclose(a @ (W + D).T, A @ W.T, atol=1e-10)
-    ridge = thought_matrix(W, A - a, a, ridge=1e3)
+    ridge = W @ input_map(A - a, a, ridge=1e3)
     assert ridge.norm() < D.norm()
-    assert torch.allclose(thought_vector(A - a), (A - a).mean(0))
+    assert torch.allclose(mean_vector(A - a), (A - a).mean(0))
     with pytest.raises(ValueError):
-        thought_matrix(W, A - a, a[:3])
+        input_map(A - a, a[:3])

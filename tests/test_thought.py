@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from icl_lens import PromptError, thought_patch
-from icl_lens.core.thought_math import gain_vector, input_map
+from icl_lens.core.least_squares import gain_vector, input_map
 from icl_lens.model.greedy import last_logits
-from icl_lens.model.query_batches import text_ids, with_bos
-from icl_lens.tasks import TaskFormatError, load_task, shipped_task_paths
+from icl_lens.thought.batches import text_ids, with_bos
+from icl_lens.thought.tasks import TaskFormatError, load_task, shipped_task_paths
 
 TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
 INSTRUCTION = "Remember: the secret word is banana, and 7 follows 3.\n"
@@ -164,7 +164,7 @@ def test_singular_systems_fall_back_to_the_pseudo_inverse(load):
 
 
 def test_iterations_shrink_the_residual_with_small_eta(load):
-    """Sweeps with η < 1 approach the exact patch (bias site; the Gemma gain site need not, see thought_fit)."""
+    """Sweeps with η < 1 approach the exact patch (bias site; the Gemma gain site need not, see icl_lens.thought.fit)."""
     model = load("tiny-llama", torch.float64)
     contextual = _logits(model, INSTRUCTION, "q")
     errs = []
@@ -230,8 +230,8 @@ def test_task_files_are_validated(tmp_path):
 
 def test_empty_answers_are_rejected_before_any_fit(load):
     """Answers that tokenise to nothing (here: whitespace only) fail with the split and index named."""
-    from icl_lens.model.thought_eval import evaluate_thought
-    from icl_lens.tasks import Task
+    from icl_lens.thought.evaluate import evaluate_thought
+    from icl_lens.thought.tasks import Task
 
     task = Task("t", "a: 1\n", (("a:", "1"),), (("b:", "2"), ("c:", " ")))
     with pytest.raises(PromptError, match=r"test\[1\] answer"):
@@ -239,7 +239,7 @@ def test_empty_answers_are_rejected_before_any_fit(load):
 
 
 def test_cli_json_on_a_tiny_task(tmp_path, capsys):
-    from icl_lens.ui.thought_eval_cli import main
+    from icl_lens.cli import main
 
     path = _write_task(tmp_path / "tiny.jsonl", train=[{"query": "a:", "answer": "1"}, {"query": "z:", "answer": "9"}])
     assert main(["thought-eval", str(path), "--model", "tiny-llama", "--json", "--n-train", "2"]) == 0

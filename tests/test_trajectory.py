@@ -13,7 +13,7 @@ from icl_lens import (
     trajectory,
     verify_trajectory,
 )
-from icl_lens.core.trajectory_metrics import power_law_fit
+from icl_lens.core.power_law import power_law_fit
 
 TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
 TINY_PROMPT = "ab=1;cd=2;ef=3;ab=1;cd="  # longer than tiny-gemma3's window of 6
@@ -102,16 +102,17 @@ def test_power_law_fit_recovers_exponent():
     i = torch.arange(1, 21, dtype=torch.float64)
     norms = c[:, None] * i[None] ** (-b[:, None])
     norms[1, 4] = 0.0  # a zero step is left out, not log(0)
-    exponent, prefactor, r2, count = power_law_fit(norms)
+    fit = power_law_fit(norms)
+    exponent, prefactor, r2, count = fit.exponent, fit.prefactor, fit.r_squared, fit.n_points
     assert torch.allclose(exponent, b, atol=1e-10) and torch.allclose(prefactor, c, atol=1e-10)
     assert torch.allclose(r2, torch.ones(3, dtype=torch.float64), atol=1e-12)
     assert count.tolist() == [20, 19, 20]
     noisy = norms * torch.exp(torch.randn(norms.shape, generator=gen, dtype=torch.float64))
     noisy[1, 4] = 1.0
-    _, _, r2_noisy, _ = power_law_fit(noisy)
+    r2_noisy = power_law_fit(noisy).r_squared
     assert bool((r2_noisy < 1).all())
-    few, _, _, count_few = power_law_fit(torch.tensor([[1.0, 0.0, 0.0]]))
-    assert torch.isnan(few).all() and count_few.tolist() == [1]
+    few = power_law_fit(torch.tensor([[1.0, 0.0, 0.0]]))
+    assert torch.isnan(few.exponent).all() and few.n_points.tolist() == [1]
 
 
 def test_frames(load):

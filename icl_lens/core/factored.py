@@ -8,7 +8,9 @@ matrix ``U vᵀ`` whose Frobenius norm is the DESIGN.md §2 patch norm
 
     ‖u vᵀ‖_F = ‖u‖ ‖v‖,    ⟨u₁v₁ᵀ, u₂v₂ᵀ⟩_F = (u₁·u₂)(v₁·v₂),
 
-so no ``d_mlp × d_model`` matrix is ever materialised (DESIGN.md §3).
+so no ``d_mlp × d_model`` matrix is ever materialised (docs/design.md §3). Sums of
+rank-1 terms (a cumulative SGD update, one rank-1 gradient per example; a meta-gradient
+step, two terms) compare the same way: ``⟨Σ U₁V₁ᵀ, Σ U₂V₂ᵀ⟩ = Σ_{j,k} (U₁ⱼ·U₂ₖ)(V₁ⱼ·V₂ₖ)``.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def patch_inner(
     return (u1 * u2).sum(-1) * (v1 * v2).sum(-1)
 
 
-def _safe_divide(num: Tensor, den: Tensor) -> Tensor:
+def safe_divide(num: Tensor, den: Tensor) -> Tensor:
     """``num / den``, defined as 0 where ``den`` is 0 (a zero patch aligns with nothing)."""
     return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
 
@@ -44,14 +46,14 @@ def patch_cosine(
     v2: Float[Tensor, "*batch d_in"],
 ) -> Float[Tensor, "*batch"]:
     """Alignment: normalised Frobenius inner product of two rank-1 patches (0 if either is 0)."""
-    return _safe_divide(patch_inner(u1, v1, u2, v2), patch_norm(u1, v1) * patch_norm(u2, v2))
+    return safe_divide(patch_inner(u1, v1, u2, v2), patch_norm(u1, v1) * patch_norm(u2, v2))
 
 
 def gram_cosine(u: Float[Tensor, "n d_out"], v: Float[Tensor, "n d_in"]) -> Float[Tensor, "n n"]:
     """Pairwise cosine of ``n`` rank-1 patches: ``(U Uᵀ ⊙ V Vᵀ) / (‖·‖‖·‖)``."""
     gram = (u @ u.T) * (v @ v.T)
     norms = patch_norm(u, v)
-    return _safe_divide(gram, norms[:, None] * norms[None, :])
+    return safe_divide(gram, norms[:, None] * norms[None, :])
 
 
 def sum_gram(u: Float[Tensor, "n d_out"], v: Float[Tensor, "n d_in"]) -> Float[Tensor, "n n"]:
@@ -62,6 +64,20 @@ def sum_gram(u: Float[Tensor, "n d_out"], v: Float[Tensor, "n d_in"]) -> Float[T
 def sum_norm(u: Float[Tensor, "n d_out"], v: Float[Tensor, "n d_in"]) -> Float[Tensor, ""]:
     """Frobenius norm of ``Σ_k u_k v_kᵀ`` from the Gram matrix, never the dense sum."""
     return sum_gram(u, v).sum().clamp_min(0).sqrt()
+
+
+def sum_inner(
+    u1: Float[Tensor, "k1 d_out"], v1: Float[Tensor, "k1 d_in"], u2: Float[Tensor, "k2 d_out"], v2: Float[Tensor, "k2 d_in"]
+) -> Float[Tensor, ""]:
+    """``⟨Σ_j u1_j v1_jᵀ, Σ_k u2_k v2_kᵀ⟩_F = Σ_{j,k} (u1_j·u2_k)(v1_j·v2_k)``."""
+    return ((u1 @ u2.T) * (v1 @ v2.T)).sum()
+
+
+def sum_cosine(
+    u1: Float[Tensor, "k1 d_out"], v1: Float[Tensor, "k1 d_in"], u2: Float[Tensor, "k2 d_out"], v2: Float[Tensor, "k2 d_in"]
+) -> Float[Tensor, ""]:
+    """Normalised Frobenius inner product of two sums of rank-1 terms (0 if either is 0)."""
+    return safe_divide(sum_inner(u1, v1, u2, v2), sum_norm(u1, v1) * sum_norm(u2, v2))
 
 
 def diff_norm(

@@ -27,7 +27,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.factored import _safe_divide, patch_norm, stack_outputs
+from icl_lens.core.factored import safe_divide, patch_norm, stack_outputs
 from icl_lens.core.trajectory import Trajectory
 
 
@@ -119,7 +119,7 @@ class FinetuneAlignment:
         inner = inner_with_terms(iu[:, -1:], iv[:, -1:], tu, tv)[:, 0]  # layer, term
         cum = inner.reshape(inner.shape[0], -1, self._group(rows)).sum(-1).cumsum(-1)
         den = patch_norm(iu[:, -1], iv[:, -1])[:, None] * self.explicit_norms(rows)
-        return _safe_divide(cum, den)
+        return safe_divide(cum, den)
 
     def cosine(self, rows: str = "all") -> Float[Tensor, " layer"]:
         """``cos(Wₙ − W₀, E_steps)`` per layer: implicit vs total explicit update."""
@@ -131,7 +131,7 @@ class FinetuneAlignment:
         tu, tv = self._explicit_terms(rows)
         inner = inner_with_terms(iu, iv, tu, tv).sum(-1)  # layer, step
         den = patch_norm(iu, iv) * self.explicit_norms(rows)[:, -1:]
-        return _safe_divide(inner, den)
+        return safe_divide(inner, den)
 
     def meta_gradient_cosine(self, rows: str = "all") -> Float[Tensor, "layer n"]:
         """``cos(Wᵢ − Wᵢ₋₁, E_steps)`` for i = 1..n: each context token's meta-gradient vs SGD."""
@@ -140,7 +140,7 @@ class FinetuneAlignment:
         inner = inner_with_terms(iu, iv, tu, tv).sum(-1)
         step_inner = inner[:, 1:] - inner[:, :-1]
         den = self.implicit.meta_gradient_norms() * self.explicit_norms(rows)[:, -1:]
-        return _safe_divide(step_inner, den)
+        return safe_divide(step_inner, den)
 
     def cosine_with_explicit_of(self, other: "FinetuneAlignment", rows: str = "all") -> Float[Tensor, " layer"]:
         """``cos(Wₙ − W₀ of self, E_steps of other)``: a control pairing this prompt's implicit
@@ -150,7 +150,7 @@ class FinetuneAlignment:
         iu, iv = self._implicit_steps()
         tu, tv = other._explicit_terms(rows)
         inner = inner_with_terms(iu[:, -1:], iv[:, -1:], tu, tv)[:, 0].sum(-1)
-        return _safe_divide(inner, patch_norm(iu[:, -1], iv[:, -1]) * other.explicit_norms(rows)[:, -1])
+        return safe_divide(inner, patch_norm(iu[:, -1], iv[:, -1]) * other.explicit_norms(rows)[:, -1])
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy table (layer, step, metric, value).

@@ -25,11 +25,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from icl_lens.core.factored import stack_outputs
+from icl_lens.core.power_law import power_law_fit
 from icl_lens.core.trajectory_metrics import (
     consecutive_alignment,
     cumulative_norms,
     meta_gradient_norms,
-    power_law_fit,
     total_alignment,
 )
 
@@ -38,7 +38,8 @@ from icl_lens.core.trajectory_metrics import (
 class DecayFit:
     """Per layer: meta-gradient norm ``‖Wᵢ − Wᵢ₋₁‖ ≈ prefactor · i^(−exponent)`` (log-log least squares).
 
-    ``exponent > 0`` means the steps shrink as context grows (convergence). ``r_squared``
+    ``exponent > 0`` means the steps shrink as context grows; the implicit weights
+    converge only if the steps are summable as well (``exponent > 1``). ``r_squared``
     is the goodness of fit in log-log space; ``n_points`` counts the steps with nonzero
     norm that entered the fit (NaN fit values where it is below 2).
     """
@@ -109,8 +110,9 @@ class Trajectory:
 
     def decay_fit(self) -> DecayFit:
         """Power-law fit of the meta-gradient norm against the number of consumed tokens i."""
-        b, c, r2, count = power_law_fit(self.meta_gradient_norms().cpu())
-        return DecayFit(layers=self.layers, exponent=b, prefactor=c, r_squared=r2, n_points=count)
+        fit = power_law_fit(self.meta_gradient_norms())
+        return DecayFit(layers=self.layers, exponent=fit.exponent, prefactor=fit.prefactor,
+                        r_squared=fit.r_squared, n_points=fit.n_points)
 
     def step_tokens(self) -> tuple[str, ...]:
         """Token consumed at each step i = 0..n ('' at step 0, which consumes nothing)."""

@@ -13,20 +13,18 @@ is a difference of two rank-1 terms, so every quantity follows from
     ⟨Pa−Pb, Pc−Pd⟩ = ⟨Pa,Pc⟩ − ⟨Pa,Pd⟩ − ⟨Pb,Pc⟩ + ⟨Pb,Pd⟩
 
 Alignment is the normalised Frobenius inner product (cosine), 0 where a step is 0.
-The convergence summary fits ``‖Gᵢ‖ ≈ c·i^(−b)`` by least squares in log-log space.
+The convergence summary (``‖Gᵢ‖ ≈ c·i^(−b)``) is :func:`icl_lens.core.power_law.power_law_fit`.
 All functions take factors with a trailing ``[step, d]`` layout and any leading batch
 (e.g. ``layer``) dimensions; they compute in float64 because differences of nearly
 equal patches cancel.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.factored import _safe_divide, diff_norm, patch_inner
+from icl_lens.core.factored import safe_divide, diff_norm, patch_inner
 
 
 def _f64(*xs: Tensor) -> tuple[Tensor, ...]:
@@ -64,7 +62,7 @@ def consecutive_alignment(u: Float[Tensor, "*b step d_out"], v: Float[Tensor, "*
     p2u, p2v = u[..., 2:, :], v[..., 2:, :]
     inner = diff_inner(p1u, p1v, p0u, p0v, p2u, p2v, p1u, p1v)
     norms = meta_gradient_norms(u, v)
-    return _safe_divide(inner, norms[..., :-1] * norms[..., 1:])
+    return safe_divide(inner, norms[..., :-1] * norms[..., 1:])
 
 
 def total_alignment(u: Float[Tensor, "*b step d_out"], v: Float[Tensor, "*b step d_in"]) -> Float[Tensor, "*b n"]:
@@ -74,33 +72,4 @@ def total_alignment(u: Float[Tensor, "*b step d_out"], v: Float[Tensor, "*b step
     first_u, first_v = u[..., :1, :].expand_as(u[..., 1:, :]), v[..., :1, :].expand_as(v[..., 1:, :])
     inner = diff_inner(u[..., 1:, :], v[..., 1:, :], u[..., :-1, :], v[..., :-1, :], last_u, last_v, first_u, first_v)
     total = diff_norm(u[..., -1, :], v[..., -1, :], u[..., 0, :], v[..., 0, :])
-    return _safe_divide(inner, meta_gradient_norms(u, v) * total[..., None])
-
-
-def power_law_fit(norms: Float[Tensor, "row n"]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Fit ``normᵢ ≈ c·i^(−b)`` (i = 1..n) per row by least squares on ``log norm = log c − b log i``.
-
-    Only steps with a finite, nonzero norm enter. Returns ``(b, c, r_squared, n_points)``;
-    rows with fewer than 2 usable points get NaN for ``b``, ``c`` and ``r_squared``
-    (``n_points`` says why). ``r_squared = 1 − SS_res/SS_tot`` of the log-log fit (1 when
-    the log norms are constant and fitted exactly).
-    """
-    norms = norms.to(torch.float64)
-    rows, n = norms.shape
-    x_all = torch.log(torch.arange(1, n + 1, dtype=torch.float64))
-    b, c, r2 = (torch.full((rows,), math.nan, dtype=torch.float64) for _ in range(3))
-    count = torch.zeros(rows, dtype=torch.long)
-    for row in range(rows):
-        ok = torch.isfinite(norms[row]) & (norms[row] > 0)
-        count[row] = int(ok.sum())
-        if count[row] < 2:
-            continue
-        x, y = x_all[ok], torch.log(norms[row][ok])
-        xm, ym = x.mean(), y.mean()
-        slope = ((x - xm) * (y - ym)).sum() / ((x - xm) ** 2).sum()
-        intercept = ym - slope * xm
-        ss_res = ((y - (intercept + slope * x)) ** 2).sum()
-        ss_tot = ((y - ym) ** 2).sum()
-        b[row], c[row] = -slope, intercept.exp()
-        r2[row] = 1.0 - ss_res / ss_tot if ss_tot > 0 else torch.tensor(1.0 if ss_res == 0 else 0.0)
-    return b, c, r2, count
+    return safe_divide(inner, meta_gradient_norms(u, v) * total[..., None])

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from icl_lens.model.loading import EMBEDDED_MODELS
-from icl_lens.tasks import SHIPPED_TASKS, load_task
+from icl_lens.thought.tasks import SHIPPED_TASKS, load_task
 
 SIZES = (1, 2, 4, 8, 16, 32)
 COMMAND = "python -m icl_lens.evals.thought"
@@ -30,7 +30,7 @@ def _cache_path(out: Path, model: str) -> Path:
 
 def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Path) -> None:
     from icl_lens.model.loading import load_model
-    from icl_lens.model.thought_eval import evaluate_thought
+    from icl_lens.thought.evaluate import evaluate_thought
 
     cache = _cache_path(out, model_name)
     results = json.loads(cache.read_text()) if cache.exists() else {}

@@ -1,4 +1,4 @@
-"""Implicit learning dynamics of one query, and explicit SGD on the same examples (DESIGN.md §3).
+"""Implicit learning dynamics of one query, and explicit SGD on the same examples (docs/design.md §3).
 
 Implicit (Dherin et al. 2025, arXiv 2507.16003, §4): with the first ``i`` context pairs
 in front of the query, layer ``l``'s token patch ``ΔW_l(i) = u_l(i) v_l(i)ᵀ`` makes the
@@ -25,7 +25,7 @@ from icl_lens.core.factored import diff_norm
 from icl_lens.lab.model import RegressionModel
 from icl_lens.lab.patching import lab_token_patches
 from icl_lens.lab.tasks import prefix_batch, query_tokens
-from icl_lens.lab.weight_edits import MLPEdit, mlp_edits_applied
+from icl_lens.model.weight_edits import MLPEdit, edits_applied
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,9 +88,9 @@ def explicit_sgd(model: RegressionModel, x: Float[Tensor, "n d_x"], y: Float[Ten
         def keep(t, hook):
             store[hook.name] = t
         extra = [(f"blocks.{l}.hook_mlp_in", keep) for l in range(L)] + [(f"blocks.{l}.mlp.hook_pre", keep) for l in range(L)]
-        edits = {l: MLPEdit(U=U[l, :j][None], V=V[l, :j][None]) for l in range(L)} if j else {}
+        edits = {l: MLPEdit(v=V[l, :j], u_in=U[l, :j]) for l in range(L)} if j else {}
         tok = query_tokens(x[j].to(model.dtype))[None, None].requires_grad_(True)
-        with torch.enable_grad(), mlp_edits_applied(model, edits, extra_hooks=extra):
+        with torch.enable_grad(), edits_applied(model, edits, extra_hooks=extra):
             loss = 0.5 * (model(tok)[0, 0] - y[j].to(model.dtype)) ** 2
             pres = [store[f"blocks.{l}.mlp.hook_pre"] for l in range(L)]
             grads = torch.autograd.grad(loss, pres)

@@ -25,6 +25,11 @@ from transformer_lens.hook_points import HookPoint
 
 from icl_lens.lab.mixers import ARCHITECTURES, MIXERS
 from icl_lens.lab.tasks import token_dim
+from icl_lens.model.block_family import BlockFamily
+
+# Where the shared weight-edit mechanism (icl_lens.model.weight_edits) reads and edits a lab block.
+LAB_FAMILY = BlockFamily(name="lab", gated=False, mlp_input_hook="blocks.{layer}.hook_mlp_in",
+                         dense_in_hook="blocks.{layer}.mlp.hook_pre", mlp_out_hook="blocks.{layer}.hook_mlp_out")
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,8 @@ class Block(nn.Module):
 
 class RegressionModel(HookedRootModule):
     """``[x, y, is_query]`` tokens → a scalar prediction per position."""
+
+    icl_lens_family = LAB_FAMILY
 
     def __init__(self, cfg: LabConfig):
         super().__init__()

@@ -1,4 +1,4 @@
-"""Token patches of the lab models and the patched context-free forward (DESIGN.md §2).
+"""Token patches of the lab models and the patched context-free forward (docs/design.md §2).
 
 For every layer ``l`` and position ``t`` of a batch of prompts, from ONE contextual pass
 (Dherin et al. 2025, arXiv 2507.16003, Theorem 2.2, which holds for any contextual layer):
@@ -27,7 +27,7 @@ from icl_lens.core.kept_attention import default_kept_mask
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.token_patch import token_patch
 from icl_lens.lab.model import RegressionModel
-from icl_lens.lab.weight_edits import MLPEdit, mlp_edits_applied
+from icl_lens.model.weight_edits import MLPEdit, edits_applied
 
 _MIXER_CACHE = ("hook_attn_scores", "hook_v")
 
@@ -64,8 +64,8 @@ class LabPatches:
     def edits(self) -> dict[int, MLPEdit]:
         """One edit per (prompt, position) sequence, for the context-free forward on single tokens."""
         L, B, T = self.u.shape[:3]
-        return {l: MLPEdit(U=self.u[l].reshape(B * T, 1, -1), V=self.v[l].reshape(B * T, 1, -1),
-                           bias=self.correction[l].reshape(B * T, -1)) for l in range(L)}
+        return {l: MLPEdit(v=self.v[l].reshape(B * T, 1, 1, -1), u_in=self.u[l].reshape(B * T, 1, 1, -1),
+                           bias=self.correction[l].reshape(B * T, 1, -1)) for l in range(L)}
 
     def to_frame(self) -> pd.DataFrame:
         norms = self.norms().detach().double()
@@ -117,5 +117,5 @@ def patched_context_free(model: RegressionModel, tokens: Float[Tensor, "batch po
     B, T, d = tokens.shape
     if patches.u.shape[1:3] != (B, T):
         raise ValueError(f"patches are for {tuple(patches.u.shape[1:3])} prompts × positions, tokens are {(B, T)}")
-    with mlp_edits_applied(model, patches.edits(), extra_hooks):
+    with edits_applied(model, patches.edits(), extra_hooks=extra_hooks or ()):
         return model(tokens.reshape(B * T, 1, d)).reshape(B, T)

@@ -13,11 +13,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from icl_lens.model.capture import StopForward
 from icl_lens.model.prompts import encode_prompt
-
-
-class _StopForward(Exception):
-    """Raised from the pattern hook: nothing after it is needed."""
 
 
 def attention_pattern(
@@ -32,12 +29,12 @@ def attention_pattern(
 
     def grab(pattern: Tensor, hook) -> None:
         found.append(pattern[0].detach().float().cpu())
-        raise _StopForward
+        raise StopForward
 
     with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", grab)]):
         try:
             model(ids[None], return_type=None)
-        except _StopForward:
+        except StopForward:
             pass
     if not found:
         raise RuntimeError(f"the attention pattern hook of layer {layer} did not fire")

@@ -1,12 +1,17 @@
 """Which transformer blocks icl_lens can patch exactly, and where their parts live.
 
 A *block family* names the layout of one decoder block as TransformerBridge exposes it
-(DESIGN.md §2). Three are supported and tested for the equivalence identity:
+(docs/design.md §2): its flags (gated MLP, norms after attention / after the MLP) and
+the hook points icl_lens reads and edits. Three are supported and tested for the
+equivalence identity:
 
 - ``gpt2``: LayerNorm, biases, absolute positions, plain MLP ``W_in`` (GPT-2 and kin);
 - ``llama``: RMSNorm, gated SiLU MLP (``W_gate``, ``W_up``), RoPE, GQA (Llama, SmolLM2);
 - ``gemma3``: sandwich RMSNorms (``ln1_post``, ``ln2_post``), gated GeLU, QK-norm,
   sliding-window layers (Gemma 3).
+
+A model that is not a bridge (the regression lab's models) names its own hook points by
+carrying a ``BlockFamily`` in its ``icl_lens_family`` attribute.
 """
 from __future__ import annotations
 
@@ -37,14 +42,20 @@ def supported_families_text() -> str:
 
 @dataclass(frozen=True)
 class BlockFamily:
-    """Layout facts of a supported decoder block, and the hook names icl_lens uses."""
+    """Layout facts of a supported decoder block, and the hook names icl_lens uses.
+
+    Hook names are templates with a ``{layer}`` field; the defaults are TransformerBridge's.
+    """
 
     name: str
     gated: bool
-    post_attention_norm: bool
-    post_mlp_norm: bool
+    post_attention_norm: bool = False
+    post_mlp_norm: bool = False
+    mlp_input_hook: str = "blocks.{layer}.ln2.hook_out"
+    dense_in_hook: str = "blocks.{layer}.mlp.in.hook_out"
+    dense_gate_hook: str = "blocks.{layer}.mlp.gate.hook_out"
+    mlp_out_hook: str = "blocks.{layer}.mlp.hook_out"
 
-    # Hook names (TransformerBridge), per layer.
     @staticmethod
     def resid_pre(layer: int) -> str:
         return f"blocks.{layer}.hook_resid_pre"
@@ -54,6 +65,10 @@ class BlockFamily:
         return f"blocks.{layer}.hook_resid_mid"
 
     @staticmethod
+    def resid_post(layer: int) -> str:
+        return f"blocks.{layer}.hook_resid_post"
+
+    @staticmethod
     def values(layer: int) -> str:
         return f"blocks.{layer}.attn.hook_v"
 
@@ -61,25 +76,32 @@ class BlockFamily:
     def scores(layer: int) -> str:
         return f"blocks.{layer}.attn.hook_attn_scores"
 
-    @staticmethod
-    def mlp_input(layer: int) -> str:
-        return f"blocks.{layer}.ln2.hook_out"
+    def mlp_input(self, layer: int) -> str:
+        """The MLP's input (after the pre-MLP norm): ``A`` in the contextual pass."""
+        return self.mlp_input_hook.format(layer=layer)
 
-    @staticmethod
-    def dense_in_out(layer: int) -> str:
-        return f"blocks.{layer}.mlp.in.hook_out"
+    def dense_in_out(self, layer: int) -> str:
+        """Output of ``W_in`` (``W_up`` for gated MLPs)."""
+        return self.dense_in_hook.format(layer=layer)
 
-    @staticmethod
-    def dense_gate_out(layer: int) -> str:
-        return f"blocks.{layer}.mlp.gate.hook_out"
+    def dense_gate_out(self, layer: int) -> str:
+        return self.dense_gate_hook.format(layer=layer)
 
     def mlp_branch_out(self, layer: int) -> str:
         """Where the skip correction is added: after the post-FFN norm if the block has one."""
-        return f"blocks.{layer}.ln2_post.hook_out" if self.post_mlp_norm else f"blocks.{layer}.mlp.hook_out"
+        return f"blocks.{layer}.ln2_post.hook_out" if self.post_mlp_norm else self.mlp_out_hook.format(layer=layer)
+
+    @staticmethod
+    def post_norm_input(layer: int) -> str:
+        """Input of the post-FFN norm (the raw MLP output), for gain edits."""
+        return f"blocks.{layer}.ln2_post.hook_in"
 
 
 def block_family(model) -> BlockFamily:
     """The family of ``model`` (a TransformerBridge), or a clear error listing what is supported."""
+    own = getattr(model, "icl_lens_family", None)
+    if isinstance(own, BlockFamily):
+        return own
     arch = getattr(model.cfg, "architecture", None) or type(getattr(model, "original_model", model)).__name__
     name = FAMILY_OF_ARCHITECTURE.get(arch)
     if name is None:
@@ -106,6 +128,26 @@ def dense_weight(module: nn.Module) -> torch.Tensor:
     raise UnsupportedArchitectureError(f"unexpected dense layer type {type(inner).__name__}")
 
 
+def first_dense_modules(model, layer: int) -> dict[str, nn.Module]:
+    """The MLP's first dense layers of ``layer``: ``{"in": W_in}`` plus ``{"gate": W_gate}`` if gated."""
+    mlp = model.blocks[layer].mlp
+    modules = {"in": mlp.__getattr__("in")}
+    if block_family(model).gated:
+        modules["gate"] = mlp.gate
+    return modules
+
+
+def first_dense_weights(model, layer: int) -> dict[str, torch.Tensor]:
+    """``[d_mlp, d_model]`` weights of :func:`first_dense_modules` (views, no copy)."""
+    return {name: dense_weight(module) for name, module in first_dense_modules(model, layer).items()}
+
+
 def original(module: nn.Module) -> nn.Module:
     """The HF module a bridge component wraps (calling it fires no TransformerLens hooks)."""
     return getattr(module, "original_component", None) or module
+
+
+def post_norm_eps(model, layer: int) -> float:
+    """``eps`` of layer ``layer``'s post-FFN RMSNorm (Gemma 3)."""
+    norm = original(model.blocks[layer].ln2_post)
+    return float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))

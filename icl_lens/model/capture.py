@@ -1,6 +1,6 @@
 """Exact token patches of every layer and position from ONE contextual forward pass.
 
-DESIGN.md §2 (Dherin et al. 2025, arXiv 2507.16003; Goldwaser et al., arXiv 2511.17864
+docs/design.md §2 (Dherin et al. 2025, arXiv 2507.16003; Goldwaser et al., arXiv 2511.17864
 for gated, sandwich-norm blocks). Per layer ``l``, hooks read during the contextual pass:
 
     r       = resid_pre                      attn_C = resid_mid − r
@@ -31,7 +31,7 @@ from icl_lens.core.kept_attention import (
 )
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.token_patch import token_patch
-from icl_lens.model.block_family import BlockFamily, block_family, dense_weight
+from icl_lens.model.block_family import BlockFamily, block_family, first_dense_weights
 from icl_lens.model.prompts import bos_id, encode_prompt, str_tokens
 
 
@@ -43,8 +43,8 @@ class ZeroNormWarning(UserWarning):
     """A kept-only MLP input has (near) zero norm; its patch is set to zero."""
 
 
-class _StopForward(Exception):
-    """Raised from the last hook: nothing after the last MLP input is needed."""
+class StopForward(Exception):
+    """Raised from a hook once everything a forward was run for has been read (later layers never run)."""
 
 
 def patch_dtype(model) -> torch.dtype:
@@ -77,7 +77,7 @@ def _kept_sets(n: int, remove, keep_bos: bool, device) -> tuple[Tensor, bool]:
     return removal_kept_mask(n, _removed_mask(remove, n, device)), False
 
 
-class _LayerCapture:
+class LayerCapture:
     """Hook callbacks that compute one layer's patch factors while the forward runs.
 
     Queries are the positions ``offset .. offset+q-1`` of the forward's input (``offset``
@@ -140,7 +140,7 @@ class _LayerCapture:
         self.out["correction"][layer] = f["correction"] * keep
         self.out["zero_input"][layer] = f["zero"] & ~self.unchanged
         if self.stop_after_last and layer == self.model.cfg.n_layers - 1:
-            raise _StopForward
+            raise StopForward
 
 
 def layer_factors(capture, layer: int, r: Tensor, resid_mid: Tensor, z0: Tensor, A: Tensor,
@@ -165,8 +165,9 @@ def layer_factors(capture, layer: int, r: Tensor, resid_mid: Tensor, z0: Tensor,
     _check_finite(A, what, layer, offset)
     _check_finite(a, "MLP input (context removed)", layer, offset)
     A, a = A.to(dtype), a.to(dtype)
-    u_in, v, zero = token_patch(dense_weight(block.mlp.__getattr__("in")).to(dtype), A, a)
-    u_gate = (A - a) @ dense_weight(block.mlp.gate).to(dtype).T if family.gated else None
+    weights = first_dense_weights(model, layer)
+    u_in, v, zero = token_patch(weights["in"].to(dtype), A, a)
+    u_gate = (A - a) @ weights["gate"].to(dtype).T if "gate" in weights else None
     correction = (resid_mid - r).to(dtype) - attn_0.to(dtype)
     return {"u_in": u_in, "u_gate": u_gate, "v": v, "correction": correction, "zero": zero}
 
@@ -201,7 +202,7 @@ def token_patches(
     remove: Iterable[int] | slice | None = None,
     keep_bos: bool = True,
 ) -> TokenPatches:
-    """Token patches (DESIGN.md §2) of every layer and position of ``prompt``, from one forward.
+    """Token patches (docs/design.md §2) of every layer and position of ``prompt``, from one forward.
 
     ``remove``: context positions that count as removed for every query (default: all
     earlier positions except a leading BOS). ``keep_bos``: keep the first token when it
@@ -214,12 +215,12 @@ def token_patches(
     kept_bos = is_bos_kept(model, ids, keep_bos)
     kept, default_kept = _kept_sets(n, remove, kept_bos, device)
     out = empty_factors(model, n, device)
-    capture = _LayerCapture(model, family, kept, default_kept, kept_bos, out)
+    capture = LayerCapture(model, family, kept, default_kept, kept_bos, out)
     fwd_hooks = [h for layer in range(model.cfg.n_layers) for h in capture.hooks(layer)]
     with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
         try:
             model(ids[None], return_type=None)
-        except _StopForward:
+        except StopForward:
             pass
     warn_zero_inputs(out["zero_input"])
     return TokenPatches(

@@ -14,7 +14,7 @@ with explicit finetuning on the context-free input. Here (see
 - optimiser: plain SGD, ``W ← W − lr ∇_W L``, ``steps`` times.
 
 The model's parameters are never written: the current explicit update is applied
-through hooks as ``ΔW x = Σ U (V·x)`` on the dense outputs, and the gradient is read with
+as a factored edit ``ΔW x = Σ U (V·x)`` (:mod:`icl_lens.model.weight_edits`), and the gradient is read with
 ``torch.autograd.grad`` at zero-valued probes added to the dense outputs,
 ``∇_W L = Σ_rows g xᵀ`` with ``g = ∂L/∂(W x)``. No ``.grad`` is accumulated anywhere.
 """
@@ -28,8 +28,9 @@ from torch import Tensor
 
 from icl_lens.core.finetune_alignment import FinetuneAlignment
 from icl_lens.model.block_family import block_family
-from icl_lens.model.patched_forward import kept_only_masks
+from icl_lens.model.kept_only import kept_only_masks
 from icl_lens.model.trajectory_capture import Prompt, resolve_query, trajectory
+from icl_lens.model.weight_edits import MLPEdit, edits_applied
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -77,25 +78,19 @@ def finetune_alignment(
 
     def run(probes_in, probes_gate) -> tuple[Tensor, list[Tensor]]:
         inputs: list[Tensor | None] = [None] * n_layers
+        edits = {layer: MLPEdit(v=torch.stack(hist_v[layer]), u_in=torch.stack(hist_in[layer]),
+                                u_gate=torch.stack(hist_gate[layer]) if family.gated else None)
+                 for layer in range(n_layers) if hist_v[layer]}
 
-        def hooks(layer: int):
-            def read(x, hook):
-                inputs[layer] = x[0]
+        def read(x, hook, layer):
+            inputs[layer] = x[0]
 
-            def update(x_out, hist_u, probe):
-                x = inputs[layer]
-                if hist_v[layer]:
-                    V, U = torch.stack(hist_v[layer]), torch.stack(hist_u[layer])
-                    x_out = x_out + ((x @ V.T) @ U)[None]
-                return x_out + probe[None]
-
-            hs = [(family.mlp_input(layer), read),
-                  (family.dense_in_out(layer), lambda x, hook: update(x, hist_in, probes_in[layer]))]
-            if family.gated:
-                hs.append((family.dense_gate_out(layer), lambda x, hook: update(x, hist_gate, probes_gate[layer])))
-            return hs
-
-        with model.hooks(fwd_hooks=[h for layer in range(n_layers) for h in hooks(layer)]):
+        probes = [(family.mlp_input(layer), lambda x, hook, layer=layer: read(x, hook, layer)) for layer in range(n_layers)]
+        probes += [(family.dense_in_out(layer), lambda x, hook, p=probes_in[layer]: x + p[None]) for layer in range(n_layers)]
+        if family.gated:
+            probes += [(family.dense_gate_out(layer), lambda x, hook, p=probes_gate[layer]: x + p[None])
+                       for layer in range(n_layers)]
+        with edits_applied(model, edits, family=family, extra_hooks=probes):
             logits = model(ids[kept], position_ids=kept, attention_mask=mask)[0, -1]
         value = loss_fn(logits, contextual)
         if value.ndim != 0 or not torch.isfinite(value):
@@ -120,8 +115,7 @@ def finetune_alignment(
                     g_gate = grads[n_layers + layer]
                     hist_gate[layer].extend(-lr * (torch.zeros_like(probes_gate[layer]) if g_gate is None else g_gate))
         with torch.no_grad():
-            final, _ = run([torch.zeros(n_rows, model.cfg.d_mlp, dtype=dtype)] * n_layers,
-                           [torch.zeros(n_rows, model.cfg.d_mlp, dtype=dtype)] * n_layers if family.gated else [])
+            final, _ = run(zeros(), zeros() if family.gated else [])
             losses.append(float(final))
 
     def stacked(hist: list[list[Tensor]]) -> Tensor:

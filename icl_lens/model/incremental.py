@@ -21,7 +21,7 @@ from transformers import DynamicCache
 from icl_lens.core.kept_attention import default_kept_mask
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.model.block_family import block_family
-from icl_lens.model.capture import _LayerCapture, _StopForward, empty_factors, is_bos_kept, warn_zero_inputs
+from icl_lens.model.capture import LayerCapture, StopForward, empty_factors, is_bos_kept, warn_zero_inputs
 from icl_lens.model.prompts import encode_prompt, str_tokens
 
 
@@ -88,7 +88,7 @@ class PatchSession:
             cache.crop(-(len(self._ids) - p))  # HF's crop takes the number of tokens to drop
         kept = default_kept_mask(n, keep_bos=kept_bos, device=device)
         new = empty_factors(self.model, n - p, device)
-        capture = _LayerCapture(self.model, self.family, kept[p:], True, kept_bos, new, offset=p,
+        capture = LayerCapture(self.model, self.family, kept[p:], True, kept_bos, new, offset=p,
                                 bos_values=self._bos_values, stop_after_last=not self.logits)
         hooks = [h for layer in range(self.model.cfg.n_layers) for h in capture.hooks(layer)]
         with self.model.hooks(fwd_hooks=hooks):
@@ -101,7 +101,7 @@ class PatchSession:
             else:
                 try:
                     self.model(ids[None, p:], past_key_values=cache, return_type=None)
-                except _StopForward:
+                except StopForward:
                     pass
                 logits, self._cache = None, cache  # the attention layers filled the cache in place
         warn_zero_inputs(new["zero_input"], offset=p)

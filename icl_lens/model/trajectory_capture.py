@@ -15,7 +15,7 @@ All n+1 prefix variants run as n+1 copies of the query appended to the prompt pr
 the prefix's keys and values (attention is causal, so ``c_j`` has the same keys and
 values in every prefix forward), each copy masked to its prefix plus itself, at the
 query's original position id. Sliding-window layers keep their window in original
-positions (:func:`icl_lens.model.patched_forward.kept_only_masks`). The forward stops
+positions (:func:`icl_lens.model.kept_only.kept_only_masks`). The forward stops
 after the last requested layer's MLP input: no unembedding. Cost ≈ one forward over
 ``t + n + 1`` tokens instead of n forwards over the prompt.
 """
@@ -35,8 +35,8 @@ from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.prefix_variants import PrefixVariantLayout, prefix_variant_layout
 from icl_lens.core.trajectory import Trajectory
 from icl_lens.model.block_family import BlockFamily, block_family
-from icl_lens.model.capture import ZeroNormWarning, _StopForward, layer_factors, patch_dtype
-from icl_lens.model.patched_forward import kept_only_masks, patches_applied
+from icl_lens.model.capture import ZeroNormWarning, StopForward, layer_factors, patch_dtype
+from icl_lens.model.kept_only import kept_only_masks, patches_applied
 from icl_lens.model.prompts import bos_id, encode_prompt, str_tokens
 
 
@@ -155,7 +155,7 @@ class _TrajectoryCapture:
             self.out["correction"][k] = f["correction"] * keep
             self.out["zero_input"][k] = f["zero"] & (keep[:, 0] > 0)
         if layer == self.last_layer:
-            raise _StopForward
+            raise StopForward
 
 
 def _resolve_layers(model, layers: Sequence[int] | None) -> tuple[int, ...]:
@@ -193,7 +193,7 @@ def _capture_layout(model, ids: Tensor, layout: PrefixVariantLayout, kept_bos: b
         try:
             model(ids[layout.positions][None], return_type=None, position_ids=layout.positions[None],
                   attention_mask=mask)
-        except _StopForward:
+        except StopForward:
             pass
     return out
 
@@ -249,7 +249,7 @@ def trajectory_naive(model, prompt: Prompt, *, query: int = -1, layers: Sequence
 def steps_as_patches(traj: Trajectory) -> TokenPatches:
     """The trajectory's steps as a :class:`TokenPatches` whose "positions" are steps i = 0..n.
 
-    Lets :func:`~icl_lens.model.patched_forward.patches_applied` apply ``Wᵢ`` (source
+    Lets :func:`~icl_lens.model.kept_only.patches_applied` apply ``Wᵢ`` (source
     index i) to the query of a kept-only input. Needs every layer.
     """
     steps = traj.n_context + 1

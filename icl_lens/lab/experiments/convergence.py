@@ -3,7 +3,7 @@
 For each architecture and prompt, the meta-gradient norm of pair ``i`` is the Frobenius
 norm of the whole model's step, ``g(i) = sqrt(Σ_l ‖ΔW_l(i) − ΔW_l(i−1)‖²)``, for
 ``i = 1..n_max`` with ``n_max`` several times the training context length. We fit
-``g(i) ≈ c i^(−α)`` (:func:`icl_lens.core.power_law.fit_decay_exponent`) to the mean over
+``g(i) ≈ c i^(−α)`` (:func:`icl_lens.core.power_law.power_law_fit`) to the mean over
 prompts, and per prompt for the spread; ``late/early`` is the mean step over the last
 quarter divided by the mean over the first ``n_train`` pairs. The papers' claim:
 attention's steps shrink (``α > 0``), RNN-style layers' do not. The prediction error
@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.power_law import fit_decay_exponent
+from icl_lens.core.power_law import power_law_fit
 from icl_lens.lab.checkpoints import load_lab_model
 from icl_lens.lab.dynamics import implicit_trajectory
 from icl_lens.lab.mixers import ARCHITECTURES
@@ -61,9 +61,9 @@ class ConvergenceResult:
         for arch in self.step_norms:
             tot = self.total_norms(arch).double()
             mean = tot.mean(0)
-            alpha, _ = fit_decay_exponent(i[fit], mean[fit])
-            alpha_beyond, _ = fit_decay_exponent(i[beyond], mean[beyond])
-            per_prompt, _ = fit_decay_exponent(i[fit], tot[:, fit].clamp_min(1e-30))
+            alpha = power_law_fit(mean[fit], x=i[fit]).exponent[0]
+            alpha_beyond = power_law_fit(mean[beyond], x=i[beyond]).exponent[0]
+            per_prompt = power_law_fit(tot[:, fit], x=i[fit]).exponent
             late = tot[:, -self.n_max // 4:].mean(1)
             early = tot[:, : self.n_train].mean(1)
             err = self.sq_errors[arch].double()

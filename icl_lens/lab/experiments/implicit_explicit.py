@@ -8,7 +8,7 @@ For a prompt ``[c₁ … c_n, x_q]`` and each layer ``l``:
   step ``U_i V_iᵀ``.
 
 Alignment is the normalised Frobenius inner product (cosine), in closed form
-(:mod:`icl_lens.core.rank_one_sums`): ``cumulative`` compares ``ΔW_l(i)`` with the sum of
+(:func:`icl_lens.core.factored.sum_cosine`): ``cumulative`` compares ``ΔW_l(i)`` with the sum of
 the first ``i`` SGD steps, ``per_step`` compares the ``i``-th steps. ``control`` repeats
 the cumulative comparison with SGD on another prompt's pairs (a different ``w``), the
 alignment one gets without sharing the examples.
@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.rank_one_sums import sum_cosine
+from icl_lens.core.factored import sum_cosine
 from icl_lens.lab.checkpoints import load_lab_model
 from icl_lens.lab.dynamics import explicit_sgd, implicit_trajectory
 from icl_lens.lab.tasks import sample_prompts

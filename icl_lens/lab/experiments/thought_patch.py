@@ -6,7 +6,7 @@ For one prompt ``I`` (``n`` context pairs of one ``w``), layer by layer (η = 1)
    and the block output ``R_l,k``;
 2. non-contextual pass on ``[x_k]`` with layers ``< l`` already edited → ``a_l,k``;
 3. thought matrix ``Δ_l = (Σ W δ aᵀ)(Σ a aᵀ + λI)⁻¹``, ``δ = A − a``
-   (:mod:`icl_lens.core.thought_least_squares`), ``λ = ridge · tr(Σ a aᵀ)/d_model``;
+   (:func:`icl_lens.core.least_squares.input_map`, ``Δ = W M``), ``λ = ridge · tr(Σ a aᵀ)/d_model``;
 4. thought vector: the mean gap between ``R_l,k`` and the edited non-contextual block
    output, added as an MLP-output bias (it carries the skip-connection part).
 
@@ -23,11 +23,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.thought_least_squares import thought_matrix
+from icl_lens.core.least_squares import input_map
 from icl_lens.lab.checkpoints import load_lab_model
 from icl_lens.lab.model import RegressionModel
 from icl_lens.lab.tasks import context_tokens, query_tokens
-from icl_lens.lab.weight_edits import MLPEdit, mlp_edits_applied
+from icl_lens.model.weight_edits import MLPEdit, edits_applied
 
 
 def _with_context(prompt: Tensor, x: Tensor) -> Tensor:
@@ -37,7 +37,7 @@ def _with_context(prompt: Tensor, x: Tensor) -> Tensor:
 def _run(model: RegressionModel, tokens: Tensor, edits: dict, names: list[str]) -> tuple[Tensor, dict]:
     got = {}
     hooks = [(n, lambda x, hook: got.__setitem__(hook.name, x[:, -1])) for n in names]
-    with mlp_edits_applied(model, edits, extra_hooks=hooks):
+    with edits_applied(model, edits, extra_hooks=hooks):
         pred = model(tokens)[:, -1]
     return pred, got
 
@@ -55,11 +55,12 @@ def fit_thought_patch(model: RegressionModel, prompt: Float[Tensor, "n d_token"]
         _, got = _run(model, alone, edits, [f"blocks.{l}.hook_mlp_in"])
         a = got[f"blocks.{l}.hook_mlp_in"]
         lam = ridge * float((a * a).sum()) / a.shape[1]
-        delta = thought_matrix(model.blocks[l].mlp.W_in.weight, ctx[f"blocks.{l}.hook_mlp_in"] - a, a, ridge=lam)
-        edits[l] = MLPEdit.dense(delta)
+        m = input_map(ctx[f"blocks.{l}.hook_mlp_in"] - a, a, ridge=lam)  # Δ = W_in M
+        weights = {"in": model.blocks[l].mlp.W_in.weight}
+        edits[l] = MLPEdit.input_map(m, weights)
         _, got = _run(model, alone, edits, [f"blocks.{l}.hook_resid_post"])
         bias = (ctx[f"blocks.{l}.hook_resid_post"] - got[f"blocks.{l}.hook_resid_post"]).mean(0)
-        edits[l] = MLPEdit.dense(delta, bias)
+        edits[l] = MLPEdit.input_map(m, weights, bias=bias)
     return edits
 
 

@@ -3,7 +3,7 @@
 Thought patches (arXiv 2510.08734) compare a query read after an instruction,
 ``[BOS] + ids(instruction) + ids(query)``, with the same query alone, ``[BOS] + ids(query)``.
 Instruction and query are tokenised separately so the query's tokens are identical in
-both sequences. BOS is kept as in the rest of icl_lens (attention sink, DESIGN.md §2).
+both sequences. BOS is kept as in the rest of icl_lens (attention sink, docs/design.md §2).
 Right padding needs no attention mask in a causal model: real tokens never see the
 padding after them, and position ids stay 0, 1, 2, … for every row.
 """

@@ -13,7 +13,7 @@ computes. Edits, per patched layer ``l`` (``Δ = W M``):
 - Gemma 3 (post-FFN RMSNorm, no bias slot anywhere on the residual path: every write to
   the residual stream ends in an RMSNorm, so no constant offset is representable): the
   vector is fitted as a gain update, ``post_feedforward_layernorm.weight ← w + g``,
-  which the hooks apply identically (:mod:`icl_lens.core.thought_math`).
+  which the hooks apply identically (:mod:`icl_lens.core.least_squares`).
 
 Weights are written in the model's dtype with the tokenizer beside them.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from icl_lens.model.block_family import block_family, original
+from icl_lens.model.block_family import block_family, first_dense_modules, original
 
 
 def _canonical(name: str) -> str:
@@ -68,9 +68,7 @@ def export_thought_model(model, maps: dict, vectors: dict, directory: str | Path
     for layer, m in maps.items():
         if m is None:
             continue
-        mlp = model.blocks[layer].mlp
-        dense = [mlp.__getattr__("in")] + ([mlp.gate] if family.gated else [])
-        for module in dense:
+        for module in first_dense_modules(model, layer).values():
             key = _weight_name(names, module)
             w = sd[key].to(m.dtype)
             if family.name == "gpt2":  # Conv1D stores [d_in, d_out] = Wᵀ; (W M)ᵀ = Mᵀ Wᵀ

@@ -19,9 +19,9 @@ import pandas as pd
 
 from icl_lens.model.greedy import greedy_continuations
 from icl_lens.model.prompts import PromptError
-from icl_lens.model.query_batches import text_ids, with_bos
-from icl_lens.model.thought_fit import thought_patch
-from icl_lens.tasks import Task
+from icl_lens.thought.batches import text_ids, with_bos
+from icl_lens.thought.fit import thought_patch
+from icl_lens.thought.tasks import Task
 
 CONDITIONS = ("none", "full", "patched", "control")
 

@@ -5,7 +5,7 @@ Format: ``{"name": str, "instruction": str, "train": [{"query", "answer"}, ...],
 held out. An answer is correct when the greedy continuation of the query starts with it
 (leading spaces stripped). Shipped: ``capitals``, ``en_fr``, ``en_es`` and synthetic
 key–value dictionaries ``kv4``, ``kv8``, ``kv16``, ``kv32`` (regenerate with
-``python -m icl_lens.tasks.build_tasks``).
+``python -m icl_lens.thought.tasks.build_tasks``).
 """
 from __future__ import annotations
 

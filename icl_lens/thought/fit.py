@@ -17,7 +17,7 @@ queries ``x₁…x_q`` (``n`` query tokens in all, every token of every query):
    b. with that matrix applied, read the block outputs ``oᵢ``; vector residual
       ``ρᵢ = Oᵢ − oᵢ``; thought vector ``c ← c + η · mean ρᵢ`` (MLP-branch bias), or for
       a post-FFN RMSNorm the gain ``g ← g + η · argmin Σ‖ρᵢ − g⊙ŷᵢ‖²`` (see
-      :mod:`icl_lens.core.thought_math` for why Gemma 3 uses the gain).
+      :mod:`icl_lens.core.least_squares` for why Gemma 3 uses the gain).
    The patch is in place before layer ``l+1`` is measured, so later layers correct what
    earlier ones left over.
 
@@ -25,7 +25,7 @@ Exactness (the reduction test): one single-token calibration query, ``λ = 0``, 
 ``M a = δ`` exactly (pseudo-inverse of one column = the token patch) and the vector
 adds exactly ``ρ``, so every block output of the query equals its contextual one and
 the logits match (BOS + one token: two rows, interpolated exactly). The non-contextual
-pass keeps BOS (DESIGN.md §2). The BOS anchor rows matter on real models: the first
+pass keeps BOS (docs/design.md §2). The BOS anchor rows matter on real models: the first
 token after BOS is often a secondary attention sink with a massive activation in the
 context-free pass (SmolLM2: norm ~650 vs ~100 in context at layer 3), and its
 residual shares a direction with BOS's own input; without the anchor, the matrix fit
@@ -51,11 +51,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from icl_lens.core.thought_math import gain_vector, input_map, mean_vector, relative_residual, rms_normalize
-from icl_lens.model.block_family import block_family
-from icl_lens.model.capture import NonFiniteActivationError, patch_dtype
+from icl_lens.core.least_squares import gain_vector, input_map, mean_vector, relative_residual
+from icl_lens.core.norms import rms_normalize
+from icl_lens.model.block_family import block_family, post_norm_eps
+from icl_lens.model.capture import NonFiniteActivationError, StopForward, patch_dtype
 from icl_lens.model.prompts import PromptError, bos_id
-from icl_lens.model.query_batches import (
+from icl_lens.model.weight_edits import edit_hooks
+from icl_lens.thought.batches import (
     QueryBatch,
     first_positions,
     pad_id,
@@ -64,14 +66,9 @@ from icl_lens.model.query_batches import (
     right_padded,
     text_ids,
 )
-from icl_lens.model.thought_apply import post_norm_eps, thought_hooks, vector_site
-from icl_lens.model.thought_result import ThoughtPatch
+from icl_lens.thought.result import ThoughtPatch, thought_edits, vector_site
 
 KINDS = ("vector", "matrix", "both")
-
-
-class _Stop(Exception):
-    """Raised from a hook once everything needed from this forward is read."""
 
 
 def _check(x: Tensor, what: str, layer: int) -> None:
@@ -134,7 +131,7 @@ def _contextual(model, batch: QueryBatch, family, batch_size: int, dtype) -> tup
         def read_out(x, hook, layer):
             outs[layer].append(_gather(x, r_idx, p_idx, dtype))
             if layer == n_layers - 1:
-                raise _Stop
+                raise StopForward
 
         hooks = []
         for layer in range(n_layers):
@@ -143,7 +140,7 @@ def _contextual(model, batch: QueryBatch, family, batch_size: int, dtype) -> tup
         with model.hooks(fwd_hooks=hooks):
             try:
                 model(ids, return_type=None)
-            except _Stop:
+            except StopForward:
                 pass
     A = [torch.cat(x) for x in mlp_in]
     O = [torch.cat(x) for x in outs]
@@ -175,12 +172,12 @@ def _read_plain(model, batch: QueryBatch, hooks_base, reads: dict[str, str], sto
                 if key in bos_reads:
                     got[f"{key}_bos"].append(_gather(x, r0, p0, dtype))
                 if name == stop:
-                    raise _Stop
+                    raise StopForward
             hooks.append((name, read))
         with model.hooks(fwd_hooks=hooks):
             try:
                 model(ids, return_type=None)
-            except _Stop:
+            except StopForward:
                 pass
     return {k: torch.cat(v) for k, v in got.items()}
 
@@ -226,7 +223,7 @@ def thought_patch(
     for _ in range(iterations):
         for layer in chosen:
             if do_matrix:
-                hooks = thought_hooks(model, patched_maps, patched_vecs, family=family)
+                hooks = edit_hooks(model, thought_edits(model, patched_maps, patched_vecs, site), family)
                 got = _read_plain(model, plain, hooks, {"a": family.mlp_input(layer)}, family.mlp_input(layer),
                                   batch_size, dtype, bos_reads=("a",) if anchor else ())
                 a = got["a"]
@@ -243,7 +240,7 @@ def thought_patch(
                 patched_maps[layer] = maps[layer]
             if do_vector:
                 patched_vecs[layer] = vecs[layer]
-                hooks = thought_hooks(model, patched_maps, patched_vecs, family=family)
+                hooks = edit_hooks(model, thought_edits(model, patched_maps, patched_vecs, site), family)
                 reads = {"o": f"blocks.{layer}.hook_resid_post"}
                 if site == "gain":
                     reads = {"y": f"blocks.{layer}.ln2_post.hook_in", **reads}

@@ -1,4 +1,4 @@
-"""Regenerate the shipped thought-patch tasks: ``python -m icl_lens.tasks.build_tasks``.
+"""Regenerate the shipped thought-patch tasks: ``python -m icl_lens.thought.tasks.build_tasks``.
 
 Each task is one JSON object on one line (``<name>.jsonl``): ``{"name", "instruction",
 "train": [{"query", "answer"}], "test": [...]}``. The instruction is a few-shot prompt;

@@ -4,9 +4,10 @@ Per layer ``l`` it holds the *input map* ``M[l]`` (``d_model × d_model``; the t
 matrix of each dense layer that reads the MLP input is ``Δ = W M[l]``, so ``W_in``,
 ``W_gate`` and ``W_up`` each get their own least-squares fit) and the *vector* ``v[l]``
 (the thought vector: a bias on the MLP branch for GPT-2/Llama, a post-FFN norm gain for
-Gemma 3, see :mod:`icl_lens.core.thought_math`). Layers that were not patched hold zeros.
-It applies through hooks (:meth:`ThoughtPatch.applied`) or exports to a plain Hugging
-Face directory (:meth:`ThoughtPatch.save_pretrained`).
+Gemma 3, see :mod:`icl_lens.core.least_squares`). Layers that were not patched hold zeros.
+It applies as weight edits through hooks (:meth:`ThoughtPatch.applied`, the shared
+mechanism of :mod:`icl_lens.model.weight_edits`) or exports to a plain Hugging Face
+directory (:meth:`ThoughtPatch.save_pretrained`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,32 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.thought_math import random_like_norm
+from icl_lens.model.block_family import BlockFamily, first_dense_weights
+from icl_lens.model.weight_edits import MLPEdit, edits_applied
+
+
+def vector_site(family: BlockFamily) -> str:
+    """Where the thought vector goes: ``"gain"`` after a post-FFN RMSNorm, else ``"bias"``."""
+    return "gain" if family.post_mlp_norm else "bias"
+
+
+def thought_edits(model, maps: dict[int, Tensor], vectors: dict[int, Tensor], site: str) -> dict[int, MLPEdit]:
+    """Per layer: ``Δ_d = W_d M`` of every first dense layer, and the vector at its ``site``."""
+    edits = {}
+    for layer in sorted(set(maps) | set(vectors)):
+        m, vec = maps.get(layer), vectors.get(layer)
+        weights = first_dense_weights(model, layer) if m is not None else {}
+        edits[layer] = MLPEdit(v=m, u_in=weights["in"].T if m is not None else None,
+                               u_gate=weights["gate"].T if "gate" in weights else None,
+                               bias=vec if site == "bias" else None, gain=vec if site == "gain" else None)
+    return edits
+
+
+def _random_like_norm(reference: Tensor, target_norm: float, generator: torch.Generator) -> Tensor:
+    """A Gaussian random tensor shaped like ``reference``, rescaled to Frobenius norm ``target_norm``."""
+    r = torch.randn(reference.shape, generator=generator, dtype=reference.dtype).to(reference.device)
+    n = torch.linalg.norm(r)
+    return r * (target_norm / n) if float(n) > 0 else r
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,23 +89,10 @@ class ThoughtPatch:
         return model
 
     def weight_deltas(self, layer: int, model=None, m: Tensor | None = None) -> dict[str, Float[Tensor, "d_mlp d_model"]]:
-        """Dense ``Δ = W M`` of one layer: ``{"in": …}`` plus ``{"gate": …}`` for gated MLPs."""
-        from icl_lens.model.block_family import block_family
-
-        model = self._model(model)
-        fam, mlp = block_family(model), model.blocks[layer].mlp
+        """Dense ``Δ = W M`` of one layer (one matrix per layer, not per token): ``{"in": …}`` plus ``{"gate": …}``."""
         m = (self.maps[layer] if m is None else m).detach()
         with torch.no_grad():
-            return self._deltas(fam, mlp, m)
-
-    @staticmethod
-    def _deltas(fam, mlp, m: Tensor) -> dict[str, Tensor]:
-        from icl_lens.model.block_family import dense_weight
-
-        out = {"in": dense_weight(mlp.__getattr__("in")).to(m.dtype) @ m}
-        if fam.gated:
-            out["gate"] = dense_weight(mlp.gate).to(m.dtype) @ m
-        return out
+            return {name: w.to(m.dtype) @ m for name, w in first_dense_weights(self._model(model), layer).items()}
 
     def _delta_norm(self, layer: int, model=None, m: Tensor | None = None) -> float:
         return float(torch.sqrt(sum(torch.linalg.norm(d) ** 2 for d in self.weight_deltas(layer, model, m).values())))
@@ -104,18 +117,21 @@ class ThoughtPatch:
             for l in range(self.maps.shape[0])
         ])
 
+    def edits(self, model=None) -> dict[int, MLPEdit]:
+        """This patch as weight edits of ``model`` (default: the one it was fitted on)."""
+        maps, vecs = self._parts()
+        return thought_edits(self._model(model), maps, vecs, self.vector_site)
+
     @contextmanager
     def applied(self, model=None):
         """Run ``model`` (default: the one it was fitted on) with this patch; hooks removed on exit."""
-        from icl_lens.model.thought_apply import thought_applied
-
-        maps, vecs = self._parts()
-        with thought_applied(self._model(model), maps, vecs) as m:
+        model = self._model(model)
+        with edits_applied(model, self.edits(model)) as m:
             yield m
 
     def save_pretrained(self, directory: str | Path, model=None) -> Path:
         """Write a Hugging Face model directory (weights edited, tokenizer included)."""
-        from icl_lens.model.thought_export import export_thought_model
+        from icl_lens.thought.export import export_thought_model
 
         maps, vecs = self._parts()
         return export_thought_model(self._model(model), maps, vecs, directory)
@@ -128,10 +144,10 @@ class ThoughtPatch:
         maps, vecs = torch.zeros_like(self.maps), torch.zeros_like(self.vectors)
         for l in self.layers:
             if self.has_matrix and float(target[l]) > 0:
-                r = random_like_norm(self.maps[l], 1.0, gen)
+                r = _random_like_norm(self.maps[l], 1.0, gen)
                 maps[l] = r * (float(target[l]) / self._delta_norm(l, model, r))
             if self.has_vector:
-                vecs[l] = random_like_norm(self.vectors[l], float(torch.linalg.norm(self.vectors[l])), gen)
+                vecs[l] = _random_like_norm(self.vectors[l], float(torch.linalg.norm(self.vectors[l])), gen)
         return replace(self, maps=maps, vectors=vecs, instruction=f"random control (seed {seed})")
 
     def to(self, device: torch.device | str) -> "ThoughtPatch":

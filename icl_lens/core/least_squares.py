@@ -1,11 +1,12 @@
-"""Least-squares thought vectors and thought matrices (Mazzawi, Dherin et al. 2025, arXiv 2510.08734).
+"""The one least-squares fit of icl_lens: static weight edits from many tokens (arXiv 2510.08734).
 
 A token patch (Dherin et al. 2025, arXiv 2507.16003) makes one query's context-free MLP
-input ``a`` act like its contextual input ``A``: ``(W + ΔW) a = W A``. Averaging over
-the calibration tokens ``i`` of many queries gives token-independent updates:
+input ``a`` act like its contextual input ``A``: ``(W + ΔW) a = W A``. Fitting one edit
+to the calibration tokens ``i`` of many queries gives the token-independent updates of
+Mazzawi, Dherin et al. 2025 (arXiv 2510.08734, Theorem 2.1):
 
-    thought vector   δ(I) = (1/n) Σᵢ ρᵢ                    (ρᵢ: block-output residual)
     thought matrix   Δ(I) = (Σᵢ W δᵢ aᵢᵀ)(Σᵢ aᵢ aᵢᵀ + λI)⁻¹   (δᵢ = Aᵢ − aᵢ)
+    thought vector   δ(I) = (1/n) Σᵢ ρᵢ                     (ρᵢ: block-output residual)
 
 ``W`` factors out of the matrix: ``Δ(I) = W M`` with the ``d_model × d_model`` *input
 map* ``M = D Aᵀ (A Aᵀ + λI)⁻¹ = D (AᵀA + λI)⁻¹ Aᵀ`` (columns of ``D`` and ``A`` are the
@@ -13,7 +14,8 @@ map* ``M = D Aᵀ (A Aᵀ + λI)⁻¹ = D (AᵀA + λI)⁻¹ Aᵀ`` (columns of 
 ``W_in`` of a plain MLP, and ``W_gate`` and ``W_up`` of a gated MLP, which get the two
 separate least-squares fits ``Δ_gate = W_gate M`` and ``Δ_up = W_up M`` of the paper's
 Gemma adaptation. The ``n × n`` form is used (``n`` calibration tokens, usually
-``n < d_model``).
+``n < d_model``). Both the real models (:mod:`icl_lens.thought`) and the regression lab
+(:mod:`icl_lens.lab.experiments.thought_patch`) fit through :func:`input_map`.
 
 Singular systems. With ``λ = 0`` and ``Σ aᵢaᵢᵀ`` singular (always when ``n < d_model``),
 ``Z⁻¹`` is replaced by the Moore–Penrose pseudo-inverse: ``M = D A⁺``, the
@@ -35,6 +37,8 @@ from __future__ import annotations
 import torch
 from jaxtyping import Float
 from torch import Tensor
+
+from icl_lens.core.token_patch import zero_norm_threshold
 
 
 class SingularFitError(FloatingPointError):
@@ -98,7 +102,7 @@ def gain_vector(
     _check_finite(normalized, "normalised MLP outputs ŷ")
     num = (residuals * normalized).sum(0)
     den = (normalized * normalized).sum(0) + ridge
-    tiny = float(torch.finfo(den.dtype).tiny) ** 0.5
+    tiny = zero_norm_threshold(den.dtype)
     return torch.where(den > tiny, num / torch.where(den > tiny, den, torch.ones_like(den)), torch.zeros_like(num))
 
 
@@ -106,18 +110,3 @@ def relative_residual(target: Float[Tensor, "n d"], fitted: Float[Tensor, "n d"]
     """``‖target − fitted‖_F / ‖target‖_F`` (0 when the target is 0)."""
     den = float(torch.linalg.norm(target))
     return 0.0 if den == 0.0 else float(torch.linalg.norm(target - fitted)) / den
-
-
-def rms_normalize(x: Float[Tensor, "*batch d"], eps: float) -> Float[Tensor, "*batch d"]:
-    """``x / sqrt(mean(x²) + eps)``, the gain-free RMSNorm (computed in float32 at least)."""
-    xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-
-
-def random_like_norm(
-    reference: Float[Tensor, "*shape"], target_norm: float, generator: torch.Generator
-) -> Float[Tensor, "*shape"]:
-    """A Gaussian random tensor shaped like ``reference``, rescaled to Frobenius norm ``target_norm``."""
-    r = torch.randn(reference.shape, generator=generator, dtype=reference.dtype).to(reference.device)
-    n = torch.linalg.norm(r)
-    return r * (target_norm / n) if float(n) > 0 else r

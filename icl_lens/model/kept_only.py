@@ -1,14 +1,14 @@
-"""Apply token patches through hooks, and check the equivalence identity (DESIGN.md §2).
+"""The kept-only forward with token patches applied, and the equivalence identity (docs/design.md §2).
 
 The kept-only forward runs the model on the kept tokens alone (BOS + query by default,
-each at its original position id), with every layer's patch applied:
+each at its original position id), with every layer's patch applied as a weight edit
+(:mod:`icl_lens.model.weight_edits`):
 
     W_in ← W_in + u_in vᵀ,  W_gate ← W_gate + u_gate vᵀ,  MLP output += correction.
 
-A weight edit acts on whatever input arrives, so the hooks add ``u (v·x)`` to the dense
-outputs for the actual MLP input ``x`` of the kept-only pass; nothing is copied from the
-contextual pass. Its logits at the query must equal the contextual logits at ``t``:
-that identity is what "exact" means in icl_lens.
+The edit acts on the actual MLP input of the kept-only pass; nothing is copied from
+the contextual pass. Its logits at the query must equal the contextual logits at ``t``:
+that identity is what "exact" means in icl_lens (Dherin et al. 2025, arXiv 2507.16003).
 """
 from __future__ import annotations
 
@@ -22,8 +22,29 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from icl_lens.core.patch_set import TokenPatches
-from icl_lens.model.block_family import block_family
 from icl_lens.model.prompts import encode_prompt
+from icl_lens.model.weight_edits import MLPEdit, edits_applied
+
+
+def token_patch_edits(patches: TokenPatches, sources: Int[Tensor, "batch pos"],
+                      dtype: torch.dtype) -> dict[int, MLPEdit]:
+    """Per-position edits: input row ``b``, position ``i`` gets the patch of prompt position ``sources[b, i]``.
+
+    ``sources[b, i] = -1`` leaves that input position unpatched.
+    """
+    valid = (sources >= 0)[..., None].to(dtype)
+    src = sources.clamp_min(0)
+
+    def gather(factor: Tensor | None, layer: int) -> Tensor | None:
+        return None if factor is None else factor[layer].to(device=src.device, dtype=dtype)[src] * valid
+
+    def rank_one(factor: Tensor | None, layer: int) -> Tensor | None:
+        picked = gather(factor, layer)
+        return None if picked is None else picked[..., None, :]
+
+    return {layer: MLPEdit(v=rank_one(patches.v, layer), u_in=rank_one(patches.u_in, layer),
+                           u_gate=rank_one(patches.u_gate, layer), bias=gather(patches.correction, layer))
+            for layer in range(patches.n_layers)}
 
 
 @contextmanager
@@ -32,35 +53,8 @@ def patches_applied(model, patches: TokenPatches, sources: Int[Tensor, "batch po
 
     ``sources[b, i] = -1`` leaves that input position unpatched. Hooks are removed on exit.
     """
-    family = block_family(model)
-    dtype = model.cfg.dtype
-    valid = (sources >= 0)[..., None].to(dtype)
-    src = sources.clamp_min(0)
-    state: dict[str, Tensor] = {}
-
-    def factors(name: str, layer: int) -> Tensor:
-        return getattr(patches, name)[layer].to(device=src.device, dtype=dtype)[src] * valid
-
-    def hooks(layer: int):
-        def read_input(x, hook):
-            state["coef"] = (factors("v", layer) * x).sum(-1, keepdim=True)
-
-        def add_in(x, hook):
-            return x + state["coef"] * factors("u_in", layer)
-
-        def add_gate(x, hook):
-            return x + state["coef"] * factors("u_gate", layer)
-
-        def add_correction(x, hook):
-            return x + factors("correction", layer)
-
-        hs = [(family.mlp_input(layer), read_input), (family.dense_in_out(layer), add_in),
-              (family.mlp_branch_out(layer), add_correction)]
-        if family.gated:
-            hs.append((family.dense_gate_out(layer), add_gate))
-        return hs
-
-    with model.hooks(fwd_hooks=[h for layer in range(model.cfg.n_layers) for h in hooks(layer)]):
+    edits = token_patch_edits(patches, sources, patches.v.dtype)
+    with edits_applied(model, edits):
         yield model
 
 
@@ -127,7 +121,7 @@ class EquivalenceReport:
 
 
 def verify_equivalence(model, prompt, patches: TokenPatches | None = None, *, batch_size: int = 16) -> EquivalenceReport:
-    """Run the identity of DESIGN.md §2 for every position of ``prompt``."""
+    """Run the identity of docs/design.md §2 for every position of ``prompt``."""
     from icl_lens.model.capture import token_patches
 
     ids = encode_prompt(model, prompt)
