@@ -1,4 +1,4 @@
-"""The identity that defines "exact" (DESIGN.md §2), per block family and dtype.
+"""The identity that defines "exact" (docs/design.md §2), per block family and dtype.
 
 The patched kept-only forward (BOS + query at its original position, every layer's
 patch applied through hooks) must reproduce the contextual logits at every position.
@@ -62,3 +62,21 @@ def test_single_token_has_zero_patch_and_identity_holds(load):
     assert patches.n_positions == 1
     assert patches.norms().abs().max() == 0 and patches.correction_norms().abs().max() == 0
     assert verify_equivalence(model, [65], patches).relative_error <= 1e-12
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", "tiny-gemma3"])
+def test_one_pass_equals_the_naive_method_float64(load, name):
+    """One forward with renormalised cached scores == one kept-only forward per query and layer."""
+    from icl_lens.model.capture import token_patches_naive
+
+    model = load(name, torch.float64)
+    prompt = PROMPT[:40]  # 41 tokens: still past tiny-gemma3's sliding window of 6
+    fast = token_patches(model, prompt)
+    naive = token_patches_naive(model, prompt)
+    patched = fast.norms() > 0
+    assert patched[:, 2:].all()
+    for name_, f, n in (("u_in", fast.u_in, naive.u_in), ("u_gate", fast.u_gate, naive.u_gate),
+                        ("correction", fast.correction, naive.correction), ("v", fast.v[patched], naive.v[patched])):
+        if f is None:
+            continue
+        assert (f - n).abs().max() <= 1e-10 * f.abs().max(), name_

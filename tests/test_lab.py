@@ -1,6 +1,6 @@
 """ICL lab: shipped checkpoints (no training here), the exact identities, and the qualitative claims.
 
-Thresholds come from the issue/DESIGN (1e-10 relative at float64, 1e-4 at float32) or
+Thresholds come from docs/design.md §2 (1e-10 relative at float64, 1e-4 at float32) or
 state the qualitative finding with a margin that would fail if it flipped.
 """
 from __future__ import annotations
@@ -94,12 +94,28 @@ def test_token_patches_fit_the_foundation_dataclass():
 
 def test_implicit_vs_explicit_alignment_is_weak():
     """Observed: the implicit patches are NOT aligned with explicit SGD on the same pairs
-    (cosines near 0, like the different-prompt control), contrary to a strong-alignment claim."""
+    (cosines near 0, like the different-prompt control), contrary to a strong-alignment claim.
+
+    The cosines are first checked against dense matrices (so zeros or noise fail), then the
+    finding is stated against the control."""
+    from icl_lens.lab.dynamics import explicit_sgd, implicit_trajectory
+
     res = implicit_vs_explicit("softmax", n_prompts=3, n_context=8)
-    summ = res.summary()
     assert res.cumulative.shape == (3, 10, 8)
+    model = load_lab_model("softmax")
+    p = sample_prompts(3, 8, model.cfg.d_x, generator=torch.Generator().manual_seed(1), dtype=model.dtype)
+    xs, ys = p.context_pairs()
+    traj = implicit_trajectory(model, p.tokens[0, :-1], p.tokens[0, -1])
+    sgd = explicit_sgd(model, xs[0], ys[0], lr=res.lr)
+    for layer, i in ((0, 3), (4, 8), (9, 5)):
+        implicit = torch.outer(traj.u[layer, i], traj.v[layer, i])
+        explicit = sum(torch.outer(sgd.U[layer, j], sgd.V[layer, j]) for j in range(i))
+        dense = (implicit * explicit).sum() / (implicit.norm() * explicit.norm())
+        assert float(res.cumulative[0, layer, i - 1]) == pytest.approx(float(dense), abs=1e-5)
+    assert res.cumulative.abs().max() > 1e-3  # not identically zero
+    summ = res.summary()
+    assert abs(summ.cumulative_cosine.mean() - summ.control_cosine.mean()) < 0.1
     assert summ.cumulative_cosine.abs().mean() < 0.3
-    assert (res.cumulative.abs() <= 1 + 1e-5).all()
 
 
 def test_attention_meta_gradients_converge(convergence):

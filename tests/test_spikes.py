@@ -143,6 +143,23 @@ def test_spike_scores_on_real_patches(load):
     assert patches.kept_bos and not flags.informative[:2].any() and flags.informative[2:].all()
     assert flags.enough_context.tolist() == [t >= 2 + 8 for t in range(patches.n_positions)]
     assert torch.equal(flags.flags, flags.enough_context & (flags.scores > flags.threshold))
+    # Every score, recomputed by hand from the patch norms with Python's statistics module.
+    import statistics
+
+    norms = patches.norms().double()
+    checked = 0
+    for t in range(2 + 8, patches.n_positions):
+        per_layer = []
+        for layer in range(patches.n_layers):
+            window = norms[layer, t - 8: t].tolist()  # the 8 informative predecessors
+            med = statistics.median(window)
+            mad = statistics.median(abs(x - med) for x in window)
+            assert mad > 0  # a real window: the MAD=0 fallback is tested on constructed series
+            per_layer.append((float(norms[layer, t]) - med) / (MAD_TO_SIGMA * mad))
+        assert flags.layer_scores[:, t].tolist() == pytest.approx(per_layer, rel=1e-9)
+        assert float(flags.scores[t]) == pytest.approx(max(per_layer), rel=1e-9)
+        checked += 1
+    assert checked == patches.n_positions - 10
 
 
 # ---------------------------------------------------------------- generation

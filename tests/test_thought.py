@@ -17,7 +17,7 @@ from icl_lens.thought.tasks import TaskFormatError, load_task, shipped_task_path
 
 TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
 INSTRUCTION = "Remember: the secret word is banana, and 7 follows 3.\n"
-TOL = {torch.float64: 1e-9, torch.float32: 1e-4}  # DESIGN.md §2 equivalence targets
+TOL = {torch.float64: 1e-9, torch.float32: 1e-4}  # docs/design.md §2 equivalence targets
 
 
 def _logits(model, instruction: str | None, query: str) -> torch.Tensor:
@@ -35,30 +35,65 @@ def _final_resid(model, ids: list[int]) -> torch.Tensor:
     return cache[name][0, -1]
 
 
+def _dense_outputs(model, ids: list[int]) -> dict[str, torch.Tensor]:
+    """Outputs of every layer's first dense matrices (W_in/W_up, W_gate) at the last position."""
+    from icl_lens.model.block_family import block_family
+
+    family = block_family(model)
+    names = [family.dense_in_out(l) for l in range(model.cfg.n_layers)]
+    if family.gated:
+        names += [family.dense_gate_out(l) for l in range(model.cfg.n_layers)]
+    _, cache = model.run_with_cache(torch.tensor([ids]), names_filter=lambda n: n in names)
+    return {n: cache[n][0, -1] for n in names}
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("name", TINY)
-def test_one_query_reproduces_contextual_logits(load, name, dtype):
-    """One single-token calibration query, ridge 0, eta 1: patched [BOS, x] == contextual [BOS, I, x].
+def test_one_query_reproduces_contextual_mlp_inputs(load, name, dtype):
+    """One single-token calibration query, ridge 0, eta 1: the MATRIX part alone makes the query's
+    first-dense outputs equal the contextual ones in every layer (matrix residual ≈ 0), and the
+    patched [BOS, x] gives the contextual logits of [BOS, I, x].
 
-    In float64 the identity is checked on the residual stream entering the final norm
-    (≤ 1e-9): HF's Gemma 3 RMSNorm upcasts to float32 internally (``x.float()``) even in
-    a float64 model, so float64 logits can only agree to ~1e-8.
+    The vector part is fitted on the block-output error, which a wrong matrix would leave to
+    the vector; so the dense outputs are checked layer by layer, not only the logits.
+    In float64 the logits are checked on the residual stream entering the final norm
+    (≤ 1e-9): HF's Gemma 3 RMSNorm upcasts to float32 internally even in a float64 model.
     """
     model = load(name, dtype)
     patch = thought_patch(model, INSTRUCTION, ["q"])
+    assert float(patch.matrix_residual.max()) <= TOL[dtype]
+    plain_ids = with_bos(model, text_ids(model, "q"))
+    ctx_ids = with_bos(model, text_ids(model, INSTRUCTION) + text_ids(model, "q"))
+    contextual_dense = _dense_outputs(model, ctx_ids)
+    with patch.applied():
+        patched_dense = _dense_outputs(model, plain_ids)
+    unpatched_dense = _dense_outputs(model, plain_ids)
+    for hook, want in contextual_dense.items():
+        assert _rel(patched_dense[hook], want) <= TOL[dtype], hook
+    assert max(_rel(unpatched_dense[h], w) for h, w in contextual_dense.items()) > 1e-2  # the instruction matters
+
     contextual = _logits(model, INSTRUCTION, "q")
     with patch.applied():
         patched = _logits(model, None, "q")
-    unpatched = _logits(model, None, "q")
-    logit_tol = 1e-7 if dtype == torch.float64 else TOL[torch.float32]
-    assert _rel(patched, contextual) <= logit_tol
-    assert _rel(unpatched, contextual) > 1e-2  # the instruction does matter
-    assert torch.equal(_logits(model, None, "q"), unpatched)  # hooks are gone after the block
+    assert _rel(patched, contextual) <= (1e-7 if dtype == torch.float64 else TOL[torch.float32])
+    assert torch.equal(_logits(model, None, "q"), _logits(model, None, "q"))
     if dtype == torch.float64:
-        ctx_ids = with_bos(model, text_ids(model, INSTRUCTION) + text_ids(model, "q"))
         with patch.applied():
-            resid = _final_resid(model, with_bos(model, text_ids(model, "q")))
+            resid = _final_resid(model, plain_ids)
         assert _rel(resid, _final_resid(model, ctx_ids)) <= TOL[torch.float64]
+
+
+def test_a_wrong_matrix_fails_the_dense_output_check(load):
+    """The check above can fail: the same patch with its matrix replaced by its random control does."""
+    from dataclasses import replace
+
+    model = load("tiny-llama", torch.float64)
+    patch = thought_patch(model, INSTRUCTION, ["q"])
+    wrong = replace(patch, maps=patch.random_control(seed=1).maps)
+    ctx = _dense_outputs(model, with_bos(model, text_ids(model, INSTRUCTION) + text_ids(model, "q")))
+    with wrong.applied():
+        got = _dense_outputs(model, with_bos(model, text_ids(model, "q")))
+    assert max(_rel(got[h], w) for h, w in ctx.items()) > 1e-3
 
 
 @pytest.mark.parametrize("name", ["gemma-3-270m", "smollm2-135m"])
@@ -250,3 +285,33 @@ def test_cli_json_on_a_tiny_task(tmp_path, capsys):
     assert all(v in (0.0, 0.5, 1.0) for v in out["accuracy"].values()) and out["seconds"] > 0
     assert main(["thought-eval", str(tmp_path / "nope.jsonl"), "--model", "tiny-llama"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_accuracy_bookkeeping_against_a_hand_count(load):
+    """Six test queries of three lengths; the answers are set from greedy continuations computed here
+    one token at a time, so that exactly 4 of 6 are right with no instruction and a known number
+    with it. evaluate_thought must report those counts (batching by length must not mix answers up)."""
+    from icl_lens.thought.evaluate import evaluate_thought
+    from icl_lens.thought.tasks import Task
+
+    model = load("tiny-llama")
+    queries = ["ab:", "cd:", "efg:", "hij:", "klmn:", "opqr:"]
+    instruction = "x: 1\n"
+
+    def greedy_text(ids: list[int], n: int = 2) -> str:
+        ids = list(ids)
+        for _ in range(n):
+            with torch.no_grad():
+                ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+        return model.tokenizer.decode(ids[-n:])
+
+    plain = [greedy_text(with_bos(model, text_ids(model, q))) for q in queries]
+    full = [greedy_text(with_bos(model, text_ids(model, instruction) + text_ids(model, q))) for q in queries]
+    right = {0, 2, 3, 5}  # answer = the plain continuation for these, something it is not for the others
+    answers = [plain[i].strip()[:1] if i in right else "\u00e9" for i in range(6)]
+    assert all(a.strip() for a in answers) and not any(p.lstrip(" ").startswith("\u00e9") for p in plain)
+    expected_full = sum(f.lstrip(" ").startswith(a) for f, a in zip(full, answers)) / 6
+    task = Task("hand", instruction, (("zz:", "1"),), tuple(zip(queries, answers)))
+    result = evaluate_thought(model, task, conditions=("none", "full"))
+    assert result.accuracy == {"none": 4 / 6, "full": expected_full}
+    assert result.n_test == 6 and result.n_train == 1

@@ -3,7 +3,7 @@
 A token patch is ``ΔW = u vᵀ`` (Dherin et al. 2025, arXiv 2507.16003, Theorem 2.2).
 For a gated MLP the same ``v`` multiplies two output vectors, ``u_gate`` and
 ``u_up``; stacking them, ``U = [u_gate; u_up]``, turns the pair into one rank-1
-matrix ``U vᵀ`` whose Frobenius norm is the DESIGN.md §2 patch norm
+matrix ``U vᵀ`` whose Frobenius norm is the docs/design.md §2 patch norm
 ``sqrt(‖u_gate‖² + ‖u_up‖²)·‖v‖``. Every metric below follows from
 
     ‖u vᵀ‖_F = ‖u‖ ‖v‖,    ⟨u₁v₁ᵀ, u₂v₂ᵀ⟩_F = (u₁·u₂)(v₁·v₂),

@@ -1,4 +1,4 @@
-"""Attention restricted to a kept set of keys, from one contextual pass (DESIGN.md §2).
+"""Attention restricted to a kept set of keys, from one contextual pass (docs/design.md §2).
 
 Softmax attention at query ``t`` is ``z_t = Σ_j softmax(s_t)_j v_j``. If ``t`` could
 see only the keys in a kept set ``K_t``, and the keys and values of those tokens are

@@ -1,6 +1,6 @@
 """`TokenPatches`: the factored token patches of every layer and position of a prompt.
 
-For layer ``l`` and position ``t`` (DESIGN.md §2; Dherin et al. 2025, arXiv 2507.16003):
+For layer ``l`` and position ``t`` (docs/design.md §2; Dherin et al. 2025, arXiv 2507.16003):
 
     ΔW_in[l,t]   = u_in[l,t]   v[l,t]ᵀ        (W_up for gated MLPs)
     ΔW_gate[l,t] = u_gate[l,t] v[l,t]ᵀ        (gated MLPs only)

@@ -1,6 +1,6 @@
 """One sequence that holds a prompt prefix and every context-prefix variant of one query.
 
-The implicit trajectory of query ``t`` (DESIGN.md §3; Dherin et al. 2025, arXiv
+The implicit trajectory of query ``t`` (docs/design.md §3; Dherin et al. 2025, arXiv
 2507.16003, §3) needs the query's forward with context prefix ``c₁..cᵢ`` for every
 i = 0..n. Attention is causal, so the keys and values of ``c_j`` are the same in every
 prefix forward as in the prompt's own forward. All n+1 variants therefore fit in ONE

@@ -1,7 +1,7 @@
 """Spike scores: robust outlier scores of the diagonal token-patch norms.
 
 The diagonal token patch of position ``t`` is the rank-1 weight update that makes the
-context-free input of ``t`` reproduce its contextual output (DESIGN.md §2; Dherin et al.
+context-free input of ``t`` reproduce its contextual output (docs/design.md §2; Dherin et al.
 2025, arXiv 2507.16003). Its Frobenius norm ``n[l, t] = ‖ΔW[l, t]‖_F`` measures how much
 the context changes layer ``l``'s MLP input at ``t``. A *spike* is a token whose patch
 norm is unusually large compared with the tokens just before it. Per position ``t``:

@@ -9,7 +9,7 @@ the MLP input from ``A = A(C, x)`` to ``a = A(C∖Y, x)``. The minimum-Frobenius
 stored factored as ``u = W δ`` and ``v = a / ‖a‖² = a⁺`` (the pseudo-inverse of the
 column ``a``). Where ``a`` is (numerically) zero no finite patch exists; the
 pseudo-inverse convention ``a⁺ = 0`` gives the zero patch, and the caller is told
-which rows that happened to (DESIGN.md §2, "zero-norm activations").
+which rows that happened to (docs/design.md §2, "zero-norm activations").
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""`Trajectory`: the implicit weights W₀..Wₙ of one query as context is consumed (DESIGN.md §3).
+"""`Trajectory`: the implicit weights W₀..Wₙ of one query as context is consumed (docs/design.md §3).
 
 Dherin et al. 2025 (arXiv 2507.16003, §3, "implicit learning dynamics"). For query ``t``
 with context ``c₁..cₙ`` (the positions strictly between a kept BOS and ``t``), ``Wᵢ`` is
 the set of per-layer weights that makes the context-free input (``[BOS, x_t]``, ``x_t``
 at its original position) reproduce the output the model gives with context
-``c₁..cᵢ``. Per layer ``l`` it is a token patch (DESIGN.md §2) for the kept set
+``c₁..cᵢ``. Per layer ``l`` it is a token patch (docs/design.md §2) for the kept set
 ``{BOS, c₁..cᵢ, t}``:
 
     W_in,i   = W_in   + u_in[l,i] v[l,i]ᵀ       (W_up for gated MLPs)

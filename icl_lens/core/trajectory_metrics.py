@@ -1,4 +1,4 @@
-"""Closed-form metrics of an implicit weight trajectory W₀, W₁, …, Wₙ (DESIGN.md §3).
+"""Closed-form metrics of an implicit weight trajectory W₀, W₁, …, Wₙ (docs/design.md §3).
 
 Dherin et al. 2025 (arXiv 2507.16003, §3): consuming context tokens c₁..cₙ one at a
 time turns the token patch of a query into a sequence of implicit weights

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "**What is compared** (per layer l, query = last token of the prompt): the implicit update "
         "`Wₙ − W₀ = [u_gate; u_in] vᵀ`, the token patch that makes the context-free input `[BOS, x_t]` "
-        "reproduce the full-context output (DESIGN.md §2–3), against the explicit update "
+        "reproduce the full-context output (docs/design.md §2–3), against the explicit update "
         f"`E = −lr Σ_s Σ_rows [g_gate; g_in] xᵀ` of {args.steps} SGD steps (lr = {args.lr:g}) on "
         "`W_gate` and `W_up` of all layers at once, on the same context-free input, loss = cross-entropy "
         "toward the contextual argmax token. Cosine = normalised Frobenius inner product, closed form "

@@ -16,7 +16,7 @@ contextual-block view, Theorem 2.2 holding for any of them):
 - ``gru``: a GRU cell run over the sequence (a recurrent layer with no explicit loss).
 
 Each has ``forward`` (whole sequence), ``context_free`` (each position with its context
-removed: the query alone, DESIGN.md §2 with kept set ``{t}``), and ``init_state`` /
+removed: the query alone, docs/design.md §2 with kept set ``{t}``), and ``init_state`` /
 ``step`` / ``state_bytes`` for token-by-token decoding with a cache or a fixed state.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Attention pattern of one layer, read from a forward pass through a scoped hook.
 
 ``pattern[h, q, k] = softmax_k(q_h · k_h / √d_head + mask)`` — the attention weights the
-token patches are built from (DESIGN.md §2; Dherin et al. 2025, arXiv 2507.16003).
+token patches are built from (docs/design.md §2; Dherin et al. 2025, arXiv 2507.16003).
 The forward stops right after the requested layer's attention, so later layers and the
 unembedding never run.
 """

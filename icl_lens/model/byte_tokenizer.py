@@ -22,7 +22,7 @@ def save_byte_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
     """Write the tokenizer to ``directory`` (once, atomically) and load it back from there.
 
     TransformerBridge re-loads the tokenizer from ``tokenizer.name_or_path``, so an
-    in-memory tokenizer is not enough (DESIGN.md §5). Concurrent processes share the
+    in-memory tokenizer is not enough (docs/design.md §5). Concurrent processes share the
     cached copy: it is written to a temporary folder and renamed into place.
     """
     directory = Path(directory)

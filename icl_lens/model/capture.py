@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import torch
 from jaxtyping import Int
@@ -230,3 +231,47 @@ def token_patches(
         u_in=out["u_in"], u_gate=out["u_gate"], v=out["v"], correction=out["correction"],
         kept=kept, kept_bos=kept_bos, zero_input=out["zero_input"],
     )
+
+
+@torch.no_grad()
+def token_patches_naive(model, prompt: str | Sequence[int] | Int[Tensor, " pos"], *, keep_bos: bool = True) -> TokenPatches:
+    """Reference method: the same patches as :func:`token_patches`, one kept-only forward per query and layer.
+
+    For query ``t`` and layer ``l``: run the kept tokens alone (original position ids) with
+    every earlier layer's patch of ``t`` applied, stopped after layer ``l``, and read ``a``
+    and ``attn_0`` there; ``A`` and ``attn_C`` come from the contextual pass. Costs about
+    ``n · L`` forwards; kept as an independent check of the one-pass method (tests and
+    benchmarks), not for use.
+    """
+    from icl_lens.model.kept_only import kept_only_masks, patches_applied
+
+    fast = token_patches(model, prompt, keep_bos=keep_bos)  # kept sets and shapes; every factor is recomputed
+    family = block_family(model)
+    ids = fast.token_ids.to(model.cfg.device)
+    zeros = {k: torch.zeros_like(getattr(fast, k)) for k in ("u_in", "v", "correction")}
+    if fast.u_gate is not None:
+        zeros["u_gate"] = torch.zeros_like(fast.u_gate)
+    acc = replace(fast, **zeros)
+    names = {family.mlp_input(l) for l in range(model.cfg.n_layers)}
+    names |= {family.resid_mid(l) for l in range(model.cfg.n_layers)} | {family.resid_pre(l) for l in range(model.cfg.n_layers)}
+    _, cache = model.run_with_cache(ids[None], names_filter=lambda h: h in names)
+    dtype = acc.v.dtype
+    for t in range(ids.numel()):
+        if bool(removes_nothing(fast.kept[t: t + 1], offset=t)[0]):
+            continue  # nothing removed: the patch is zero by definition
+        pos = torch.tensor([fast.kept_positions(t)], device=ids.device)
+        for layer in range(model.cfg.n_layers):
+            got: dict[str, Tensor] = {}
+            reads = [family.mlp_input(layer), family.resid_mid(layer), family.resid_pre(layer)]
+            hooks = [(name, lambda x, hook, name=name: got.__setitem__(name, x[0, -1].detach())) for name in reads]
+            with patches_applied(model, acc, pos), model.hooks(fwd_hooks=hooks):
+                model(ids[pos], position_ids=pos, attention_mask=kept_only_masks(model, pos), stop_at_layer=layer + 1)
+            A = cache[family.mlp_input(layer)][0, t].to(dtype)
+            a = got[family.mlp_input(layer)].to(dtype)
+            weights = first_dense_weights(model, layer)
+            acc.u_in[layer, t], acc.v[layer, t], _ = token_patch(weights["in"].to(dtype), A, a)
+            if acc.u_gate is not None:
+                acc.u_gate[layer, t] = (A - a) @ weights["gate"].to(dtype).T
+            attn_c = cache[family.resid_mid(layer)][0, t] - cache[family.resid_pre(layer)][0, t]
+            acc.correction[layer, t] = (attn_c - (got[family.resid_mid(layer)] - got[family.resid_pre(layer)])).to(dtype)
+    return acc

@@ -1,7 +1,7 @@
 """Generate text while recording every new token's patch norms, spike score and flag.
 
 For each generated token ``g_k`` at position ``t = P + k`` (``P`` = prompt length) the
-record holds (DESIGN.md §2; Dherin et al. 2025, arXiv 2507.16003):
+record holds (docs/design.md §2; Dherin et al. 2025, arXiv 2507.16003):
 
 * its token patch norms ``‖ΔW[l, t]‖_F`` for every layer ``l`` (the patch of ``g_k`` read
   as the query, with its context {prompt, g_0..g_{k-1}} removed),

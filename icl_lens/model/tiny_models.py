@@ -1,4 +1,4 @@
-"""Seeded random tiny models, one per supported block family (DESIGN.md §5).
+"""Seeded random tiny models, one per supported block family (docs/design.md §5).
 
 - ``tiny-gpt2``: LayerNorm, biases everywhere, learned absolute positions, GELU MLP.
 - ``tiny-llama``: RMSNorm, gated SiLU MLP, RoPE, grouped-query attention.

@@ -1,8 +1,8 @@
-"""Implicit trajectory W₀..Wₙ of one query from ONE batched forward (DESIGN.md §3).
+"""Implicit trajectory W₀..Wₙ of one query from ONE batched forward (docs/design.md §3).
 
 Dherin et al. 2025 (arXiv 2507.16003, §3). For query ``t`` and each context prefix
 length i = 0..n, the token patch of every layer is computed for the kept set
-``{BOS, c₁..cᵢ, t}`` (DESIGN.md §2) in a "contextual" pass that sees only that prefix:
+``{BOS, c₁..cᵢ, t}`` (docs/design.md §2) in a "contextual" pass that sees only that prefix:
 
     r       = query residual entering the block (depends on i beyond layer 0)
     attn_C  = attention output of the query over keys {BOS, c₁..cᵢ, t}
@@ -213,7 +213,7 @@ def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Te
 
 
 def trajectory(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> Trajectory:
-    """Implicit weights W₀..Wₙ of query ``query`` for every context prefix length (DESIGN.md §3).
+    """Implicit weights W₀..Wₙ of query ``query`` for every context prefix length (docs/design.md §3).
 
     ``prompt``: text or token ids. ``query``: position (negative counts from the end).
     The context is every token strictly between the kept BOS (when the prompt starts

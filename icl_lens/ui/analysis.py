@@ -3,7 +3,7 @@
 ``PromptAnalyzer`` wraps one model and answers the dashboard's questions with the
 library's results (never its own math): token patches of every layer × position
 (``PatchSession``: only positions after the common token prefix with the previous
-prompt are recomputed, DESIGN.md §3), spike flags, the implicit trajectory of one query
+prompt are recomputed, docs/design.md §3), spike flags, the implicit trajectory of one query
 (Dherin et al. 2025, arXiv 2507.16003) and one layer's attention pattern. Results are
 cached by token ids, so moving a slider recomputes only what that slider shows.
 """

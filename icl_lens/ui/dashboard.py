@@ -1,6 +1,6 @@
 """The live dashboard: token patches, spike flags and implicit dynamics while typing.
 
-``icl_lens.dashboard()`` shows, for the prompt in its text area (DESIGN.md §2–§3;
+``icl_lens.dashboard()`` shows, for the prompt in its text area (docs/design.md §2–§3;
 Dherin et al. 2025, arXiv 2507.16003): a token strip coloured by patch norm
 ``‖ΔW‖_F = ‖u‖·‖v‖`` with spike-flagged tokens marked (click = choose the query), a
 layer × token heatmap of patch (or skip-correction) norms, the meta-gradient norms of
