@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ from common import peak_memory, prompt_ids, time_it  # noqa: E402
 
 from icl_lens import load_model, patches_applied, token_patches  # noqa: E402
 from icl_lens.core.token_patch import token_patch  # noqa: E402
+from icl_lens.evals.report import command, machine, write_fragment  # noqa: E402
 from icl_lens.model.block_family import block_family, dense_weight  # noqa: E402
 from icl_lens.model.patched_forward import kept_only_masks  # noqa: E402
 
@@ -88,11 +87,10 @@ def main() -> None:
                 print(f"{name:14s} naive {t_naive:.1f} s vs one-pass {t_patch:.3f} s ({t_naive/t_patch:.0f}x); "
                       f"max norm difference {rel:.1e} (relative)", flush=True)
         del model
-    device_text = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), {torch.get_num_threads()} torch threads"
     lines = [
         f"## Token-patch extraction vs plain forward ({args.device})", "",
-        f"Command: `python benchmarks/bench_patches.py --device {args.device} --lengths {' '.join(map(str, args.lengths))}`  ",
-        f"Machine: {device_text}; torch {torch.__version__}, float32; median of 3 runs after 1 warm-up.", "",
+        f"Command: `{command('python benchmarks/bench_patches.py')}`  ",
+        f"Machine: {machine(args.device)}; float32; median of 3 runs after 1 warm-up.", "",
         "Plain forward = TransformerBridge forward with logits. Patches = `token_patches` for every layer "
         "and token (one forward, hooks, stops before the unembedding). Peak memory = growth during the call "
         + ("(CUDA max allocated)." if args.device.startswith("cuda") else
@@ -107,10 +105,8 @@ def main() -> None:
                   "| model | tokens | naive s | one-pass s | speed-up | max norm difference (relative) |",
                   "|---|---:|---:|---:|---:|---:|"]
         lines += [f"| {m} | {n} | {a:.1f} | {b:.3f} | {s:.0f}x | {d:.1e} |" for m, n, a, b, s, d in naive_rows]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {out}")
+    write_fragment(args.out, lines)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
