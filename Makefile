@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test setup models browser app bench reports clean
+.PHONY: lab test setup models browser app bench reports notebooks clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,10 @@ bench: models
 
 reports:
 	$(BIN)/python tools/assemble_reports.py
+
+# Each notebook is a jupytext pair (jupytext.toml): bring the .ipynb and .py twins back in step after an edit.
+notebooks: setup
+	$(BIN)/jupytext --sync notebooks/*.ipynb tests/notebooks/*.ipynb
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -10,9 +10,6 @@ query and per layer, layers patched one by one). Writes reports/bench_patches.md
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -22,40 +19,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from common import peak_memory, prompt_ids, time_it  # noqa: E402
 
-from icl_lens import load_model, patches_applied, token_patches  # noqa: E402
-from icl_lens.core.token_patch import token_patch  # noqa: E402
-from icl_lens.model.block_family import block_family, dense_weight  # noqa: E402
-from icl_lens.model.kept_only import kept_only_masks  # noqa: E402
-
-
-def naive_patches(model, ids):
-    """The slow reference: per query, per layer, a kept-only forward with earlier layers patched."""
-    fast = token_patches(model, ids)  # only for shapes/kept sets; every factor is recomputed below
-    fam = block_family(model)
-    n, L = ids.numel(), model.cfg.n_layers
-    zeros = {k: torch.zeros_like(getattr(fast, k)) for k in ("u_in", "v", "correction")}
-    if fast.u_gate is not None:
-        zeros["u_gate"] = torch.zeros_like(fast.u_gate)
-    acc = dataclasses.replace(fast, **zeros)
-    _, cache = model.run_with_cache(ids[None], names_filter=lambda h: h.endswith(("ln2.hook_out", "hook_resid_mid", "hook_resid_pre")))
-    for t in range(1, n):
-        pos = torch.tensor([fast.kept_positions(t)])
-        for layer in range(L):
-            got = {}
-            names = [fam.mlp_input(layer), fam.resid_mid(layer), fam.resid_pre(layer)]
-            hooks = [(nm, lambda x, hook, nm=nm: got.__setitem__(nm, x[0, -1].detach())) for nm in names]
-            with torch.no_grad(), patches_applied(model, acc, pos), model.hooks(fwd_hooks=hooks):
-                model(ids[pos], position_ids=pos, attention_mask=kept_only_masks(model, pos), stop_at_layer=layer + 1)
-            A = cache[fam.mlp_input(layer)][0, t]
-            a = got[fam.mlp_input(layer)]
-            block = model.blocks[layer]
-            u, v, _ = token_patch(dense_weight(block.mlp.__getattr__("in")), A, a)
-            acc.u_in[layer, t], acc.v[layer, t] = u, v
-            if acc.u_gate is not None:
-                acc.u_gate[layer, t] = (A - a) @ dense_weight(block.mlp.gate).T
-            attn_c = cache[fam.resid_mid(layer)][0, t] - cache[fam.resid_pre(layer)][0, t]
-            acc.correction[layer, t] = attn_c - (got[fam.resid_mid(layer)] - got[fam.resid_pre(layer)])
-    return acc, fast
+from icl_lens import load_model, token_patches  # noqa: E402
+from icl_lens.evals.report import command, machine, write_fragment  # noqa: E402
+from icl_lens.model.capture import token_patches_naive  # noqa: E402
 
 
 def main() -> None:
@@ -81,18 +47,18 @@ def main() -> None:
                   f"ratio {t_patch/t_fwd:5.2f}  peak MB fwd {mem_fwd['mb']:.0f} / patches {mem_patch['mb']:.0f}", flush=True)
             if n == args.naive_length:
                 start = time.perf_counter()
-                naive, fast = naive_patches(model, ids)
+                naive = token_patches_naive(model, ids)
+                fast = token_patches(model, ids)
                 t_naive = time.perf_counter() - start
                 rel = float((naive.norms() - fast.norms()).abs().max() / fast.norms().abs().max())  # noqa: E501
                 naive_rows.append((name, n, t_naive, t_patch, t_naive / t_patch, rel))
                 print(f"{name:14s} naive {t_naive:.1f} s vs one-pass {t_patch:.3f} s ({t_naive/t_patch:.0f}x); "
                       f"max norm difference {rel:.1e} (relative)", flush=True)
         del model
-    device_text = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), {torch.get_num_threads()} torch threads"
     lines = [
         f"## Token-patch extraction vs plain forward ({args.device})", "",
-        f"Command: `python benchmarks/bench_patches.py --device {args.device} --lengths {' '.join(map(str, args.lengths))}`  ",
-        f"Machine: {device_text}; torch {torch.__version__}, float32; median of 3 runs after 1 warm-up.", "",
+        f"Command: `{command('python benchmarks/bench_patches.py')}`  ",
+        f"Machine: {machine(args.device)}; float32; median of 3 runs after 1 warm-up.", "",
         "Plain forward = TransformerBridge forward with logits. Patches = `token_patches` for every layer "
         "and token (one forward, hooks, stops before the unembedding). Peak memory = growth during the call "
         + ("(CUDA max allocated)." if args.device.startswith("cuda") else
@@ -107,10 +73,8 @@ def main() -> None:
                   "| model | tokens | naive s | one-pass s | speed-up | max norm difference (relative) |",
                   "|---|---:|---:|---:|---:|---:|"]
         lines += [f"| {m} | {n} | {a:.1f} | {b:.3f} | {s:.0f}x | {d:.1e} |" for m, n, a, b, s, d in naive_rows]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {out}")
+    write_fragment(args.out, lines)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

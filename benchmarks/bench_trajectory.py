@@ -17,12 +17,8 @@ O(n²)), and checks that the batched and naive trajectories agree. Writes
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -63,9 +59,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from icl_lens import load_model, trajectory
+    from icl_lens.evals.report import command, load_average, machine, write_fragment
     from icl_lens.model.trajectory_capture import trajectory_naive
 
     torch.set_num_threads(args.threads)
+    load_before = load_average()
     model = load_model(args.model)
     ids = _prompt_ids(model, args.tokens)
     with torch.no_grad():
@@ -99,14 +97,11 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(("naive: n+1 prefix forwards (`trajectory_naive`)", naive, cpu["naive"]))
     base_cpu = statistics.median(cpu["plain"])
     n = fast.n_context
-    cmd = "PYTHONPATH=. python benchmarks/bench_trajectory.py " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = [
         "## Trajectory of one query: batched prefixes vs plain forward",
         "",
-        f"Command: `{cmd.strip()}`  ",
-        f"Machine: 2 CPU cores shared with other jobs ({platform.processor() or platform.machine()}, "
-        f"torch {torch.__version__}, {args.threads} threads, load average at the end "
-        f"{os.getloadavg()[0]:.1f}), model `{args.model}` float32, prompt of {ids.numel()} tokens "
+        f"Command: `{command('PYTHONPATH=. python benchmarks/bench_trajectory.py', argv)}`  ",
+        f"Machine: {machine(load_before=load_before)}; model `{args.model}` float32, prompt of {ids.numel()} tokens "
         f"(query = last token, n = {n} context tokens, {len(fast.layers)} layers).",
         "",
         "| method | runs | median wall s | min wall s | median CPU s | ratio (median wall) | ratio (min wall) "
@@ -129,12 +124,10 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "The batched method runs one forward over the prompt prefix plus n+1 copies of the query "
         f"(≈ {ids.numel() - 1 + n + 1} tokens, no unembedding); the plain forward computes logits over the "
-        "262k-token vocabulary. Timings on a shared 2-core machine are noisy; runs are interleaved.",
+        f"{model.cfg.d_vocab}-token vocabulary. Runs are interleaved, so a change of load affects all methods.",
         "",
     ]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines))
-    print("\n".join(lines))
+    print(write_fragment(args.out, lines))
 
 
 if __name__ == "__main__":

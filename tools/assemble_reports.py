@@ -9,6 +9,7 @@ from what the commands printed.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,8 +20,7 @@ HEADERS = {
              "Numbers are what the commands printed on the machine stated, whatever they were.\n"),
     "bench": ("BENCHMARKS.md", "# Benchmarks\n\nSpeed and memory, measured by the scripts in `benchmarks/`; "
               "each section names its command and machine. Ratios are against a baseline measured in the "
-              "same run. Rebuild this file with `python tools/assemble_reports.py`. GPU figures: none yet; no GPU "
-              "machine was lent to the sessions that wrote these (`--device cuda` is implemented, unmeasured).\n"),
+              "same run. Rebuild this file with `python tools/assemble_reports.py`.\n"),
 }
 ORDER = ["patches", "trajectory", "dashboard", "thought", "spikes", "finetune_alignment", "lab"]
 
@@ -30,9 +30,16 @@ def _key(path: Path) -> tuple[int, str]:
     return (ORDER.index(topic) if topic in ORDER else len(ORDER), topic)
 
 
+def gpu_line(fragments: list[str]) -> str:
+    """Which sections ran on a GPU, read from their ``Machine:`` lines (``icl_lens.evals.report.machine``)."""
+    gpu = [f.splitlines()[0].lstrip("# ") for f in fragments if re.search(r"Machine:.*; GPU ", f)]
+    return f"Sections measured on a GPU: {'; '.join(gpu) if gpu else 'none'}.\n"
+
+
 def main() -> None:
     for kind, (name, header) in HEADERS.items():
-        parts = [header] + [p.read_text().strip() + "\n" for p in sorted(REPORTS.glob(f"{kind}_*.md"), key=_key)]
+        fragments = [p.read_text().strip() + "\n" for p in sorted(REPORTS.glob(f"{kind}_*.md"), key=_key)]
+        parts = [header.rstrip("\n") + " " + gpu_line(fragments)] + fragments
         (ROOT / name).write_text("\n".join(parts))
         print(f"wrote {name} from {len(parts) - 1} fragment(s)")
 

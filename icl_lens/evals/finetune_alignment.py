@@ -12,10 +12,7 @@ update against the explicit update of the next prompt of the same kind. Writes
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -52,11 +49,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from icl_lens import finetune_alignment, load_model
+    from icl_lens.evals.report import command, load_average, machine, write_fragment
 
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
     results = {}
-    start = time.perf_counter()
+    load_before, start = load_average(), time.perf_counter()
     for kind, prompts in PROMPTS.items():
         for prompt in prompts:
             t0 = time.perf_counter()
@@ -66,13 +64,11 @@ def main(argv: list[str] | None = None) -> None:
 
     first = next(iter(results.values()))
     d_u, d_in = first.implicit.stacked_u().shape[-1], first.implicit.v.shape[-1]
-    argv_text = " ".join(argv if argv is not None else sys.argv[1:])
     lines = [
         "## Implicit (token patch) vs explicit (SGD) weight updates",
         "",
-        f"Command: `{('python -m icl_lens.evals.finetune_alignment ' + argv_text).strip()}`  ",
-        f"Machine: 2 CPU cores shared with other jobs, torch {torch.__version__}, {args.threads} threads; "
-        f"model `{args.model}` float32; {len(results)} prompts in {elapsed:.0f} s.",
+        f"Command: `{command('python -m icl_lens.evals.finetune_alignment', argv)}`  ",
+        f"Machine: {machine(load_before=load_before)}; model `{args.model}` float32; {len(results)} prompts in {elapsed:.0f} s.",
         "",
         "**What is compared** (per layer l, query = last token of the prompt): the implicit update "
         "`Wₙ − W₀ = [u_gate; u_in] vᵀ`, the token patch that makes the context-free input `[BOS, x_t]` "
@@ -125,12 +121,9 @@ def main(argv: list[str] | None = None) -> None:
         f"(|cos| mean {float(everything.abs().mean()):.3f}, {pos:.0%} of layer×prompt cosines positive); "
         f"mismatched-prompt control {_fmt(float(control_all.mean()))} (|cos| mean {float(control_all.abs().mean()):.3f}). "
         "Read the numbers as measured: they are what this model, these prompts and this SGD setting give.",
-        f"Load average at the end: {os.getloadavg()[0]:.1f}.",
         "",
     ]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines))
-    print("\n".join(lines))
+    print(write_fragment(args.out, lines))
 
 
 if __name__ == "__main__":

@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import platform
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,6 +33,7 @@ import torch
 from icl_lens.core.spike_scores import spike_scores_from_norms
 from icl_lens.evals.auroc import auroc, bootstrap_auroc
 from icl_lens.evals.factual_prompts import FactualPrompt, completion_answer, is_correct, load_factual_prompts
+from icl_lens.evals.report import command, machine, write_fragment
 from icl_lens.model.generation import generate_with_patches
 from icl_lens.model.incremental import PatchSession
 from icl_lens.model.loading import load_model
@@ -191,14 +190,18 @@ def model_section(model_name: str, answers: list[Answered], seconds: float, *, w
               f"(AUROC {_fmt(results[best_b_all][0])}). Within kind: best spike **{best_kind}** "
               f"({_fmt(results[best_kind][2])}), best baseline **{best_b_kind}** ({_fmt(results[best_b_kind][2])}).", ""]
     r_kind = results[best_kind][2]
+    any_flag = bool((feats["spike: mean, all layers, max over answer"] > threshold).any())
+    flags = (f"With the defaults (mean over all layers, threshold {threshold}) {'some' if any_flag else 'no'} "
+             "answer token is flagged.")
+    if r_kind is None:
+        lines += [f"Reading: every answer is {'in' if wrong.all() else ''}correct, so no AUROC can be read. {flags}", ""]
+        return lines
     verdict = ("includes 0.5: within a kind of question, no spike feature is distinguishable from chance here"
                if r_kind.low <= 0.5 else f"excludes 0.5, but it is the best of {len(spike_names)} spike features "
                "on the same data, so this is weak evidence of signal beyond the question kind")
     kind_only = results["baseline: error rate of the question's kind"][0]
-    any_flag = bool((feats["spike: mean, all layers, max over answer"] > threshold).any())
     lines += [f"Reading: knowing only the question's kind gives AUROC {kind_only.auroc:.3f} overall; the best "
-              f"within-kind spike feature's 95% CI {verdict}. With the defaults (mean over all layers, threshold "
-              f"{threshold}) {'some' if any_flag else 'no'} answer token is flagged.", ""]
+              f"within-kind spike feature's 95% CI {verdict}. {flags}", ""]
     return lines
 
 
@@ -220,14 +223,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.limit:
         rng = np.random.default_rng(0)  # a class-mixed subset for quick runs
         items = [items[i] for i in sorted(rng.permutation(len(items))[: args.limit])]
-    command = "python -m icl_lens.evals.spikes " + " ".join(argv if argv is not None else sys.argv[1:])
     kinds = sorted({i.kind for i in items})
+    n_spike = len(STATISTICS) * len(layer_sets(2)) * len(READOUTS)
     lines = [
         "## Spike flags: do token-patch spikes predict incorrect factual answers?", "",
-        f"Command: `{command.strip()}`  ",
-        f"Machine: {platform.machine()} CPU, torch threads {torch.get_num_threads()}, 2 CPU cores shared with "
-        "other jobs (wall times are indicative only), "
-        f"float32, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
+        f"Command: `{command('python -m icl_lens.evals.spikes', argv)}`  ",
+        f"Machine: {machine()} at the start; float32, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
         f"Data: `icl_lens/data/factual_prompts.jsonl`, {len(items)} questions "
         f"({', '.join(f'{k} {sum(i.kind == k for i in items)}' for k in kinds)}); invented entities have no "
         "correct answer. Each question follows a fixed 4-example few-shot preamble; greedy decoding, at most "
@@ -238,18 +239,16 @@ def main(argv: list[str] | None = None) -> None:
         "the Frobenius norm of the patch over the layer set. Read at the first answer token, as the max over answer "
         "tokens (before the newline), or at the last prompt token (`A:`, which predicts the first answer token).",
         "Baselines use the model's own next-token distribution at the same steps.", "",
-        "Caveats: 27 spike features are compared, so the best of them on the same data is optimistic (the "
-        "held-out check picks on one half and scores on the other); the question kinds differ a lot in accuracy, "
-        "so a score that only recognises the kind (e.g. chemical-symbol answers) gets a high overall AUROC — the "
-        "within-kind column removes that. Directions are fixed in advance (higher = more likely wrong).", "",
+        f"Caveats: {n_spike} spike features are compared, so the best of them on the same data is optimistic (the "
+        "held-out check picks on one half and scores on the other); where the question kinds differ in accuracy, "
+        "a score that only recognises the kind gets a high overall AUROC (the kind-error-rate baseline measures "
+        "how high) — the within-kind column removes that. Directions are fixed in advance (higher = more likely wrong).", "",
     ]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.models:
         answers, seconds = answer_all(name, items, max_new_tokens=args.max_new_tokens, window=args.window)
         lines += model_section(name, answers, seconds, window=args.window, threshold=args.threshold,
                                n_boot=args.bootstrap)
-        out.write_text("\n".join(lines) + "\n", encoding="utf-8")  # after each model: partial runs keep results
+        write_fragment(args.out, lines)  # after each model: partial runs keep results
     print("\n".join(lines))
 
 

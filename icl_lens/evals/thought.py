@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import torch
 
+from icl_lens.evals.report import command, machine, write_fragment
 from icl_lens.model.loading import EMBEDDED_MODELS
 from icl_lens.thought.tasks import SHIPPED_TASKS, load_task
 
@@ -28,26 +28,36 @@ def _cache_path(out: Path, model: str) -> Path:
     return out.with_name(f"{out.stem}.{model}.json")
 
 
-def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Path) -> None:
+def _cached(out: Path, model: str) -> dict:
+    cache = _cache_path(out, model)
+    return json.loads(cache.read_text()) if cache.exists() else {}
+
+
+def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Path, run: str) -> None:
+    """Evaluate what the cache lacks; ``run`` (command and machine) is recorded with the keys it computed."""
     from icl_lens.model.loading import load_model
     from icl_lens.thought.evaluate import evaluate_thought
 
-    cache = _cache_path(out, model_name)
-    results = json.loads(cache.read_text()) if cache.exists() else {}
+    cache, results = _cache_path(out, model_name), _cached(out, model_name)
     model = load_model(model_name)
+
+    def store(key, value):
+        results[key] = value
+        runs = results.setdefault("runs", {})
+        runs[run] = runs.get(run, []) + [key]
+        cache.write_text(json.dumps(results, indent=1))
+
     for name in tasks:
         task = load_task(name)
         key = f"table/{name}"
         if key not in results:
-            results[key] = evaluate_thought(model, task).to_dict()
-            cache.write_text(json.dumps(results, indent=1))
+            store(key, evaluate_thought(model, task).to_dict())
             print(model_name, results[key], flush=True)
         if name in curve_tasks:
             for n in SIZES:
                 ckey = f"curve/{name}/{n}"
                 if n <= len(task.train) and ckey not in results:
-                    results[ckey] = evaluate_thought(model, task, n_train=n, conditions=("patched",)).to_dict()
-                    cache.write_text(json.dumps(results, indent=1))
+                    store(ckey, evaluate_thought(model, task, n_train=n, conditions=("patched",)).to_dict())
                     print(model_name, ckey, results[ckey]["accuracy"], flush=True)
 
 
@@ -55,14 +65,18 @@ def _pct(x) -> str:
     return "–" if x is None else f"{100 * x:.0f}%"
 
 
-def write_report(out: Path, models: list[str], tasks: list[str], threads: int) -> str:
+def write_report(out: Path, models: list[str], tasks: list[str], report_command: str) -> str:
+    caches = {m: _cached(out, m) for m in models}
+    runs = [f"- {m}: {len(keys)} result(s) by {run}" for m in models for run, keys in caches[m].get("runs", {}).items()]
+    unrecorded = [m for m in models if caches[m] and "runs" not in caches[m]]
     lines = [
         "## Thought patches: prompts turned into weights (issue 5)",
         "",
-        f"Commands run: `{COMMAND} --models gemma-3-270m --curve-tasks capitals` and "
-        f"`{COMMAND} --models smollm2-135m --curve-tasks capitals` (in parallel), then "
-        f"`{COMMAND} --report-only --notes NOTES.md`. Machine: 2 shared CPU cores (heavily loaded), "
-        f"torch {torch.__version__}, {threads} thread(s), float32, {platform.machine()}.",
+        f"Report written by `{report_command}` from the cached results `{_cache_path(out, '<model>').name}`, "
+        "computed (float32) by:",
+        "",
+        *runs,
+        *[f"- {m}: command and machine not recorded (cache written before runs were recorded)" for m in unrecorded],
         "",
         "Method (Mazzawi, Dherin et al. 2025, arXiv 2510.08734, Algorithm 1): thought patch fitted layer by "
         "layer on the task's train queries (all tokens of each query), kind `both`, η = 1, λ = 0 (minimum-norm "
@@ -76,8 +90,7 @@ def write_report(out: Path, models: list[str], tasks: list[str], threads: int) -
     ]
     curves: dict[tuple[str, str], dict[int, float]] = {}
     for model in models:
-        cache = _cache_path(out, model)
-        results = json.loads(cache.read_text()) if cache.exists() else {}
+        results = caches[model]
         for name in tasks:
             r = results.get(f"table/{name}")
             if r is not None:
@@ -114,14 +127,14 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    cmd = command(COMMAND, argv)
     if not args.report_only:
         for model in args.models:
-            run_model(model, args.tasks, args.curve_tasks, out)
-    text = write_report(out, list(EMBEDDED_MODELS), list(SHIPPED_TASKS), args.threads)
+            run_model(model, args.tasks, args.curve_tasks, out, f"`{cmd}` on {machine()}")
+    text = write_report(out, list(EMBEDDED_MODELS), list(SHIPPED_TASKS), cmd)
     if args.notes:
         text += "\n" + Path(args.notes).read_text()
-    out.write_text(text)
-    print(text)
+    print(write_fragment(out, [text]))
     print(f"({time.perf_counter() - start:.0f} s)")
     return 0
 
