@@ -32,7 +32,7 @@ import torch
 import plotly.express as px
 import plotly.graph_objects as go
 from icl_lens import lab
-from icl_lens.core.power_law import fit_decay_exponent
+from icl_lens.core.power_law import power_law_fit
 
 torch.set_num_threads(1)  # the models are tiny: one thread is fastest
 torch.manual_seed(0)
@@ -115,7 +115,7 @@ conv.summary()[['arch', 'alpha_mean_curve', 'late_over_early', 'norm_mse_at_n_tr
 #
 # ### Exercise 1
 # Fit the decay exponent of the GRU's mean meta-gradient norm using **only** context lengths beyond the training
-# length (`pairs_seen ≥ conv.n_train`). Use `fit_decay_exponent(n, y)` (already imported) and `conv.total_norms("gru")`.
+# length (`pairs_seen ≥ conv.n_train`). Use `power_law_fit(y, x=n)` (already imported; its `.exponent`) and `conv.total_norms("gru")`.
 
 # %%
 # your code here
@@ -124,7 +124,7 @@ conv.summary()[['arch', 'alpha_mean_curve', 'late_over_early', 'norm_mse_at_n_tr
 n = torch.arange(1, conv.n_max + 1, dtype=torch.float64)
 beyond = n >= conv.n_train
 mean_norm = conv.total_norms("gru").double().mean(0)
-alpha, c = fit_decay_exponent(n[beyond], mean_norm[beyond])
+alpha = power_law_fit(mean_norm[beyond], x=n[beyond]).exponent[0]
 print(f"GRU decay exponent beyond training length: {alpha.item():.3f}")
 
 # %% [markdown]
