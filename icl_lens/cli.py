@@ -78,18 +78,32 @@ def _thought_eval(args: argparse.Namespace) -> int:
     task = load_task(args.task)  # validate the file before loading a model
     if args.n_train is not None and not 1 <= args.n_train <= len(task.train):
         raise CommandError(f"--n-train must be in 1..{len(task.train)} for task {task.name!r}, got {args.n_train}")
+    if not args.ridge >= 0:
+        raise CommandError(f"--ridge must be >= 0, got {args.ridge}")
     from icl_lens import load_model
+    from icl_lens.evals.intervals import wilson_interval
 
     model = load_model(args.model)
-    result = evaluate_thought(model, task, kind=args.kind, eta=args.eta, ridge=args.ridge, n_train=args.n_train)
+    result = evaluate_thought(model, task, kind=args.kind, eta=args.eta, ridge=args.ridge, n_train=args.n_train,
+                              query_prefix=args.query_prefix.replace("\\n", "\n"))
+    out = result.to_dict()
+    out["interval95"] = {c: list(wilson_interval(out["correct"][c], result.n_test)) for c in out["correct"]}
     if args.json:
-        print(json.dumps(result.to_dict()))
+        print(json.dumps(out))
     else:
         print(f"task {result.task} | model {result.model} | {result.n_train} calibration queries | "
-              f"{result.n_test} test queries")
+              f"{result.n_test} test queries | kind {result.kind}, ridge {result.ridge:g}, "
+              f"query prefix {result.query_prefix!r}")
         for cond, acc in result.accuracy.items():
-            print(f"  {cond:<8} {acc:6.1%}")
-        print(f"  seconds  {result.seconds:.1f}")
+            low, high = out["interval95"][cond]
+            line = f"  {cond:<9} {acc:6.1%}  [95% {low:.0%}–{high:.0%}]"
+            if cond in out["locality_kl"]:
+                line += (f"  locality: KL {out['locality_kl'][cond]:.3g} nats, "
+                         f"other task kept {out['locality_accuracy'][cond]:.0%}")
+            print(line)
+        if result.steering_layer is not None:
+            print(f"  steering layer {result.steering_layer}")
+        print(f"  seconds   {result.seconds:.1f}")
     return 0
 
 
@@ -106,6 +120,7 @@ def _prepare(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from icl_lens.model.loading import DEFAULT_MODEL, known_model_names
+    from icl_lens.thought.fit import DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE, KINDS
 
     parser = argparse.ArgumentParser(prog="icl-lens", description="In-context learning as weight updates.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -124,14 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_patches)
 
     p = sub.add_parser("thought-eval", help="evaluate a thought patch (prompt turned into weights) on a task",
-                       description="Test accuracy with no instruction, with the full instruction in context, with "
-                                   "the thought patch fitted on the task's train queries (arXiv 2510.08734) and no "
-                                   "instruction, and with a random control patch of the same per-layer norms.")
+                       description="Test accuracy (95%% Wilson intervals) with no instruction, with the full "
+                                   "instruction in context, with the thought patch fitted on the task's train queries "
+                                   "(arXiv 2510.08734) and no instruction, with a random control patch of the same "
+                                   "per-layer norms, and with a steering vector at its best layer; locality (mean "
+                                   "next-token KL on unrelated texts, other-task answers kept) of every edit.")
     p.add_argument("task", help="task .jsonl file, or the name of a shipped task (e.g. capitals)")
     p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
-    p.add_argument("--kind", choices=("vector", "matrix", "both"), default="both")
+    p.add_argument("--kind", choices=KINDS, default=DEFAULT_KIND,
+                   help=f"parts to fit (default {DEFAULT_KIND}; 'both' is the paper's matrix + vector)")
     p.add_argument("--eta", type=float, default=1.0, help="step size η (default 1)")
-    p.add_argument("--ridge", type=float, default=0.0, help="ridge λ ≥ 0 (default 0: pseudo-inverse)")
+    p.add_argument("--ridge", type=float, default=DEFAULT_RIDGE,
+                   help=f"scale-free ridge ≥ 0 (default {DEFAULT_RIDGE:g}; 0: pseudo-inverse)")
+    p.add_argument("--query-prefix", default=DEFAULT_QUERY_PREFIX,
+                   help="text between BOS and the query when the instruction is absent (default: a newline; "
+                        "write \\n for a newline, '' for none)")
     p.add_argument("--n-train", type=int, default=None, help="calibration queries to use (default: all train)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_thought_eval)

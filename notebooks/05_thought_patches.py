@@ -34,7 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from icl_lens import Task, evaluate_thought, load_model, load_task, thought_patch
 
 model = load_model("gemma-3-270m")
-task = load_task("capitals")  # shipped with icl_lens: icl_lens/tasks/capitals.jsonl
+task = load_task("capitals")  # shipped with icl_lens: icl_lens/thought/tasks/capitals.jsonl
 print(task.instruction)
 print("train:", task.train[:3], "...")
 print("test: ", task.test[:3], "...")
@@ -49,16 +49,17 @@ print("test: ", task.test[:3], "...")
 
 # %%
 calibration = [q for q, _ in task.train[:8]]
-patch = thought_patch(model, task.instruction, calibration)  # kind="both", eta=1, ridge=0
+patch = thought_patch(model, task.instruction, calibration)  # defaults: kind="both+down", eta=1, ridge, query_prefix="\n"
 patch.to_frame().round(3)
 
 # %% [markdown]
 # ## 2 · Does the model now answer without the prompt?
 #
-# Four conditions on held-out test queries: the query alone (*none*), the few-shot prompt
-# plus query (*full*), the query alone with the thought patch (*patched*), and a *control*
-# patch with the same per-layer norms but random directions. (A smaller test set keeps this
-# cell quick.)
+# Five conditions on held-out test queries: the query alone (*none*), the few-shot prompt
+# plus query (*full*), the query alone with the thought patch (*patched*), a *control*
+# patch with the same per-layer norms but random directions, and a *steering* vector. The
+# query alone is read as `[BOS] + "\n" + query`, as the patch was fitted
+# (`patch.prompt_ids`). (A smaller test set keeps this cell quick.)
 
 # %%
 small = Task(task.name, task.instruction, task.train[:8], task.test[:6])
@@ -67,10 +68,9 @@ result.to_frame()
 
 # %%
 from icl_lens.model.greedy import greedy_continuations
-from icl_lens.thought.batches import text_ids, with_bos
 
 queries = [q for q, _ in task.test[:5]]
-prompts = [with_bos(model, text_ids(model, q)) for q in queries]
+prompts = [patch.prompt_ids(q) for q in queries]  # [BOS] + query prefix + query
 with patch.applied():
     patched = greedy_continuations(model, prompts, 4)
 plain = greedy_continuations(model, prompts, 4)
@@ -90,7 +90,7 @@ patch.save_pretrained(export_dir)
 
 hf = AutoModelForCausalLM.from_pretrained(export_dir)
 tok = AutoTokenizer.from_pretrained(export_dir)
-ids = tok(queries[0], return_tensors="pt").input_ids  # the tokenizer adds BOS
+ids = torch.tensor([patch.prompt_ids(queries[0])])  # BOS + "\n" + query, as fitted
 out = hf.generate(ids, max_new_tokens=4, do_sample=False)
 print(queries[0], "->", repr(tok.decode(out[0, ids.shape[1]:])))
 
@@ -122,8 +122,9 @@ print("both", result.accuracy["patched"])
 # ## Exercise 2 · How many calibration queries?
 #
 # Fit patches from 1, 2 and 8 calibration queries (`n_train=`) and print the patched
-# accuracy for each. With λ = 0 and few queries the least squares interpolates them exactly
-# (minimum norm); does that generalise to the test queries?
+# accuracy for each. With λ = 0 and few queries the least squares would interpolate them
+# exactly (minimum norm); the default ridge shrinks that fit. Does it generalise to the
+# test queries?
 
 # %%
 # your code here

@@ -1,4 +1,7 @@
-"""Thought patches (arXiv 2510.08734): reduction identity, export reload, least squares, bad input, CLI."""
+"""Thought patches (arXiv 2510.08734): reduction identity, export reload, least squares, bad input, CLI.
+
+Steering, locality, the task suite, intervals and the eval command: tests/test_thought_eval.py.
+"""
 from __future__ import annotations
 
 import json
@@ -18,6 +21,7 @@ from icl_lens.thought.tasks import TaskFormatError, load_task, shipped_task_path
 TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
 INSTRUCTION = "Remember: the secret word is banana, and 7 follows 3.\n"
 TOL = {torch.float64: 1e-9, torch.float32: 1e-4}  # docs/design.md §2 equivalence targets
+EXACT = dict(kind="both", ridge=0.0, query_prefix="")  # the paper's Algorithm 1, the query read right after BOS
 
 
 def _logits(model, instruction: str | None, query: str) -> torch.Tensor:
@@ -47,12 +51,18 @@ def _dense_outputs(model, ids: list[int]) -> dict[str, torch.Tensor]:
     return {n: cache[n][0, -1] for n in names}
 
 
+SETTINGS = [EXACT, dict(kind="both+down", ridge=0.0, query_prefix="\n")]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=["both", "both+down-prefix"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("name", TINY)
-def test_one_query_reproduces_contextual_mlp_inputs(load, name, dtype):
+def test_one_query_reproduces_contextual_mlp_inputs(load, name, dtype, setting):
     """One single-token calibration query, ridge 0, eta 1: the MATRIX part alone makes the query's
     first-dense outputs equal the contextual ones in every layer (matrix residual ≈ 0), and the
-    patched [BOS, x] gives the contextual logits of [BOS, I, x].
+    patched [BOS, (prefix), x] gives the contextual logits of [BOS, I, x] — for the paper's kind
+    and for both+down with the newline prefix (the prefix and BOS rows are anchors, the query row
+    is interpolated exactly).
 
     The vector part is fitted on the block-output error, which a wrong matrix would leave to
     the vector; so the dense outputs are checked layer by layer, not only the logits.
@@ -60,9 +70,9 @@ def test_one_query_reproduces_contextual_mlp_inputs(load, name, dtype):
     (≤ 1e-9): HF's Gemma 3 RMSNorm upcasts to float32 internally even in a float64 model.
     """
     model = load(name, dtype)
-    patch = thought_patch(model, INSTRUCTION, ["q"])
+    patch = thought_patch(model, INSTRUCTION, ["q"], **setting)
     assert float(patch.matrix_residual.max()) <= TOL[dtype]
-    plain_ids = with_bos(model, text_ids(model, "q"))
+    plain_ids = patch.prompt_ids("q")
     ctx_ids = with_bos(model, text_ids(model, INSTRUCTION) + text_ids(model, "q"))
     contextual_dense = _dense_outputs(model, ctx_ids)
     with patch.applied():
@@ -74,7 +84,7 @@ def test_one_query_reproduces_contextual_mlp_inputs(load, name, dtype):
 
     contextual = _logits(model, INSTRUCTION, "q")
     with patch.applied():
-        patched = _logits(model, None, "q")
+        patched = last_logits(model, [plain_ids])[0]
     assert _rel(patched, contextual) <= (1e-7 if dtype == torch.float64 else TOL[torch.float32])
     assert torch.equal(_logits(model, None, "q"), _logits(model, None, "q"))
     if dtype == torch.float64:
@@ -88,7 +98,7 @@ def test_a_wrong_matrix_fails_the_dense_output_check(load):
     from dataclasses import replace
 
     model = load("tiny-llama", torch.float64)
-    patch = thought_patch(model, INSTRUCTION, ["q"])
+    patch = thought_patch(model, INSTRUCTION, ["q"], **EXACT)
     wrong = replace(patch, maps=patch.random_control(seed=1).maps)
     ctx = _dense_outputs(model, with_bos(model, text_ids(model, INSTRUCTION) + text_ids(model, "q")))
     with wrong.applied():
@@ -96,23 +106,24 @@ def test_a_wrong_matrix_fails_the_dense_output_check(load):
     assert max(_rel(got[h], w) for h, w in ctx.items()) > 1e-3
 
 
+@pytest.mark.parametrize("setting", SETTINGS, ids=["both", "both+down-prefix"])
 @pytest.mark.parametrize("name", ["gemma-3-270m", "smollm2-135m"])
-def test_one_query_reproduces_contextual_logits_embedded(load, name):
+def test_one_query_reproduces_contextual_logits_embedded(load, name, setting):
     model = load(name)
     instruction = "France: Paris\nJapan: Tokyo\n"
     query = "Italy:"
     ids = text_ids(model, query)
     query = model.tokenizer.decode(ids[-1:]) if len(ids) > 1 else query  # one token, as in the identity
-    patch = thought_patch(model, instruction, [query])
+    patch = thought_patch(model, instruction, [query], **setting)
     contextual = _logits(model, instruction, query)
     with patch.applied():
-        patched = _logits(model, None, query)
+        patched = last_logits(model, [patch.prompt_ids(query)])[0]
     assert _rel(patched, contextual) <= TOL[torch.float32]
 
 
 def test_gated_mlps_get_separate_fits_and_gemma_uses_the_gain(load):
     gemma, llama, gpt2 = load("tiny-gemma3"), load("tiny-llama"), load("tiny-gpt2")
-    pg = thought_patch(gemma, INSTRUCTION, ["ab", "cd"], layers=[1])
+    pg = thought_patch(gemma, INSTRUCTION, ["ab", "cd"], layers=[1], kind="both")
     assert pg.vector_site == "gain" and thought_patch(llama, INSTRUCTION, ["ab"]).vector_site == "bias"
     deltas = pg.weight_deltas(1)
     assert set(deltas) == {"in", "gate"} and not torch.allclose(deltas["in"], torch.zeros_like(deltas["in"]))
@@ -121,12 +132,14 @@ def test_gated_mlps_get_separate_fits_and_gemma_uses_the_gain(load):
     assert float(pg.maps[0].abs().max()) == 0.0 and float(pg.vectors[2].abs().max()) == 0.0
 
 
+@pytest.mark.parametrize("kind", ["both", "both+down"])
 @pytest.mark.parametrize("name", TINY)
-def test_export_reloads_in_plain_transformers(load, name, tmp_path):
+def test_export_reloads_in_plain_transformers(load, name, kind, tmp_path):
     from transformers import AutoModelForCausalLM
 
     model = load(name)
-    patch = thought_patch(model, INSTRUCTION, ["dog ->", "house ->", "tree ->"])
+    patch = thought_patch(model, INSTRUCTION, ["dog ->", "house ->", "tree ->"], kind=kind)
+    assert (float(patch.down_norms().max()) > 0) == (kind == "both+down")
     patch.save_pretrained(tmp_path)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path)
     prompts = [with_bos(model, text_ids(model, q)) for q in ("sun ->", "a much longer test query ->")]
@@ -191,7 +204,7 @@ def test_singular_systems_fall_back_to_the_pseudo_inverse(load):
     g = gain_vector(delta, torch.zeros(3, 4, dtype=torch.float64))
     assert torch.equal(g, torch.zeros(4, dtype=torch.float64))
     model = load("tiny-llama", torch.float64)
-    patch = thought_patch(model, INSTRUCTION, ["q", "q", "q"])  # duplicated calibration rows
+    patch = thought_patch(model, INSTRUCTION, ["q", "q", "q"], **EXACT)  # duplicated calibration rows
     assert torch.isfinite(patch.maps).all() and torch.isfinite(patch.vectors).all()
     with patch.applied():
         patched = _logits(model, None, "q")
@@ -204,7 +217,7 @@ def test_iterations_shrink_the_residual_with_small_eta(load):
     contextual = _logits(model, INSTRUCTION, "q")
     errs = []
     for it in (1, 4):
-        with thought_patch(model, INSTRUCTION, ["q"], eta=0.5, iterations=it).applied():
+        with thought_patch(model, INSTRUCTION, ["q"], eta=0.5, iterations=it, **EXACT).applied():
             errs.append(_rel(_logits(model, None, "q"), contextual))
     assert errs[1] < errs[0]
 
@@ -215,10 +228,12 @@ def test_control_has_same_norms_other_directions(load):
     control = patch.random_control(3)
     assert torch.allclose(control.matrix_norms(), patch.matrix_norms(), rtol=1e-4)
     assert torch.allclose(control.vector_norms(), patch.vector_norms(), rtol=1e-4)
+    assert torch.allclose(control.down_norms(), patch.down_norms(), rtol=1e-4) and float(patch.down_norms().min()) > 0
     cos = torch.nn.functional.cosine_similarity(control.maps.flatten(1), patch.maps.flatten(1), dim=-1)
     assert float(cos.abs().max()) < 0.5
     frame = patch.to_frame()
     assert list(frame["layer"]) == list(range(model.cfg.n_layers)) and (frame["matrix_norm"] > 0).all()
+    assert (frame["down_norm"] > 0).all()
 
 
 @pytest.mark.parametrize(
@@ -233,6 +248,7 @@ def test_control_has_same_norms_other_directions(load):
         (dict(instruction="x", queries=["a"], eta=float("nan")), ValueError),
         (dict(instruction="x", queries=["a"], layers=[7]), ValueError),
         (dict(instruction="x", queries=["a"], iterations=0), ValueError),
+        (dict(instruction="x", queries=["a"], query_prefix=None), PromptError),
     ],
 )
 def test_bad_arguments_fail_fast(load, kwargs, error):
@@ -279,10 +295,16 @@ def test_cli_json_on_a_tiny_task(tmp_path, capsys):
     path = _write_task(tmp_path / "tiny.jsonl", train=[{"query": "a:", "answer": "1"}, {"query": "z:", "answer": "9"}])
     assert main(["thought-eval", str(path), "--model", "tiny-llama", "--json", "--n-train", "2"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(out) == {"task", "model", "n_train", "n_test", "accuracy", "seconds"}
+    assert set(out) == {"task", "model", "kind", "eta", "ridge", "query_prefix", "n_train", "n_test", "accuracy",
+                        "correct", "interval95", "locality_kl", "locality_accuracy", "steering_layer", "seconds"}
     assert out["task"] == "t" and out["model"] == "tiny-llama" and out["n_train"] == 2 and out["n_test"] == 2
-    assert set(out["accuracy"]) == {"none", "full", "patched", "control"}
+    assert set(out["accuracy"]) == {"none", "full", "patched", "control", "steering"}
+    assert set(out["locality_kl"]) == set(out["locality_accuracy"]) == {"patched", "control", "steering"}
+    assert all(v > 0 for v in out["locality_kl"].values())  # every edit changes something
+    assert out["kind"] == "both+down" and out["query_prefix"] == "\n" and 0 <= out["steering_layer"] < 3
     assert all(v in (0.0, 0.5, 1.0) for v in out["accuracy"].values()) and out["seconds"] > 0
+    for cond, (low, high) in out["interval95"].items():
+        assert 0 <= low <= out["accuracy"][cond] <= high <= 1 and high - low > 0.3  # n = 2: wide
     assert main(["thought-eval", str(tmp_path / "nope.jsonl"), "--model", "tiny-llama"]) == 2
     assert "not found" in capsys.readouterr().err
 
@@ -312,6 +334,6 @@ def test_accuracy_bookkeeping_against_a_hand_count(load):
     assert all(a.strip() for a in answers) and not any(p.lstrip(" ").startswith("\u00e9") for p in plain)
     expected_full = sum(f.lstrip(" ").startswith(a) for f, a in zip(full, answers)) / 6
     task = Task("hand", instruction, (("zz:", "1"),), tuple(zip(queries, answers)))
-    result = evaluate_thought(model, task, conditions=("none", "full"))
+    result = evaluate_thought(model, task, conditions=("none", "full"), query_prefix="")
     assert result.accuracy == {"none": 4 / 6, "full": expected_full}
     assert result.n_test == 6 and result.n_train == 1

@@ -17,6 +17,18 @@ Gemma adaptation. The ``n × n`` form is used (``n`` calibration tokens, usually
 ``n < d_model``). Both the real models (:mod:`icl_lens.thought`) and the regression lab
 (:mod:`icl_lens.lab.experiments.thought_patch`) fit through :func:`input_map`.
 
+The same least squares fits the *down-projection map* of :mod:`icl_lens.thought` (the
+per-token part of the block-output residual that a constant vector leaves, fitted on the
+MLP's hidden activations ``hᵢ``: ``ΔW_out hᵢ ≈ rᵢ``): :func:`factored_least_squares`
+returns ``M = Σ_k u[k] v[k]ᵀ`` as its ``n`` factor rows, never the dense
+``d_model × d_mlp`` matrix (``u = (H Hᵀ + λI)⁻¹ R``, ``v = H``; for ``λ = 0``
+``u = R``, ``v = (H⁺)ᵀ``). :func:`input_map` is its dense product ``uᵀ v``.
+
+Ridge scale. :func:`relative_ridge` turns a scale-free ``ridge`` into
+``λ = ridge · tr(Σᵢ aᵢaᵢᵀ) / d_in`` (the mean eigenvalue of the ``d_in × d_in`` Gram
+matrix), so one value means the same shrinkage for every layer, model and fit (input
+map, gain, down-projection map, the regression lab).
+
 Singular systems. With ``λ = 0`` and ``Σ aᵢaᵢᵀ`` singular (always when ``n < d_model``),
 ``Z⁻¹`` is replaced by the Moore–Penrose pseudo-inverse: ``M = D A⁺``, the
 minimum-Frobenius-norm least-squares solution (singular values below
@@ -55,6 +67,41 @@ def pinv_rtol(n_rows: int, n_cols: int, dtype: torch.dtype) -> float:
     return max(n_rows, n_cols) * float(torch.finfo(dtype).eps)
 
 
+def relative_ridge(inputs: Float[Tensor, "n d_in"], ridge: float) -> float:
+    """Absolute ``λ = ridge · tr(Σᵢ xᵢxᵢᵀ) / d_in`` for the rows ``xᵢ`` of ``inputs`` (``ridge ≥ 0``)."""
+    if not ridge >= 0:
+        raise ValueError(f"ridge must be >= 0, got {ridge}")
+    return float(ridge) * float((inputs.double() ** 2).sum()) / inputs.shape[-1]
+
+
+def factored_least_squares(
+    targets: Float[Tensor, "n d_out"],
+    inputs: Float[Tensor, "n d_in"],
+    *,
+    ridge: float = 0.0,
+) -> tuple[Float[Tensor, "n d_out"], Float[Tensor, "n d_in"]]:
+    """Factors ``(u, v)`` of ``M = uᵀ v`` minimising ``Σᵢ ‖tᵢ − M xᵢ‖² + λ‖M‖²_F`` (``λ = ridge``, absolute).
+
+    ``M x = Σ_k u[k] (v[k]·x)``. ``λ = 0``: the minimum-norm solution ``T X⁺``.
+    """
+    if targets.ndim != 2 or inputs.ndim != 2 or targets.shape[0] != inputs.shape[0]:
+        raise ValueError(f"targets and inputs must be [n, d_out] and [n, d_in]; got {tuple(targets.shape)}, "
+                         f"{tuple(inputs.shape)}")
+    if ridge < 0:
+        raise ValueError(f"ridge must be >= 0, got {ridge}")
+    _check_finite(targets, "least-squares targets")
+    _check_finite(inputs, "least-squares inputs")
+    n = inputs.shape[0]
+    if ridge > 0:
+        gram = inputs @ inputs.T + ridge * torch.eye(n, dtype=inputs.dtype, device=inputs.device)
+        u, v = torch.linalg.solve(gram, targets), inputs  # M = Tᵀ (X Xᵀ + λI)⁻¹ X
+    else:
+        u, v = targets, torch.linalg.pinv(inputs, rtol=pinv_rtol(*inputs.shape, inputs.dtype)).T  # M = Tᵀ (X⁺)ᵀ
+    _check_finite(u, "least-squares factors")
+    _check_finite(v, "least-squares factors")
+    return u, v
+
+
 def input_map(
     delta: Float[Tensor, "n d_model"],
     inputs: Float[Tensor, "n d_model"],
@@ -64,23 +111,13 @@ def input_map(
     """``M`` with ``Δ = W M`` the least-squares thought matrix: ``M aᵢ ≈ δᵢ`` for every row ``i``.
 
     Rows of ``delta`` are ``δᵢ = Aᵢ − aᵢ`` (or any residual to fit), rows of ``inputs``
-    the context-free MLP inputs ``aᵢ``. ``ridge`` is ``λ`` (absolute, ``≥ 0``); ``λ = 0``
-    uses the minimum-norm pseudo-inverse.
+    the context-free MLP inputs ``aᵢ``. ``ridge`` is ``λ`` (absolute, ``≥ 0``; see
+    :func:`relative_ridge`); ``λ = 0`` uses the minimum-norm pseudo-inverse.
     """
     if delta.shape != inputs.shape or delta.ndim != 2:
         raise ValueError(f"delta and inputs must both be [n, d_model]; got {tuple(delta.shape)}, {tuple(inputs.shape)}")
-    if ridge < 0:
-        raise ValueError(f"ridge must be >= 0, got {ridge}")
-    _check_finite(delta, "residuals δ")
-    _check_finite(inputs, "MLP inputs a")
-    n = inputs.shape[0]
-    if ridge > 0:
-        gram = inputs @ inputs.T + ridge * torch.eye(n, dtype=inputs.dtype, device=inputs.device)
-        coef = torch.linalg.solve(gram, delta)  # (AᵀA + λI)⁻¹ Dᵀ, rows index tokens
-        m = coef.T @ inputs  # D (AᵀA+λI)⁻¹ Aᵀ  (transposed convention: rows=tokens)
-    else:
-        pinv = torch.linalg.pinv(inputs, rtol=pinv_rtol(*inputs.shape, inputs.dtype))  # [d, n]
-        m = delta.T @ pinv.T  # D A⁺
+    u, v = factored_least_squares(delta, inputs, ridge=ridge)
+    m = u.T @ v  # D (AᵀA+λI)⁻¹ Aᵀ, or D A⁺
     _check_finite(m, "thought matrix input map")
     return m
 

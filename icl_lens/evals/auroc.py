@@ -2,7 +2,7 @@
 
 ``AUROC = P(s⁺ > s⁻) + ½ P(s⁺ = s⁻)`` over pairs of a positive and a negative example
 (the Mann–Whitney U statistic divided by ``n⁺ n⁻``). The bootstrap resamples examples
-with replacement; a resample is a weight vector ``w`` (counts), and
+with replacement (percentile interval: :mod:`icl_lens.evals.intervals`); a resample is a weight vector ``w`` (counts), and
 ``AUROC(w) = Σ_ij w⁺_i K_ij w⁻_j / (Σ w⁺)(Σ w⁻)`` with ``K_ij = [s⁺_i > s⁻_j] + ½[s⁺_i = s⁻_j]``,
 so all resamples cost one matrix product. Resamples without both classes are dropped.
 
@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from icl_lens.evals.intervals import percentile_interval
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,5 @@ def bootstrap_auroc(scores, positive, *, strata=None, n_boot: int = 2000, seed: 
     den = ((wp @ same) * wn).sum(1)
     num = ((wp @ kernel) * wn).sum(1)
     ok = den > 0
-    boots = num[ok] / den[ok]
-    alpha = (1 - level) / 2
-    low, high = np.quantile(boots, [alpha, 1 - alpha])
-    return AurocResult(point, float(low), float(high), int(positive.sum()), int((~positive).sum()))
+    low, high = percentile_interval(num[ok] / den[ok], level)
+    return AurocResult(point, low, high, int(positive.sum()), int((~positive).sum()))

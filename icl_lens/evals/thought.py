@@ -1,27 +1,59 @@
-"""``python -m icl_lens.evals.thought``: thought-patch accuracy on the shipped tasks → ``reports/eval_thought.md``.
+"""``python -m icl_lens.evals.thought``: thought patches on the shipped tasks → ``reports/eval_thought.md``.
 
-For each embedded model and each shipped task (``icl_lens/tasks/``): test accuracy with
-no instruction, with the full instruction in context, with the thought patch fitted on
-all train queries (arXiv 2510.08734; kind ``both``, η = 1, λ = 0), and with a random
-control patch of the same per-layer norms; then test accuracy of the patched model
-against the calibration-set size (1, 2, 4, …, 32). Results are cached per (model, task)
-in a JSON file next to the report, so the run can be split (``--models``) and resumed.
+For each embedded model and each shipped task (``icl_lens/thought/tasks/``), on the
+held-out test queries: accuracy with no instruction, with the full instruction, with
+the thought patch (default settings of :mod:`icl_lens.thought.fit`), with a random
+control patch of the same norms and with a steering vector at its best layer, each
+with a 95% Wilson interval; the patched/full ratio with a paired bootstrap interval;
+the locality of every edit; the paper's settings (kind ``both``, λ = 0, no query prefix)
+beside the default (before/after); test accuracy against the number of calibration
+queries. Results are cached per model in JSON next to the report, so runs can be split
+(``--models``) and resumed.
+
+``--select``: how the default settings were chosen, with no test query involved: on
+each model and selection task, fit on the first 24 train queries and score the other 8
+train queries by ``KL(full ‖ patched)`` at their last token; the setting with the
+lowest mean over every (model, task) wins. ``--diagnose``: per-layer divergence and
+attention to BOS / position 1 on one task, unpatched, paper patch and default patch.
+``--quick``: a tiny model, one task, few calibration queries (for tests).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
+from icl_lens.evals.intervals import bootstrap_ratio, wilson_interval
 from icl_lens.evals.report import command, machine, write_fragment
 from icl_lens.model.loading import EMBEDDED_MODELS
 from icl_lens.thought.tasks import SHIPPED_TASKS, load_task
 
 SIZES = (1, 2, 4, 8, 16, 32)
 COMMAND = "python -m icl_lens.evals.thought"
+PAPER = {"kind": "both", "ridge": 0.0, "query_prefix": ""}  # Algorithm 1 as published, the query read alone
+CURVE_TASKS = ("capitals", "antonyms")
+SELECT_TASKS = ("capitals", "antonyms", "plus_one", "en_fr")
+SELECT_GRID = (
+    {"kind": "both", "ridge": 0.0, "query_prefix": ""},
+    {"kind": "both", "ridge": 0.5, "query_prefix": "\n"},
+    {"kind": "both+down", "ridge": 0.0, "query_prefix": "\n"},
+    {"kind": "both+down", "ridge": 0.5, "query_prefix": "\n"},
+    {"kind": "both+down", "ridge": 2.0, "query_prefix": "\n"},
+    {"kind": "both+down", "ridge": 0.5, "query_prefix": ""},
+)
+SELECT_FIT, SELECT_VALIDATE = 24, 8
+TARGET, ELIGIBLE = 0.9, 0.5  # patched ≥ 0.9 × full wherever full ≥ 50%
+QUICK = {"models": ["tiny-llama"], "tasks": ["capitals"], "n_train": 4, "sizes": (1, 2),
+         "select_grid": SELECT_GRID[:2], "select_fit": 3, "select_validate": 2}
+
+
+def _setting(s: dict) -> str:
+    return f"{s['kind']}, ridge {s['ridge']:g}, prefix {s['query_prefix']!r}"
 
 
 def _cache_path(out: Path, model: str) -> Path:
@@ -33,13 +65,21 @@ def _cached(out: Path, model: str) -> dict:
     return json.loads(cache.read_text()) if cache.exists() else {}
 
 
-def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Path, run: str) -> None:
+def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Path, run: str, *,
+              n_train: int | None = None, sizes=SIZES, select: bool = False, select_tasks=SELECT_TASKS,
+              select_grid=SELECT_GRID, select_fit: int = SELECT_FIT, select_validate: int = SELECT_VALIDATE,
+              diagnose_task: str | None = None, table: bool = True) -> None:
     """Evaluate what the cache lacks; ``run`` (command and machine) is recorded with the keys it computed."""
     from icl_lens.model.loading import load_model
+    from icl_lens.thought.diagnose import diagnose
+    from icl_lens.thought.divergence import last_token_kl
     from icl_lens.thought.evaluate import evaluate_thought
+    from icl_lens.thought.fit import DEFAULT_QUERY_PREFIX, thought_patch
+    from icl_lens.thought.locality import locality_probe
 
     cache, results = _cache_path(out, model_name), _cached(out, model_name)
     model = load_model(model_name)
+    probe = None
 
     def store(key, value):
         results[key] = value
@@ -47,95 +87,290 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
         runs[run] = runs.get(run, []) + [key]
         cache.write_text(json.dumps(results, indent=1))
 
-    for name in tasks:
+    jobs = []
+    if table:  # the main table first, then the paper's settings, then the curves
+        jobs += [("table", name, None) for name in tasks] + [("paper", name, None) for name in tasks]
+        jobs += [("curve", name, n) for name in tasks if name in curve_tasks for n in sizes]
+    if select:
+        jobs += [("select", name, i) for name in select_tasks for i in range(len(select_grid))]
+    if diagnose_task:
+        jobs += [("diagnose", diagnose_task, None)]
+    start = time.perf_counter()
+    for job, name, arg in tqdm(jobs, desc=model_name):
         task = load_task(name)
-        key = f"table/{name}"
-        if key not in results:
-            store(key, evaluate_thought(model, task).to_dict())
-            print(model_name, results[key], flush=True)
-        if name in curve_tasks:
-            for n in SIZES:
-                ckey = f"curve/{name}/{n}"
-                if n <= len(task.train) and ckey not in results:
-                    store(ckey, evaluate_thought(model, task, n_train=n, conditions=("patched",)).to_dict())
-                    print(model_name, ckey, results[ckey]["accuracy"], flush=True)
+        if job == "table" and f"table/{name}" not in results:
+            probe = probe or locality_probe(model)
+            store(f"table/{name}", evaluate_thought(model, task, n_train=n_train, locality=probe).to_dict(outcomes=True))
+        elif job == "paper" and f"paper/{name}" not in results:
+            probe = probe or locality_probe(model)
+            res = evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("none", "patched"), **PAPER)
+            store(f"paper/{name}", res.to_dict(outcomes=True))
+        elif job == "curve" and f"curve/{name}/{arg}" not in results and arg <= len(task.train):
+            res = evaluate_thought(model, task, n_train=arg, conditions=("patched",), locality=False)
+            store(f"curve/{name}/{arg}", res.to_dict(outcomes=True))
+        elif job == "select":
+            setting = select_grid[arg]
+            key = f"select/{_setting(setting)}/{name}"
+            if key not in results:
+                fit, val = [q for q, _ in task.train[:select_fit]], [q for q, _ in
+                                                                     task.train[select_fit:select_fit + select_validate]]
+                t0 = time.perf_counter()
+                patch = thought_patch(model, task.instruction, fit, **setting)
+                store(key, {**setting, "task": name, "n_fit": len(fit), "n_validate": len(val),
+                            "validation_kl": last_token_kl(model, task.instruction, val, patch,
+                                                           query_prefix=setting["query_prefix"]),
+                            "calibration_kl": last_token_kl(model, task.instruction, fit, patch,
+                                                            query_prefix=setting["query_prefix"]),
+                            "seconds": time.perf_counter() - t0})
+        elif job == "diagnose" and f"diagnose/{name}" not in results:
+            queries = {"train": [q for q, _ in task.train], "test": [q for q, _ in task.test]}
+            frames = {}
+            settings = (("unpatched, no prefix", None, ""), ("unpatched, default prefix", None, None),
+                        ("paper patch", PAPER, ""), ("default patch", {}, None))
+            for label, setting, prefix in settings:
+                patch = None if setting is None else thought_patch(model, task.instruction, queries["train"], **setting)
+                prefix = patch.query_prefix if patch is not None else (DEFAULT_QUERY_PREFIX if prefix is None else prefix)
+                for split, qs in queries.items():
+                    frames[f"{label}/{split}"] = diagnose(model, task.instruction, qs, patch,
+                                                          query_prefix=prefix).to_frame().to_dict(orient="list")
+            store(f"diagnose/{name}", frames)
+    if jobs:
+        store(f"seconds/{time.strftime('%Y-%m-%dT%H:%M:%S')}", {"jobs": len(jobs), "seconds": time.perf_counter() - start})
 
 
 def _pct(x) -> str:
     return "–" if x is None else f"{100 * x:.0f}%"
 
 
-def write_report(out: Path, models: list[str], tasks: list[str], report_command: str) -> str:
+def _acc_ci(r: dict, cond: str) -> str:
+    if cond not in r["correct"]:
+        return "–"
+    low, high = wilson_interval(r["correct"][cond], r["n_test"])
+    return f"{_pct(r['correct'][cond] / r['n_test'])} [{100 * low:.0f}–{100 * high:.0f}]"
+
+
+def _ratio(r: dict) -> tuple[float | None, tuple[float, float] | None]:
+    o = r.get("outcomes", {})
+    if not r["correct"].get("full"):
+        return None, None
+    ratio = r["correct"]["patched"] / r["correct"]["full"]
+    return ratio, bootstrap_ratio(o["patched"], o["full"]) if o else None
+
+
+def _fmt_ratio(ratio, ci) -> str:
+    if ratio is None:
+        return "–"
+    return f"{ratio:.2f}" + (f" [{ci[0]:.2f}–{ci[1]:.2f}]" if ci else "")
+
+
+def write_report(out: Path, models: list[str], tasks: list[str], report_command: str,
+                 select_tasks=SELECT_TASKS) -> str:
+    from icl_lens.thought.fit import DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE
+
+    default = {"kind": DEFAULT_KIND, "ridge": DEFAULT_RIDGE, "query_prefix": DEFAULT_QUERY_PREFIX}
     caches = {m: _cached(out, m) for m in models}
     runs = [f"- {m}: {len(keys)} result(s) by {run}" for m in models for run, keys in caches[m].get("runs", {}).items()]
-    unrecorded = [m for m in models if caches[m] and "runs" not in caches[m]]
     lines = [
-        "## Thought patches: prompts turned into weights (issue 5)",
+        "## Thought patches: prompts turned into weights (issues 5, 14)",
         "",
         f"Report written by `{report_command}` from the cached results `{_cache_path(out, '<model>').name}`, "
         "computed (float32) by:",
         "",
         *runs,
-        *[f"- {m}: command and machine not recorded (cache written before runs were recorded)" for m in unrecorded],
         "",
-        "Method (Mazzawi, Dherin et al. 2025, arXiv 2510.08734, Algorithm 1): thought patch fitted layer by "
-        "layer on the task's train queries (all tokens of each query), kind `both`, η = 1, λ = 0 (minimum-norm "
-        "pseudo-inverse). Accuracy on held-out test queries, greedy decoding, correct when the continuation "
-        "(leading spaces stripped) starts with the answer. *none*: query alone; *full*: few-shot instruction + "
-        "query; *patched*: query alone, thought-patched model; *control*: query alone, random patch with the same "
-        "per-layer ‖ΔW‖ and vector norms. Ratio = patched / full.",
+        "Method (Mazzawi, Dherin et al. 2025, arXiv 2510.08734, Algorithm 1, layer by layer; "
+        "`icl_lens.thought.fit`). **Default settings** (the same for every task and model): "
+        f"kind `{DEFAULT_KIND}`, η = 1, one sweep, scale-free ridge {DEFAULT_RIDGE:g} "
+        "(λ = ridge · tr(Σ x xᵀ)/d of each fit's inputs), all train queries (32) as calibration, query prefix "
+        f"{DEFAULT_QUERY_PREFIX!r} (the query-alone prompt is `[BOS] + prefix + query` at fit and at use). "
+        "Kind `both+down` is the paper's thought matrix and vector plus a least-squares fit, through the MLP's "
+        "down projection, of the per-token block-output residual the constant vector leaves (an icl_lens "
+        "extension; see the fit's docstring). Nothing is tuned per task. "
+        "Accuracy on held-out test queries, greedy decoding, correct when the continuation (leading spaces "
+        "stripped) starts with the answer; [95% Wilson interval]. *none*: query alone; *full*: few-shot "
+        "instruction + query; *patched*: query alone, thought-patched model; *control*: query alone, random patch "
+        "with the same per-layer norms; *steering*: query alone, mean residual difference (instruction+query − "
+        "query alone, over the query tokens of the train queries) added after the block chosen by calibration KL "
+        f"(layer in the table). Ratio = patched/full with a paired bootstrap 95% interval; target ≥ {TARGET} "
+        f"where full ≥ {ELIGIBLE:.0%}. Locality: mean next-token KL(unpatched ‖ edited) in nats over "
+        "every position of 12 fixed unrelated texts, and the share of 32 sentence-completion prompts on which "
+        "the edited model's 3 greedy tokens equal the unpatched model's (`icl_lens/thought/tasks/locality.json`).",
         "",
-        "| model | task | train | test | none | full | patched | control | patched/full | seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | task | none | full | patched | control | steering (layer) | patched/full | target | "
+        "locality KL patched / control / steering | other task kept patched / control / steering | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    curves: dict[tuple[str, str], dict[int, float]] = {}
+    verdicts: dict[str, list[tuple[str, bool]]] = {}
+    steering_wins, paper_rows = [], []
     for model in models:
-        results = caches[model]
+        res = caches[model]
         for name in tasks:
-            r = results.get(f"table/{name}")
-            if r is not None:
-                a = r["accuracy"]
-                ratio = "–" if not a["full"] else f"{a['patched'] / a['full']:.2f}"
-                lines.append(f"| {model} | {name} | {r['n_train']} | {r['n_test']} | {_pct(a['none'])} | "
-                             f"{_pct(a['full'])} | {_pct(a['patched'])} | {_pct(a['control'])} | {ratio} | "
-                             f"{r['seconds']:.0f} |")
-            pts = {n: results[f"curve/{name}/{n}"]["accuracy"]["patched"] for n in SIZES
-                   if f"curve/{name}/{n}" in results}
+            r = res.get(f"table/{name}")
+            if r is None:
+                continue
+            ratio, ci = _ratio(r)
+            eligible = r["accuracy"]["full"] >= ELIGIBLE
+            met = eligible and ratio is not None and ratio >= TARGET
+            if eligible:
+                verdicts.setdefault(model, []).append((name, met))
+            kl, kept = r["locality_kl"], r["locality_accuracy"]
+            lines.append(
+                f"| {model} | {name} | {_acc_ci(r, 'none')} | {_acc_ci(r, 'full')} | {_acc_ci(r, 'patched')} | "
+                f"{_acc_ci(r, 'control')} | {_acc_ci(r, 'steering')} ({r['steering_layer']}) | {_fmt_ratio(ratio, ci)} | "
+                f"{('met' if met else 'missed') if eligible else 'n/a (full < 50%)'} | "
+                f"{kl['patched']:.3f} / {kl['control']:.3f} / {kl['steering']:.3f} | "
+                f"{_pct(kept['patched'])} / {_pct(kept['control'])} / {_pct(kept['steering'])} | {r['seconds']:.0f} |")
+            steering_wins.append(r["accuracy"]["patched"] >= r["accuracy"]["steering"])
+            p = res.get(f"paper/{name}")
+            if p is not None:
+                paper_rows.append((model, name, p, r))
+    summary = []
+    for model, v in verdicts.items():
+        missed = [n for n, ok in v if not ok]
+        summary.append(f"- {model}: target met on {sum(ok for _, ok in v)} of {len(v)} tasks where full ≥ "
+                       f"{ELIGIBLE:.0%}" + (f"; missed: {', '.join(missed)}." if missed else "."))
+    if steering_wins:
+        summary.append(f"- The thought patch is at least as accurate as the steering vector on {sum(steering_wins)} "
+                       f"of {len(steering_wins)} (model, task) pairs.")
+    lines += ["", "Read from the table (rules: target as stated; counts over the rows above):", "", *summary]
+    if paper_rows:
+        lines += ["", "**Before / after**: the paper's settings (kind `both`, ridge 0, no query prefix, the "
+                  "query read right after BOS) against the default, same train and test queries. *none* is "
+                  "the query alone in each setting's own format.", "",
+                  "| model | task | full | none (paper format) | patched, paper | ratio | patched, default | ratio | "
+                  "locality KL paper / default |", "|---|---|---|---|---|---|---|---|---|"]
+        for model, name, p, r in paper_rows:
+            pr = p["correct"]["patched"] / r["correct"]["full"] if r["correct"]["full"] else None
+            dr = r["correct"]["patched"] / r["correct"]["full"] if r["correct"]["full"] else None
+            lines.append(f"| {model} | {name} | {_acc_ci(r, 'full')} | {_acc_ci(p, 'none')} | {_acc_ci(p, 'patched')} | "
+                         f"{'–' if pr is None else f'{pr:.2f}'} | {_acc_ci(r, 'patched')} | "
+                         f"{'–' if dr is None else f'{dr:.2f}'} | {p['locality_kl']['patched']:.3f} / "
+                         f"{r['locality_kl']['patched']:.3f} |")
+    curves = {}
+    for model in models:
+        for name in tasks:
+            pts = {n: caches[model][f"curve/{name}/{n}"] for n in SIZES if f"curve/{name}/{n}" in caches[model]}
             if pts:
                 curves[(model, name)] = pts
     if curves:
-        lines += ["", "Test accuracy of the patched model against the number of calibration queries:", "",
-                  "| model | task | " + " | ".join(str(n) for n in SIZES) + " |",
-                  "|---|---|" + "---|" * len(SIZES)]
+        lines += ["", "Test accuracy of the patched model (default settings) against the number of calibration "
+                  "queries (the first n train queries):", "",
+                  "| model | task | " + " | ".join(str(n) for n in SIZES) + " |", "|---|---|" + "---|" * len(SIZES)]
         for (model, name), pts in curves.items():
-            lines.append(f"| {model} | {name} | " + " | ".join(_pct(pts.get(n)) for n in SIZES) + " |")
-    text = "\n".join(lines) + "\n"
-    return text
+            lines.append(f"| {model} | {name} | " + " | ".join(_acc_ci(pts[n], "patched") if n in pts else "–"
+                                                               for n in SIZES) + " |")
+    lines += _selection_lines(caches, default, select_tasks)
+    lines += _diagnosis_lines(caches)
+    timing = []
+    for model in models:
+        secs = [v["seconds"] for k, v in caches[model].items() if k.startswith("table/") or k.startswith("paper/")
+                or k.startswith("curve/")]
+        if secs:
+            timing.append(f"{model} {sum(secs) / 60:.0f} min")
+    if timing:
+        lines += ["", f"Compute, table + before/after + curves (sum of the per-result seconds): {'; '.join(timing)}."]
+    return "\n".join(lines) + "\n"
+
+
+def _selection_lines(caches: dict, default: dict, select_tasks) -> list[str]:
+    rows: dict[str, list[float]] = {}
+    per: dict[tuple[str, str], dict[str, float]] = {}
+    n_fit = n_val = None
+    for model, res in caches.items():
+        for key, v in res.items():
+            if key.startswith("select/") and v["task"] in select_tasks:
+                s = _setting(v)
+                rows.setdefault(s, []).append(v["validation_kl"])
+                per.setdefault((model, s), {})[v["task"]] = v["validation_kl"]
+                n_fit, n_val = v["n_fit"], v["n_validate"]
+    if not rows:
+        return []
+    counts = {s: len(v) for s, v in rows.items()}
+    full = max(counts.values())
+    means = {s: sum(v) / len(v) for s, v in rows.items() if len(v) == full}
+    best = min(means, key=means.get)
+    models = sorted({m for m, _ in per})
+    lines = ["", f"**Choice of the default** (`{COMMAND} --select`): fit on the first {n_fit} train queries, "
+             f"score the next {n_val} train queries (never test) by KL(full ‖ patched) at their last token; mean "
+             f"over models × selection tasks ({', '.join(select_tasks)}); lowest wins (rule applied to settings "
+             "measured on every (model, task)).", "",
+             "| setting | " + " | ".join(f"{m} mean KL" for m in models) + " | mean KL | |",
+             "|---|" + "---|" * len(models) + "---|---|"]
+    for s in sorted(rows, key=lambda s: means.get(s, math.inf)):
+        cells = []
+        for m in models:
+            vals = list(per.get((m, s), {}).values())
+            cells.append(f"{sum(vals) / len(vals):.3f}" if vals else "–")
+        mark = "lowest" if s == best else ("incomplete" if s not in means else "")
+        lines.append(f"| {s} | " + " | ".join(cells) + f" | {means.get(s, float('nan')):.3f} | {mark} |")
+    lines.append("")
+    lines.append(f"The defaults in `icl_lens/thought/fit.py` ({_setting(default)}) "
+                 + ("are the lowest setting." if _setting(default) == best else f"differ from the lowest ({best})."))
+    return lines
+
+
+def _diagnosis_lines(caches: dict) -> list[str]:
+    lines = []
+    for model, res in caches.items():
+        for key, frames in res.items():
+            if not key.startswith("diagnose/"):
+                continue
+            task = key.split("/", 1)[1]
+            labels = list(dict.fromkeys(k.rsplit("/", 1)[0] for k in frames))
+            n_layers = len(next(iter(frames.values()))["layer"])
+            show = sorted(l for l in {0, 1, 2, 3, 5, n_layers // 2, n_layers - 2, n_layers - 1} if 0 <= l < n_layers)
+            lines += ["", f"**Diagnosis, {model}, {task}** (`{COMMAND} --diagnose {task}`): per layer, the last query "
+                      "token's block output in the query-alone pass against the full-instruction pass, "
+                      "‖o − O‖/‖O‖ (mean over queries; calibration = train, held out = test); the attention the "
+                      "last query token pays to BOS and to position 1, and the block-output norm at position 1, "
+                      "in the query-alone pass (test queries); in context the query's first token has norm "
+                      "*ctx norm*.", "",
+                      "| setting | " + " | ".join(f"L{l}" for l in show) + " |", "|---|" + "---|" * len(show)]
+            for label in labels:
+                for split in ("train", "test"):
+                    f = frames[f"{label}/{split}"]
+                    lines.append(f"| {label}: divergence ({'calibration' if split == 'train' else 'held out'}) | "
+                                 + " | ".join(f"{f['divergence'][l]:.2f}" for l in show) + " |")
+                f = frames[f"{label}/test"]
+                lines.append(f"| {label}: attention to BOS / position 1 | "
+                             + " | ".join(f"{f['attn_bos'][l]:.2f} / {f['attn_pos1'][l]:.2f}" for l in show) + " |")
+                lines.append(f"| {label}: norm at position 1 (ctx norm) | "
+                             + " | ".join(f"{f['norm_pos1'][l]:.0f} ({f['norm_qfirst_context'][l]:.0f})" for l in show)
+                             + " |")
+    return lines
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=list(EMBEDDED_MODELS))
     p.add_argument("--tasks", nargs="+", default=list(SHIPPED_TASKS))
-    p.add_argument("--curve-tasks", nargs="+", default=list(SHIPPED_TASKS))
+    p.add_argument("--curve-tasks", nargs="+", default=list(CURVE_TASKS))
     p.add_argument("--out", default="reports/eval_thought.md")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the cores are shared)")
+    p.add_argument("--select", action="store_true", help="also run the selection of the default settings")
+    p.add_argument("--select-only", action="store_true", help="run only the selection (no table)")
+    p.add_argument("--diagnose", metavar="TASK", default=None, help="also run the per-layer diagnosis on TASK")
     p.add_argument("--report-only", action="store_true", help="only assemble the report from cached results")
-    p.add_argument("--notes", default=None, help="Markdown file appended to the report (analysis)")
+    p.add_argument("--quick", action="store_true", help="tiny-llama, one task, 4 calibration queries (tests)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
     cmd = command(COMMAND, argv)
+    q = QUICK if args.quick else {}
+    models = q.get("models", args.models)
+    tasks = q.get("tasks", args.tasks)
+    curve_tasks = q.get("tasks", args.curve_tasks)[:1] if args.quick else args.curve_tasks
     if not args.report_only:
-        for model in args.models:
-            run_model(model, args.tasks, args.curve_tasks, out, f"`{cmd}` on {machine()}")
-    text = write_report(out, list(EMBEDDED_MODELS), list(SHIPPED_TASKS), cmd)
-    if args.notes:
-        text += "\n" + Path(args.notes).read_text()
+        for model in models:
+            run_model(model, tasks, curve_tasks, out, f"`{cmd}` on {machine()}", n_train=q.get("n_train"),
+                      sizes=q.get("sizes", SIZES), select=args.select or args.select_only,
+                      select_tasks=q.get("tasks", SELECT_TASKS), select_grid=q.get("select_grid", SELECT_GRID),
+                      select_fit=q.get("select_fit", SELECT_FIT), select_validate=q.get("select_validate", SELECT_VALIDATE),
+                      diagnose_task=args.diagnose, table=not args.select_only)
+    text = write_report(out, models, tasks if args.quick else list(SHIPPED_TASKS), cmd,
+                        select_tasks=q.get("tasks", SELECT_TASKS))
     print(write_fragment(out, [text]))
-    print(f"({time.perf_counter() - start:.0f} s)")
     return 0
 
 

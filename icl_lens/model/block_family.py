@@ -55,6 +55,8 @@ class BlockFamily:
     dense_in_hook: str = "blocks.{layer}.mlp.in.hook_out"
     dense_gate_hook: str = "blocks.{layer}.mlp.gate.hook_out"
     mlp_out_hook: str = "blocks.{layer}.mlp.hook_out"
+    dense_out_in_hook: str = "blocks.{layer}.mlp.out.hook_in"
+    dense_out_out_hook: str = "blocks.{layer}.mlp.out.hook_out"
 
     @staticmethod
     def resid_pre(layer: int) -> str:
@@ -86,6 +88,14 @@ class BlockFamily:
 
     def dense_gate_out(self, layer: int) -> str:
         return self.dense_gate_hook.format(layer=layer)
+
+    def dense_out_input(self, layer: int) -> str:
+        """Input of the down projection ``W_out`` (the MLP's hidden activation)."""
+        return self.dense_out_in_hook.format(layer=layer)
+
+    def dense_out_output(self, layer: int) -> str:
+        """Output of the down projection ``W_out`` (before any post-FFN norm)."""
+        return self.dense_out_out_hook.format(layer=layer)
 
     def mlp_branch_out(self, layer: int) -> str:
         """Where the skip correction is added: after the post-FFN norm if the block has one."""
@@ -140,6 +150,11 @@ def first_dense_modules(model, layer: int) -> dict[str, nn.Module]:
 def first_dense_weights(model, layer: int) -> dict[str, torch.Tensor]:
     """``[d_mlp, d_model]`` weights of :func:`first_dense_modules` (views, no copy)."""
     return {name: dense_weight(module) for name, module in first_dense_modules(model, layer).items()}
+
+
+def down_weight(model, layer: int) -> torch.Tensor:
+    """``[d_model, d_mlp]`` weight of the MLP's down projection ``W_out`` of ``layer`` (a view, no copy)."""
+    return dense_weight(model.blocks[layer].mlp.out)
 
 
 def original(module: nn.Module) -> nn.Module:

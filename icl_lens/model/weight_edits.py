@@ -1,18 +1,24 @@
 """The one way icl_lens edits a model's MLPs: factored low-rank updates applied through hooks.
 
 Every weight edit in the toolkit — a token patch (Dherin et al. 2025, arXiv 2507.16003),
-a thought patch (Mazzawi, Dherin et al. 2025, arXiv 2510.08734), the running update of
-explicit SGD, the regression lab's edits — changes the MLP's first dense layer(s) ``W``
-(``W_in``; ``W_gate`` and ``W_up`` for gated MLPs) by a sum of rank-1 terms, and may add
-a vector after the MLP branch:
+a thought patch (Mazzawi, Dherin et al. 2025, arXiv 2510.08734), a steering vector, the
+running update of explicit SGD, the regression lab's edits — changes the MLP's first
+dense layer(s) ``W`` (``W_in``; ``W_gate`` and ``W_up`` for gated MLPs) and/or its down
+projection ``W_out`` by sums of rank-1 terms, and may add a vector after the MLP branch:
 
     W_d  ←  W_d + Σ_k u_d[k] v[k]ᵀ          for d ∈ {in, gate}  (v shared by both)
+    W_out  ←  W_out + Σ_k out_u[k] out_v[k]ᵀ                     (down projection)
     branch output  ←  branch output + bias                       (skip correction, bias site)
     post-FFN norm output  ←  (1 + w + g) ⊙ ŷ                     (gain site, Gemma-style)
 
+The bias enters the residual stream at the block output of every position, so a
+steering vector (a residual-stream addition at one layer) is the edit ``bias = s`` of
+that layer: one mechanism for both.
+
 A weight edit acts on whatever input arrives, so the hooks add ``Σ_k u_d[k] (v[k]·x)``
-to each dense output for the actual MLP input ``x``; no ``d_mlp × d_model`` matrix is
-formed per token. A static matrix ``Δ = W M`` (a thought matrix) is the sum with
+to each dense output for the actual MLP input ``x`` (and ``Σ_k out_u[k] (out_v[k]·h)``
+to the down projection's output for its actual input ``h``); no ``d_mlp × d_model``
+matrix is formed per token. A static matrix ``Δ = W M`` (a thought matrix) is the sum with
 ``v[k] = M[k, :]`` and ``u_d[k] = W_d[:, k]``.
 
 An :class:`MLPEdit` has leading dimensions ``()`` (one edit for every position) or
@@ -37,10 +43,12 @@ from icl_lens.model.block_family import BlockFamily, block_family, post_norm_eps
 
 @dataclass(frozen=True, eq=False)
 class MLPEdit:
-    """One layer's edit: ``ΔW_d = Σ_k u_d[k] v[k]ᵀ`` (d = in, gate), a branch bias, a post-norm gain.
+    """One layer's edit: ``ΔW_d = Σ_k u_d[k] v[k]ᵀ`` (d = in, gate), ``ΔW_out``, a branch bias, a post-norm gain.
 
     ``v``/``u_in``/``u_gate`` are ``[*lead, k, d]`` and ``bias`` is ``[*lead, d_model]`` with
-    ``lead = ()`` (shared) or ``(batch, pos)`` (per input position); ``gain`` is always shared.
+    ``lead = ()`` (shared) or ``(batch, pos)`` (per input position); ``out_u``/``out_v``
+    (``ΔW_out = Σ_j out_u[j] out_v[j]ᵀ``, ``[j, d_model]`` and ``[j, d_mlp]``) and ``gain``
+    are always shared.
     """
 
     v: Float[Tensor, "*lead k d_model"] | None = None
@@ -48,6 +56,16 @@ class MLPEdit:
     u_gate: Float[Tensor, "*lead k d_mlp"] | None = None
     bias: Float[Tensor, "*lead d_model"] | None = None
     gain: Float[Tensor, " d_model"] | None = None
+    out_u: Float[Tensor, "j d_model"] | None = None
+    out_v: Float[Tensor, "j d_mlp"] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.out_u is None) != (self.out_v is None):
+            raise ValueError("out_u and out_v come together (ΔW_out = Σ_j out_u[j] out_v[j]ᵀ)")
+        if self.out_u is not None and (self.out_u.ndim != 2 or self.out_v.ndim != 2
+                                       or self.out_u.shape[0] != self.out_v.shape[0]):
+            raise ValueError(f"out_u [j, d_model] and out_v [j, d_mlp] must share j; got "
+                             f"{tuple(self.out_u.shape)} and {tuple(self.out_v.shape)}")
 
     @staticmethod
     def input_map(m: Float[Tensor, "d_model d_model"], weights: dict[str, Tensor], *,
@@ -85,6 +103,13 @@ def edit_hooks(model, edits: dict[int, MLPEdit], family: BlockFamily | None = No
             for name, u in ((family.dense_in_out(layer), edit.u_in), (family.dense_gate_out(layer), edit.u_gate)):
                 if u is not None:
                     hooks.append((name, lambda out, hook, u=u, state=state: out + _combine(state["coef"], u).to(out.dtype)))
+        if edit.out_u is not None:
+            def read_hidden(h, hook, v=edit.out_v, state=state):
+                state["out_coef"] = h.to(v.dtype) @ v.T
+
+            hooks.append((family.dense_out_input(layer), read_hidden))
+            hooks.append((family.dense_out_output(layer),
+                          lambda out, hook, u=edit.out_u, state=state: out + (state["out_coef"] @ u).to(out.dtype)))
         if edit.gain is not None:
             eps = post_norm_eps(model, layer)
 

@@ -4,13 +4,19 @@ Everything about the feature lives here: :mod:`~icl_lens.thought.fit` (Algorithm
 layer by layer), :mod:`~icl_lens.thought.result` (the :class:`ThoughtPatch`, applied as
 weight edits through hooks), :mod:`~icl_lens.thought.export` (a plain Hugging Face
 directory with the edited weights), :mod:`~icl_lens.thought.evaluate` (accuracy on a
-task), :mod:`~icl_lens.thought.batches` (instruction + query token batches) and
-:mod:`~icl_lens.thought.tasks` (the shipped task files). The least-squares fit itself is
+task), :mod:`~icl_lens.thought.steering` (the steering-vector baseline),
+:mod:`~icl_lens.thought.locality` (what an edit changes outside its task),
+:mod:`~icl_lens.thought.divergence` (next-token KL to the full instruction),
+:mod:`~icl_lens.thought.diagnose` (where a patched forward departs from it, layer by
+layer), :mod:`~icl_lens.thought.batches` (instruction + query token batches) and
+:mod:`~icl_lens.thought.tasks` (the shipped task files and their builder). The least-squares fit itself is
 the math core's :mod:`icl_lens.core.least_squares`.
 """
 from icl_lens.thought.evaluate import ThoughtEval, evaluate_thought
 from icl_lens.thought.fit import thought_patch
 from icl_lens.thought.result import ThoughtPatch
+from icl_lens.thought.steering import SteeringVector, steering_vector
 from icl_lens.thought.tasks import Task, TaskFormatError, load_task
 
-__all__ = ["Task", "TaskFormatError", "ThoughtEval", "ThoughtPatch", "evaluate_thought", "load_task", "thought_patch"]
+__all__ = ["SteeringVector", "Task", "TaskFormatError", "ThoughtEval", "ThoughtPatch", "evaluate_thought", "load_task",
+           "steering_vector", "thought_patch"]

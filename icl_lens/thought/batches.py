@@ -1,11 +1,19 @@
-"""Token ids of instruction + query prompts, batched with right padding.
+"""Token ids of instruction + query prompts, batched with right padding, and reading them.
 
 Thought patches (arXiv 2510.08734) compare a query read after an instruction,
-``[BOS] + ids(instruction) + ids(query)``, with the same query alone, ``[BOS] + ids(query)``.
-Instruction and query are tokenised separately so the query's tokens are identical in
-both sequences. BOS is kept as in the rest of icl_lens (attention sink, docs/design.md §2).
-Right padding needs no attention mask in a causal model: real tokens never see the
-padding after them, and position ids stay 0, 1, 2, … for every row.
+``[BOS] + ids(instruction) + ids(query)``, with the same query without it,
+``[BOS] + ids(prefix) + ids(query)``, where ``prefix`` is the patch's fixed *query
+prefix* (empty, or e.g. a newline: the same few tokens at fit and at use, see
+:mod:`icl_lens.thought.fit`). Instruction, prefix and query are tokenised separately so
+the query's tokens are identical in both sequences. BOS is kept as in the rest of
+icl_lens (attention sink, docs/design.md §2). Right padding needs no attention mask in
+a causal model: real tokens never see the padding after them, and position ids stay
+0, 1, 2, … for every row.
+
+:func:`read_query_tokens` runs a batch (with any hooks, e.g. weight edits) and gathers
+hook points at every query token, and optionally at every position before the query
+(BOS and the prefix, the *anchor* positions): fits and steering vectors read
+activations through it.
 """
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from icl_lens.model.capture import StopForward
 from icl_lens.model.prompts import PromptError, bos_id, context_limit
 
 
@@ -29,6 +38,13 @@ def text_ids(model, text: str, *, what: str = "text") -> list[int]:
     if not ids:
         raise PromptError(f"{what} {text!r} tokenises to nothing")
     return ids
+
+
+def prefix_ids(model, prefix: str) -> list[int]:
+    """Token ids of a query prefix (may be empty or whitespace, e.g. ``"\\n"``)."""
+    if not isinstance(prefix, str):
+        raise PromptError(f"query prefix must be a string, got {type(prefix).__name__}")
+    return list(model.tokenizer(prefix, add_special_tokens=False)["input_ids"]) if prefix else []
 
 
 def with_bos(model, ids: Sequence[int]) -> list[int]:
@@ -78,9 +94,13 @@ def pad_id(model) -> int:
     return 0
 
 
-def first_positions(rows: Sequence[int]) -> tuple[Tensor, Tensor]:
-    """(row-in-chunk, 0) for each row: the BOS of every sequence."""
-    return torch.arange(len(rows), dtype=torch.long), torch.zeros(len(rows), dtype=torch.long)
+def anchor_positions(batch: QueryBatch, rows: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """Flat (row-in-chunk, position) indices of every position before the query (BOS, prefix) of ``rows``."""
+    r, p = [], []
+    for k, row in enumerate(rows):
+        r.extend([k] * batch.query_start[row])
+        p.extend(range(batch.query_start[row]))
+    return torch.tensor(r, dtype=torch.long), torch.tensor(p, dtype=torch.long)
 
 
 def query_positions(batch: QueryBatch, rows: Sequence[int]) -> tuple[Tensor, Tensor]:
@@ -91,3 +111,46 @@ def query_positions(batch: QueryBatch, rows: Sequence[int]) -> tuple[Tensor, Ten
         r.extend([k] * n)
         p.extend(range(start, start + n))
     return torch.tensor(r, dtype=torch.long), torch.tensor(p, dtype=torch.long)
+
+
+def _gather(x: Tensor, rows: Tensor, pos: Tensor, dtype) -> Tensor:
+    return x.detach()[rows.to(x.device), pos.to(x.device)].to(dtype)
+
+
+@torch.no_grad()
+def read_query_tokens(model, batch: QueryBatch, reads: dict[str, str], *, hooks: Sequence[tuple[str, object]] = (),
+                      stop: str | None = None, anchors: bool = False, batch_size: int = 16,
+                      dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+    """Run ``batch`` with ``hooks`` active and gather each hook point of ``reads`` (key → hook name).
+
+    Returns ``{key: [n_tokens, d]}`` (every query token, in order) and, with ``anchors``,
+    ``{key + "_anchor": [n_anchor, d]}`` (every position before the query of every
+    sequence, in order). The forward stops right after ``stop`` (one of the read hook
+    names) when given.
+    """
+    if stop is not None and stop not in reads.values():
+        raise ValueError(f"stop hook {stop!r} is not read")
+    keys = [*reads, *(f"{k}_anchor" for k in reads if anchors)]
+    got: dict[str, list[Tensor]] = {k: [] for k in keys}
+    pad = pad_id(model)
+    for start in range(0, len(batch.sequences), batch_size):
+        rows = list(range(start, min(len(batch.sequences), start + batch_size)))
+        ids = right_padded([batch.sequences[r] for r in rows], pad, model.cfg.device)
+        r_idx, p_idx = query_positions(batch, rows)
+        r0, p0 = anchor_positions(batch, rows)
+        run_hooks = list(hooks)
+        for key, name in reads.items():
+            def read(x, hook, key=key, name=name):
+                got[key].append(_gather(x, r_idx, p_idx, dtype))
+                if anchors:
+                    got[f"{key}_anchor"].append(_gather(x, r0, p0, dtype))
+                if name == stop:
+                    raise StopForward
+
+            run_hooks.append((name, read))
+        with model.hooks(fwd_hooks=run_hooks):
+            try:
+                model(ids, return_type=None)
+            except StopForward:
+                pass
+    return {k: torch.cat(v) for k, v in got.items()}

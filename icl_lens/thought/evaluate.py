@@ -1,53 +1,83 @@
 """Evaluate a thought patch on a task: does the patched model answer without the prompt?
 
-Four conditions on the task's held-out test queries (greedy decoding; an answer is
-correct when the continuation, leading spaces stripped, starts with it):
+Conditions on the task's held-out test queries (greedy decoding; an answer is correct
+when the continuation, leading spaces stripped, starts with it):
 
-- ``none``: the query alone, ``[BOS] + query``;
+- ``none``: the query alone, ``[BOS] + prefix + query`` (``prefix``: the patch's query
+  prefix, the same in every query-alone condition);
 - ``full``: the instruction in context, ``[BOS] + instruction + query``;
 - ``patched``: the query alone, model patched with the thought patch fitted on the
   task's train queries (Mazzawi, Dherin et al. 2025, arXiv 2510.08734);
-- ``control``: the query alone, with a patch of the same per-layer ``‖ΔW‖_F`` and
-  vector norms but random directions (:meth:`ThoughtPatch.random_control`).
+- ``control``: the query alone, with a patch of the same per-layer ``‖ΔW‖_F``, vector
+  and ``‖ΔW_out‖_F`` norms but random directions (:meth:`ThoughtPatch.random_control`);
+- ``steering``: the query alone, with the steering vector of the same train queries
+  added at its best layer (:mod:`icl_lens.thought.steering`).
+
+The result keeps every test query's outcome (front ends turn them into intervals with
+:mod:`icl_lens.evals.intervals`), and for every edit (patched, control, steering) its
+locality (:mod:`icl_lens.thought.locality`): the mean next-token KL on fixed unrelated
+texts and the share of the unpatched model's own answers on another task that the
+edited model keeps.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from icl_lens.model.greedy import greedy_continuations
 from icl_lens.model.prompts import PromptError
-from icl_lens.thought.batches import text_ids, with_bos
-from icl_lens.thought.fit import thought_patch
+from icl_lens.thought.batches import prefix_ids, text_ids, with_bos
+from icl_lens.thought.fit import DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE, thought_patch
+from icl_lens.thought.locality import LocalityProbe, locality_probe
+from icl_lens.thought.steering import steering_vector
 from icl_lens.thought.tasks import Task
 
-CONDITIONS = ("none", "full", "patched", "control")
+CONDITIONS = ("none", "full", "patched", "control", "steering")
+EDITS = ("patched", "control", "steering")  # conditions that edit the model: locality is measured for these
 
 
 @dataclass(frozen=True, eq=False)
 class ThoughtEval:
-    """Test accuracies of one task under the four conditions."""
+    """Test outcomes of one task under each condition (accuracy = share correct) and the edits' locality."""
 
     task: str
     model: str
     n_train: int
     n_test: int
-    accuracy: dict[str, float]
+    outcomes: dict[str, tuple[bool, ...]]  # per condition, per test query: correct?
+    locality: dict[str, dict]  # per edit condition: Locality.to_dict()
+    steering_layer: int | None
     seconds: float
     kind: str
     eta: float
     ridge: float
+    query_prefix: str
+    extra: dict = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
-        return {"task": self.task, "model": self.model, "n_train": self.n_train, "n_test": self.n_test,
-                "accuracy": dict(self.accuracy), "seconds": round(self.seconds, 3)}
+    @property
+    def accuracy(self) -> dict[str, float]:
+        return {c: sum(o) / len(o) for c, o in self.outcomes.items()}
+
+    def to_dict(self, *, outcomes: bool = False) -> dict:
+        out = {"task": self.task, "model": self.model, "kind": self.kind, "eta": self.eta, "ridge": self.ridge,
+               "query_prefix": self.query_prefix, "n_train": self.n_train, "n_test": self.n_test,
+               "accuracy": self.accuracy, "correct": {c: sum(o) for c, o in self.outcomes.items()},
+               "locality_kl": {c: v["kl"] for c, v in self.locality.items()},
+               "locality_accuracy": {c: v["accuracy"] for c, v in self.locality.items()},
+               "steering_layer": self.steering_layer, "seconds": round(self.seconds, 3), **self.extra}
+        if outcomes:
+            out["outcomes"] = {c: [int(x) for x in o] for c, o in self.outcomes.items()}
+        return out
 
     def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame([{"task": self.task, "model": self.model, "n_train": self.n_train,
-                              "n_test": self.n_test, "condition": c, "accuracy": self.accuracy[c]}
-                             for c in CONDITIONS if c in self.accuracy])
+        acc = self.accuracy
+        return pd.DataFrame([{"task": self.task, "model": self.model, "n_train": self.n_train, "n_test": self.n_test,
+                              "condition": c, "accuracy": acc[c], "correct": sum(self.outcomes[c]),
+                              "locality_kl": self.locality.get(c, {}).get("kl"),
+                              "locality_accuracy": self.locality.get(c, {}).get("accuracy")}
+                             for c in CONDITIONS if c in acc])
 
 
 def answer_correct(continuation: str, answer: str) -> bool:
@@ -68,23 +98,35 @@ def _check_answers(model, task: Task) -> int:
     return longest + 1
 
 
-def accuracy(model, prompts: list[list[int]], answers: list[str], max_new_tokens: int) -> float:
-    """Share of prompts whose greedy continuation starts with their answer."""
+def outcomes(model, prompts: list[list[int]], answers: list[str], max_new_tokens: int) -> tuple[bool, ...]:
+    """Per prompt: does its greedy continuation start with its answer?"""
     def decided(i: int, new_ids: list[int]) -> bool:  # right or wrong is settled already
         text, want = model.tokenizer.decode(new_ids).lstrip(" "), answers[i].strip()
         return len(text) >= len(want) or not want.startswith(text)
 
     outs = greedy_continuations(model, prompts, max_new_tokens, finished=decided)
-    texts = [model.tokenizer.decode(o) for o in outs]
-    return sum(answer_correct(t, a) for t, a in zip(texts, answers)) / len(answers)
+    return tuple(answer_correct(model.tokenizer.decode(o), a) for o, a in zip(outs, answers))
+
+
+def accuracy(model, prompts: list[list[int]], answers: list[str], max_new_tokens: int) -> float:
+    """Share of prompts whose greedy continuation starts with their answer."""
+    return sum(outcomes(model, prompts, answers, max_new_tokens)) / len(answers)
 
 
 def evaluate_thought(
-    model, task: Task, *, kind: str = "both", eta: float = 1.0, ridge: float = 0.0,
-    n_train: int | None = None, conditions: tuple[str, ...] = CONDITIONS, seed: int = 0,
+    model, task: Task, *, kind: str = DEFAULT_KIND, eta: float = 1.0, ridge: float = DEFAULT_RIDGE,
+    query_prefix: str = DEFAULT_QUERY_PREFIX, n_train: int | None = None, conditions: tuple[str, ...] = CONDITIONS,
+    seed: int = 0, locality: LocalityProbe | bool = True,
 ) -> ThoughtEval:
-    """Fit on the first ``n_train`` train queries (default all), score the test queries."""
+    """Fit on the first ``n_train`` train queries (default all), score the test queries.
+
+    ``locality``: a probe built once per model (:func:`~icl_lens.thought.locality.locality_probe`),
+    ``True`` to build one here, ``False`` to skip the locality measures.
+    """
     start = time.perf_counter()
+    unknown = [c for c in conditions if c not in CONDITIONS]
+    if unknown:
+        raise ValueError(f"unknown condition(s) {unknown}; known: {CONDITIONS}")
     max_new = _check_answers(model, task)
     n = len(task.train) if n_train is None else int(n_train)
     if not 1 <= n <= len(task.train):
@@ -92,20 +134,40 @@ def evaluate_thought(
     instr = text_ids(model, task.instruction, what="instruction")
     q_ids = [text_ids(model, q, what=f"test query {i}") for i, (q, _) in enumerate(task.test)]
     answers = [a for _, a in task.test]
-    plain = [with_bos(model, q) for q in q_ids]
-    acc: dict[str, float] = {}
+    pre = prefix_ids(model, query_prefix)
+    plain = [with_bos(model, pre + q) for q in q_ids]
+    calibration = [q for q, _ in task.train[:n]]
+    if locality is True and any(c in EDITS for c in conditions):
+        locality = locality_probe(model)
+    res: dict[str, tuple[bool, ...]] = {}
+    loc: dict[str, dict] = {}
+
+    def score(condition: str, edit=None) -> None:
+        if edit is None:
+            res[condition] = outcomes(model, plain, answers, max_new)
+        else:
+            with edit.applied():
+                res[condition] = outcomes(model, plain, answers, max_new)
+            if locality:
+                loc[condition] = locality.measure(edit).to_dict()
+
     if "none" in conditions:
-        acc["none"] = accuracy(model, plain, answers, max_new)
+        score("none")
     if "full" in conditions:
-        acc["full"] = accuracy(model, [with_bos(model, instr + q) for q in q_ids], answers, max_new)
+        res["full"] = outcomes(model, [with_bos(model, instr + q) for q in q_ids], answers, max_new)
     if "patched" in conditions or "control" in conditions:
-        patch = thought_patch(model, task.instruction, [q for q, _ in task.train[:n]], kind=kind, eta=eta, ridge=ridge)
+        patch = thought_patch(model, task.instruction, calibration, kind=kind, eta=eta, ridge=ridge,
+                              query_prefix=query_prefix)
         if "patched" in conditions:
-            with patch.applied():
-                acc["patched"] = accuracy(model, plain, answers, max_new)
+            score("patched", patch)
         if "control" in conditions:
-            with patch.random_control(seed).applied():
-                acc["control"] = accuracy(model, plain, answers, max_new)
+            score("control", patch.random_control(seed))
+    steer_layer = None
+    if "steering" in conditions:
+        steer = steering_vector(model, task.instruction, calibration, query_prefix=query_prefix)
+        steer_layer = steer.layer
+        score("steering", steer)
     return ThoughtEval(task=task.name, model=getattr(model, "icl_lens_name", model.cfg.model_name), n_train=n,
-                       n_test=len(task.test), accuracy=acc, seconds=time.perf_counter() - start,
-                       kind=kind, eta=float(eta), ridge=float(ridge))
+                       n_test=len(task.test), outcomes=res, locality=loc, steering_layer=steer_layer,
+                       seconds=time.perf_counter() - start, kind=kind, eta=float(eta), ridge=float(ridge),
+                       query_prefix=query_prefix)

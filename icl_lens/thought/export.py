@@ -13,7 +13,9 @@ computes. Edits, per patched layer ``l`` (``Δ = W M``):
 - Gemma 3 (post-FFN RMSNorm, no bias slot anywhere on the residual path: every write to
   the residual stream ends in an RMSNorm, so no constant offset is representable): the
   vector is fitted as a gain update, ``post_feedforward_layernorm.weight ← w + g``,
-  which the hooks apply identically (:mod:`icl_lens.core.least_squares`).
+  which the hooks apply identically (:mod:`icl_lens.core.least_squares`);
+- every family, kind ``"both+down"``: the down projection ``W_out ← W_out + uᵀ v``
+  (GPT-2 ``c_proj``; Llama/Gemma ``down_proj``).
 
 Weights are written in the model's dtype with the tokenizer beside them.
 """
@@ -48,8 +50,11 @@ def _weight_name(names: dict[int, str], module) -> str:
     return names[id(original(module).weight)]
 
 
-def export_thought_model(model, maps: dict, vectors: dict, directory: str | Path) -> Path:
-    """Write the patched model and its tokenizer to ``directory``; return the path."""
+def export_thought_model(model, maps: dict, vectors: dict, directory: str | Path, *, downs: dict | None = None) -> Path:
+    """Write the patched model and its tokenizer to ``directory``; return the path.
+
+    ``downs``: layer → ``(u, v)`` factors of ``ΔW_out = uᵀ v`` (optional).
+    """
     family = block_family(model)
     hf = model.original_model
     config = copy.deepcopy(hf.config)
@@ -75,6 +80,11 @@ def export_thought_model(model, maps: dict, vectors: dict, directory: str | Path
                 edit(key, w + m.T @ w)
             else:
                 edit(key, w + w @ m)
+
+    for layer, (u, v) in (downs or {}).items():
+        key = _weight_name(names, model.blocks[layer].mlp.out)
+        w = sd[key].to(u.dtype)
+        edit(key, w + (v.T @ u if family.name == "gpt2" else u.T @ v))  # Conv1D stores W_outᵀ
 
     for layer in range(model.cfg.n_layers):
         vec = vectors.get(layer)

@@ -1,37 +1,64 @@
 """Fit a thought patch layer by layer: Algorithm 1 of "Transmuting prompts into weights".
 
 Mazzawi, Dherin et al. 2025, arXiv 2510.08734. For an instruction ``I`` and calibration
-queries ``x₁…x_q`` (``n`` query tokens in all, every token of every query):
+queries ``x₁…x_q`` (``n`` query tokens in all, every token of every query), and a fixed
+*query prefix* ``p`` (default ``DEFAULT_QUERY_PREFIX``, a newline):
 
 1. *Contextual pass*, once, unpatched, batched (right padding) over ``[BOS, I, xⱼ]``:
    at every layer ``l`` read the MLP input ``Aᵢ`` and the block output ``Oᵢ`` at each
-   query token ``i`` (the forward stops after the last block: no unembedding).
+   query token ``i`` (the forward stops after the last block); and once over
+   ``[BOS, p, xⱼ]``, unpatched, the same at the *anchor* positions (BOS and ``p``).
 2. For ``l = 0 … L−1`` (``iterations`` sweeps), *non-contextual passes* over
-   ``[BOS, xⱼ]`` with every patch fitted so far applied, stopped at layer ``l``:
-   a. read the MLP inputs ``aᵢ`` (query tokens, plus the BOS of each sequence as an
-      anchor row whose target is its own unpatched input: position 0 sees only itself,
-      so its contextual and context-free states are equal); matrix residual ``δᵢ = Aᵢ − aᵢ − M aᵢ`` (``M``: the
-      current input map, zero in the first sweep); ``M ← M + η · input_map(δ, a, λ)``
-      so ``Δ = W M`` is the least-squares thought matrix ``(Σ W δᵢ aᵢᵀ)(Σ aᵢaᵢᵀ + λI)⁻¹``
-      of each dense layer reading the MLP input (``W_in``; ``W_gate``, ``W_up``);
-   b. with that matrix applied, read the block outputs ``oᵢ``; vector residual
-      ``ρᵢ = Oᵢ − oᵢ``; thought vector ``c ← c + η · mean ρᵢ`` (MLP-branch bias), or for
-      a post-FFN RMSNorm the gain ``g ← g + η · argmin Σ‖ρᵢ − g⊙ŷᵢ‖²`` (see
-      :mod:`icl_lens.core.least_squares` for why Gemma 3 uses the gain).
+   ``[BOS, p, xⱼ]`` with every patch fitted so far applied, stopped at layer ``l``:
+   a. *matrix*: read the MLP inputs ``aᵢ`` (query tokens, plus the anchor positions of
+      each sequence as rows whose target is their own unpatched input: for BOS that is
+      also its contextual input, since position 0 sees only itself); residual
+      ``δᵢ = Aᵢ − aᵢ − M aᵢ`` (``M``: the current input map, zero in the first sweep);
+      ``M ← M + η · input_map(δ, a, λ)`` so ``Δ = W M`` is the least-squares thought
+      matrix ``(Σ W δᵢ aᵢᵀ)(Σ aᵢaᵢᵀ + λI)⁻¹`` of each dense layer reading the MLP input
+      (``W_in``; ``W_gate``, ``W_up``);
+   b. *vector*: with that matrix applied, read the block outputs ``oᵢ``; residual
+      ``ρᵢ = Oᵢ − oᵢ``; thought vector ``c ← c + η · mean ρᵢ`` (MLP-branch bias), or for a
+      post-FFN RMSNorm the gain ``g ← g + η · argmin Σ‖ρᵢ − g⊙ŷᵢ‖²`` (see
+      :mod:`icl_lens.core.least_squares` for why Gemma 3 uses the gain);
+   c. *down* (kind ``"both+down"``, an icl_lens extension): what the vector leaves,
+      ``rᵢ = ρᵢ − (fitted vector)ᵢ``, is fitted through the MLP's down projection:
+      ``ΔW_out hᵢ ≈ rᵢ`` in least squares over the MLP hidden activations ``hᵢ``, with the
+      anchor rows fitted to their unpatched block output. The paper's Gemma adaptation
+      already absorbs the thought vector into ``W_down`` (a constant target); here the
+      target is the per-token residual itself. Gain site: the target is mapped back
+      through the post-FFN norm to first order, ``rᵢ · rms(yᵢ) / (1 + w + g)``.
    The patch is in place before layer ``l+1`` is measured, so later layers correct what
    earlier ones left over.
 
-Exactness (the reduction test): one single-token calibration query, ``λ = 0``, ``η = 1``:
-``M a = δ`` exactly (pseudo-inverse of one column = the token patch) and the vector
-adds exactly ``ρ``, so every block output of the query equals its contextual one and
-the logits match (BOS + one token: two rows, interpolated exactly). The non-contextual
-pass keeps BOS (docs/design.md §2). The BOS anchor rows matter on real models: the first
-token after BOS is often a secondary attention sink with a massive activation in the
-context-free pass (SmolLM2: norm ~650 vs ~100 in context at layer 3), and its
-residual shares a direction with BOS's own input; without the anchor, the matrix fit
-also rewrites BOS and destroys the sink. The vector is fitted on query tokens only.
-A constant vector cannot be exact for several tokens at once, so multi-token queries
-are fitted in the least-squares sense only.
+``ridge`` is scale-free: each fit uses ``λ = ridge · tr(Σ xxᵀ)/d`` of its own inputs
+(:func:`icl_lens.core.least_squares.relative_ridge`).
+
+Exactness (the reduction test): one single-token calibration query, ``λ = 0``, ``η = 1``,
+kind ``"both"``: ``M a = δ`` exactly (pseudo-inverse of one column = the token patch)
+and the vector adds exactly ``ρ``, so every block output of the query equals its
+contextual one and the logits match (BOS + one token: two rows, interpolated exactly).
+
+What limits the paper's fit, measured (``reports/eval_thought.md``, section
+"Diagnosis"): with ``n < d_model`` calibration tokens and ``λ = 0`` the matrix
+interpolates every calibration token exactly at every layer, so the MLP input is right
+and all the remaining error is the *skip-connection* part ``ρᵢ`` (the attention output
+with the instruction minus without it), which varies from token to token; a constant
+vector removes only its mean, and what it leaves is carried by the residual stream to
+the unembedding. On SmolLM2-135M (bias site) the left-over is most of ``ρ`` (relative
+residual 0.65–1.0 per layer) and the patched model fails even on its calibration
+queries; on Gemma 3 the per-token gain ``g ⊙ ŷᵢ`` absorbs more of it. The down fit
+removes it on calibration tokens, and the ridge controls how much of it carries over
+to new queries.
+
+SmolLM2's secondary sink: in ``[BOS, xⱼ]`` the first query token sits at position 1,
+where SmolLM2 builds a second attention sink (residual norm about 3× its in-context norm
+at layers 2–8, and the last query token attends to it instead of reading it). In
+context that position holds the instruction's first token. With the query prefix
+``"\\n"`` position 1 holds the newline at fit and at use, as after the instruction's
+last line, and the query's own tokens are read as in context. The BOS anchor rows
+matter for the same reason: without them the matrix fit also rewrites BOS (whose
+residual shares a direction with the sink token's) and destroys the sink.
 
 Iterations: with ``η < 1`` each sweep refits what the last one left. With the bias site
 (GPT-2, Llama) the error shrinks sweep by sweep. With the Gemma gain site it need not:
@@ -51,24 +78,39 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from icl_lens.core.least_squares import gain_vector, input_map, mean_vector, relative_residual
+from icl_lens.core.least_squares import (
+    factored_least_squares,
+    gain_vector,
+    input_map,
+    mean_vector,
+    relative_residual,
+    relative_ridge,
+)
 from icl_lens.core.norms import rms_normalize
-from icl_lens.model.block_family import block_family, post_norm_eps
-from icl_lens.model.capture import NonFiniteActivationError, StopForward, patch_dtype
+from icl_lens.model.block_family import block_family, original, post_norm_eps
+from icl_lens.model.capture import NonFiniteActivationError, patch_dtype
 from icl_lens.model.prompts import PromptError, bos_id
 from icl_lens.model.weight_edits import edit_hooks
-from icl_lens.thought.batches import (
-    QueryBatch,
-    first_positions,
-    pad_id,
-    query_batch,
-    query_positions,
-    right_padded,
-    text_ids,
-)
+from icl_lens.thought.batches import prefix_ids, query_batch, read_query_tokens, text_ids
 from icl_lens.thought.result import ThoughtPatch, thought_edits, vector_site
 
-KINDS = ("vector", "matrix", "both")
+#: What each ``kind`` fits: the paper's parts (``matrix``, ``vector``) and the down-projection map.
+KIND_PARTS = {
+    "vector": ("vector",),
+    "matrix": ("matrix",),
+    "both": ("matrix", "vector"),
+    "both+down": ("matrix", "vector", "down"),
+}
+KINDS = tuple(KIND_PARTS)
+# The documented default (reports/eval_thought.md: chosen on the shipped tasks' train
+# queries of both embedded models, the same for every task and model).
+DEFAULT_KIND = "both+down"
+DEFAULT_RIDGE = 0.05
+DEFAULT_QUERY_PREFIX = "\n"
+# Gain site, down fit: the branch output is scale ⊙ ŷ, and a coordinate whose scale is near 0
+# (Gemma 3 has such coordinates) cannot move by much without a large Δŷ that would change the
+# RMS of every coordinate; the damping keeps Δŷ small there (relative to the mean scale²).
+GAIN_DAMPING = 0.01
 
 
 def _check(x: Tensor, what: str, layer: int) -> None:
@@ -76,7 +118,7 @@ def _check(x: Tensor, what: str, layer: int) -> None:
         raise NonFiniteActivationError(f"non-finite {what} at layer {layer}")
 
 
-def _validate(model, instruction, queries, kind, eta, ridge, layers, iterations) -> tuple[list[int], list[list[int]], list[int]]:
+def _validate(model, instruction, queries, kind, eta, ridge, layers, iterations, query_prefix):
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not (isinstance(eta, (int, float)) and math.isfinite(eta) and eta > 0):
@@ -92,6 +134,7 @@ def _validate(model, instruction, queries, kind, eta, ridge, layers, iterations)
         raise PromptError("the list of calibration queries is empty")
     instr_ids = text_ids(model, instruction, what="instruction")
     query_ids = [text_ids(model, q, what=f"query {i}") for i, q in enumerate(queries)]
+    pre_ids = prefix_ids(model, query_prefix)
     n_layers = model.cfg.n_layers
     if layers is None:
         chosen = list(range(n_layers))
@@ -100,86 +143,15 @@ def _validate(model, instruction, queries, kind, eta, ridge, layers, iterations)
         bad = [l for l in chosen if not 0 <= l < n_layers]
         if bad or not chosen:
             raise ValueError(f"layers must be a non-empty subset of 0..{n_layers - 1}, got {list(layers)}")
-    return instr_ids, query_ids, chosen
+    return instr_ids, query_ids, pre_ids, chosen
 
 
-def _chunks(n: int, size: int) -> list[list[int]]:
-    return [list(range(s, min(n, s + size))) for s in range(0, n, size)]
-
-
-def _gather(x: Tensor, rows: Tensor, pos: Tensor, dtype) -> Tensor:
-    return x.detach()[rows.to(x.device), pos.to(x.device)].to(dtype)
-
-
-@torch.no_grad()
-def _contextual(model, batch: QueryBatch, family, batch_size: int, dtype) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-    """MLP inputs ``A`` and block outputs ``O`` of every layer at every query token; MLP input at position 0."""
-    n_layers = model.cfg.n_layers
-    first: list[Tensor | None] = [None] * n_layers
-    mlp_in: list[list[Tensor]] = [[] for _ in range(n_layers)]
-    outs: list[list[Tensor]] = [[] for _ in range(n_layers)]
-    pad = pad_id(model)
-    for rows in _chunks(len(batch.sequences), batch_size):
-        ids = right_padded([batch.sequences[r] for r in rows], pad, model.cfg.device)
-        r_idx, p_idx = query_positions(batch, rows)
-
-        def read_in(x, hook, layer):
-            mlp_in[layer].append(_gather(x, r_idx, p_idx, dtype))
-            if first[layer] is None:
-                first[layer] = x.detach()[0, 0].to(dtype)
-
-        def read_out(x, hook, layer):
-            outs[layer].append(_gather(x, r_idx, p_idx, dtype))
-            if layer == n_layers - 1:
-                raise StopForward
-
-        hooks = []
-        for layer in range(n_layers):
-            hooks.append((family.mlp_input(layer), lambda x, hook, layer=layer: read_in(x, hook, layer)))
-            hooks.append((f"blocks.{layer}.hook_resid_post", lambda x, hook, layer=layer: read_out(x, hook, layer)))
-        with model.hooks(fwd_hooks=hooks):
-            try:
-                model(ids, return_type=None)
-            except StopForward:
-                pass
-    A = [torch.cat(x) for x in mlp_in]
-    O = [torch.cat(x) for x in outs]
-    for layer in range(n_layers):
-        _check(A[layer], "contextual MLP input", layer)
-        _check(O[layer], "contextual block output", layer)
-    return A, O, first
-
-
-@torch.no_grad()
-def _read_plain(model, batch: QueryBatch, hooks_base, reads: dict[str, str], stop: str, batch_size: int, dtype,
-                bos_reads: tuple[str, ...] = ()) -> dict[str, Tensor]:
-    """Non-contextual forward(s) with ``hooks_base`` applied; gather the ``reads`` hook points; stop at ``stop``.
-
-    ``stop`` must be one of the ``reads`` (the forward ends right after reading it).
-    """
-    if stop not in reads.values():
-        raise ValueError(f"stop hook {stop!r} is not read")
-    got: dict[str, list[Tensor]] = {k: [] for k in [*reads, *(f"{k}_bos" for k in bos_reads)]}
-    pad = pad_id(model)
-    for rows in _chunks(len(batch.sequences), batch_size):
-        ids = right_padded([batch.sequences[r] for r in rows], pad, model.cfg.device)
-        r_idx, p_idx = query_positions(batch, rows)
-        r0, p0 = first_positions(rows)
-        hooks = list(hooks_base)
-        for key, name in reads.items():
-            def read(x, hook, key=key, name=name):
-                got[key].append(_gather(x, r_idx, p_idx, dtype))
-                if key in bos_reads:
-                    got[f"{key}_bos"].append(_gather(x, r0, p0, dtype))
-                if name == stop:
-                    raise StopForward
-            hooks.append((name, read))
-        with model.hooks(fwd_hooks=hooks):
-            try:
-                model(ids, return_type=None)
-            except StopForward:
-                pass
-    return {k: torch.cat(v) for k, v in got.items()}
+def _post_norm_gain(model, layer: int, dtype) -> Tensor:
+    """The post-FFN norm's effective per-coordinate gain (``1 + w`` for Gemma 3): its output for an all-ones input."""
+    norm = original(model.blocks[layer].ln2_post)
+    ones = torch.ones(model.cfg.d_model, dtype=next(norm.parameters()).dtype, device=model.cfg.device)
+    with torch.no_grad():
+        return (norm(ones) * math.sqrt(1.0 + post_norm_eps(model, layer))).to(dtype)
 
 
 def thought_patch(
@@ -187,81 +159,144 @@ def thought_patch(
     instruction: str,
     queries: Sequence[str],
     *,
-    kind: str = "both",
+    kind: str = DEFAULT_KIND,
     eta: float = 1.0,
-    ridge: float = 0.0,
+    ridge: float = DEFAULT_RIDGE,
     layers: Sequence[int] | None = None,
     iterations: int = 1,
+    query_prefix: str = DEFAULT_QUERY_PREFIX,
     batch_size: int = 16,
 ) -> ThoughtPatch:
     """Turn ``instruction`` into a weight edit fitted on the calibration ``queries`` (Algorithm 1).
 
-    ``kind``: ``"vector"``, ``"matrix"`` or ``"both"``. ``eta``: step size. ``ridge``: λ ≥ 0
-    (absolute; 0 → minimum-norm pseudo-inverse). ``layers``: which layers to patch
-    (default all). ``iterations``: sweeps over the layers (each refits the residual
-    left by the previous sweep; with ``eta = 1`` one sweep already fits it).
+    ``kind``: ``"vector"``, ``"matrix"``, ``"both"`` (the paper's thought matrix and
+    vector) or ``"both+down"`` (plus the down-projection fit of what the vector leaves;
+    the default). ``eta``: step size. ``ridge``: scale-free ``≥ 0`` (0 → minimum-norm
+    pseudo-inverse). ``layers``: which layers to patch (default all). ``iterations``:
+    sweeps over the layers. ``query_prefix``: text between BOS and the query in the
+    query-only pass; the patched model must be prompted the same way
+    (:meth:`ThoughtPatch.prompt_ids`).
     """
-    instr_ids, query_ids, chosen = _validate(model, instruction, queries, kind, eta, ridge, layers, iterations)
+    instr_ids, query_ids, pre_ids, chosen = _validate(model, instruction, queries, kind, eta, ridge, layers,
+                                                      iterations, query_prefix)
     family = block_family(model)
     site = vector_site(family)
     dtype = patch_dtype(model)
     cfg = model.cfg
     ctx = query_batch(model, query_ids, prefix=instr_ids)
-    plain = query_batch(model, query_ids)
-    A, O, A_first = _contextual(model, ctx, family, batch_size, dtype)
-    anchor = bos_id(model) is not None  # every sequence starts with BOS: fit it too, target unchanged
+    plain = query_batch(model, query_ids, prefix=pre_ids)
+    n_layers = cfg.n_layers
+    reads = {f"A{l}": family.mlp_input(l) for l in range(n_layers)}
+    reads.update({f"O{l}": family.resid_post(l) for l in range(n_layers)})
+    last = family.resid_post(n_layers - 1)
+    got = read_query_tokens(model, ctx, reads, stop=last, batch_size=batch_size, dtype=dtype)
+    A = [got[f"A{l}"] for l in range(n_layers)]
+    O = [got[f"O{l}"] for l in range(n_layers)]
+    for layer in range(n_layers):
+        _check(A[layer], "contextual MLP input", layer)
+        _check(O[layer], "contextual block output", layer)
+    # Anchor rows: the positions before the query (BOS, prefix) keep their unpatched query-only
+    # states (BOS: position 0 sees only itself, so that is also its contextual state).
+    anchor = bos_id(model) is not None or bool(pre_ids)
+    if anchor:
+        got = read_query_tokens(model, plain, reads, stop=last, anchors=True, batch_size=batch_size, dtype=dtype)
+        A_anchor = [got[f"A{l}_anchor"] for l in range(n_layers)]
+        O_anchor = [got[f"O{l}_anchor"] for l in range(n_layers)]
 
     d = cfg.d_model
-    maps = torch.zeros(cfg.n_layers, d, d, dtype=dtype, device=cfg.device)
-    vecs = torch.zeros(cfg.n_layers, d, dtype=dtype, device=cfg.device)
-    m_res = torch.zeros(cfg.n_layers, dtype=torch.float64)
-    v_res = torch.zeros(cfg.n_layers, dtype=torch.float64)
-    do_matrix, do_vector = kind in ("matrix", "both"), kind in ("vector", "both")
+    maps = torch.zeros(n_layers, d, d, dtype=dtype, device=cfg.device)
+    vecs = torch.zeros(n_layers, d, dtype=dtype, device=cfg.device)
+    m_res = torch.zeros(n_layers, dtype=torch.float64)
+    v_res = torch.zeros(n_layers, dtype=torch.float64)
+    d_res = torch.zeros(n_layers, dtype=torch.float64)
+    parts = KIND_PARTS[kind]
     patched_maps: dict[int, Tensor] = {}
     patched_vecs: dict[int, Tensor] = {}
+    downs: dict[int, list[tuple[Tensor, Tensor]]] = {}
+
+    def current_hooks():
+        joined = {l: (torch.cat([u for u, _ in f]), torch.cat([v for _, v in f])) for l, f in downs.items()}
+        return edit_hooks(model, thought_edits(model, patched_maps, patched_vecs, site, joined), family)
+
+    def read(names: dict[str, str], stop: str) -> dict[str, Tensor]:
+        return read_query_tokens(model, plain, names, hooks=current_hooks(), stop=stop, anchors=anchor,
+                                 batch_size=batch_size, dtype=dtype)
 
     for _ in range(iterations):
         for layer in chosen:
-            if do_matrix:
-                hooks = edit_hooks(model, thought_edits(model, patched_maps, patched_vecs, site), family)
-                got = _read_plain(model, plain, hooks, {"a": family.mlp_input(layer)}, family.mlp_input(layer),
-                                  batch_size, dtype, bos_reads=("a",) if anchor else ())
+            if "matrix" in parts:
+                got = read({"a": family.mlp_input(layer)}, family.mlp_input(layer))
                 a = got["a"]
                 _check(a, "non-contextual MLP input", layer)
                 target = A[layer] - a - a @ maps[layer].T
                 rows_a, rows_t = a, target
-                if anchor:  # BOS rows: position 0 sees only itself, so its contextual input is A_first
-                    a0 = got["a_bos"]
+                if anchor:
+                    a0 = got["a_anchor"]
                     rows_a = torch.cat([a0, a])
-                    rows_t = torch.cat([A_first[layer].expand_as(a0) - a0 - a0 @ maps[layer].T, target])
-                step = input_map(rows_t, rows_a, ridge=ridge)
+                    rows_t = torch.cat([A_anchor[layer] - a0 - a0 @ maps[layer].T, target])
+                step = input_map(rows_t, rows_a, ridge=relative_ridge(rows_a, ridge))
                 maps[layer] += eta * step
                 m_res[layer] = relative_residual(A[layer] - a, a @ maps[layer].T)
                 patched_maps[layer] = maps[layer]
-            if do_vector:
+            if "vector" not in parts and "down" not in parts:
+                continue
+            if "vector" in parts:
                 patched_vecs[layer] = vecs[layer]
-                hooks = edit_hooks(model, thought_edits(model, patched_maps, patched_vecs, site), family)
-                reads = {"o": f"blocks.{layer}.hook_resid_post"}
+            names = {"o": family.resid_post(layer)}
+            if "down" in parts:
+                names["h"] = family.dense_out_input(layer)
+            if site == "gain":
+                names["y"] = family.post_norm_input(layer)
+            got = read(names, names["o"])
+            rho = O[layer] - got["o"]
+            _check(rho, "non-contextual block output", layer)
+            rho_anc = O_anchor[layer] - got["o_anchor"] if anchor else None
+            fitted = torch.zeros_like(rho)
+            fitted_anc = torch.zeros_like(rho_anc) if anchor else None
+            if site == "gain":
+                eps = post_norm_eps(model, layer)
+                yhat = rms_normalize(got["y"], eps).to(dtype)
+                yhat_anc = rms_normalize(got["y_anchor"], eps).to(dtype) if anchor else None
+            if "vector" in parts:
                 if site == "gain":
-                    reads = {"y": f"blocks.{layer}.ln2_post.hook_in", **reads}
-                got = _read_plain(model, plain, hooks, reads, reads["o"], batch_size, dtype)
-                rho = O[layer] - got["o"]
-                _check(rho, "non-contextual block output", layer)
-                if site == "gain":
-                    yhat = rms_normalize(got["y"], post_norm_eps(model, layer)).to(dtype)
-                    step = gain_vector(rho, yhat, ridge=ridge)
+                    step = gain_vector(rho, yhat, ridge=relative_ridge(yhat, ridge))
                     fitted = eta * step * yhat
+                    fitted_anc = eta * step * yhat_anc if anchor else None
                 else:
                     step = mean_vector(rho)
                     fitted = (eta * step).expand_as(rho)
+                    fitted_anc = (eta * step).expand_as(rho_anc) if anchor else None
                 vecs[layer] += eta * step
                 v_res[layer] = relative_residual(rho, fitted)
+            if "down" in parts:
+                h, r = got["h"], rho - fitted
+                if anchor:
+                    h, r = torch.cat([got["h_anchor"], h]), torch.cat([rho_anc - fitted_anc, r])
+                if site == "gain":  # through the post-FFN norm, to first order: Δy = rms(y) Δŷ
+                    y = torch.cat([got["y_anchor"], got["y"]]) if anchor else got["y"]
+                    rms = torch.sqrt((y * y).mean(-1, keepdim=True) + post_norm_eps(model, layer))
+                    scale = _post_norm_gain(model, layer, dtype) + vecs[layer]
+                    damp = GAIN_DAMPING * float((scale * scale).mean())
+                    r = rms * r * scale / (scale * scale + damp)  # argmin ‖scale⊙Δŷ − r‖² + damp‖Δŷ‖²
+                _check(r, "down-projection target", layer)
+                u, v = factored_least_squares(r, h, ridge=relative_ridge(h, ridge))
+                downs.setdefault(layer, []).append((eta * u, v))
+                d_res[layer] = relative_residual(r, (h @ v.T) @ (eta * u))
     if not (torch.isfinite(maps).all() and torch.isfinite(vecs).all()):
         raise NonFiniteActivationError("the fitted thought patch is not finite")
+    rank = max((sum(u.shape[0] for u, _ in f) for f in downs.values()), default=0)
+    down_u = torch.zeros(n_layers, rank, d, dtype=dtype, device=cfg.device)
+    down_v = torch.zeros(n_layers, rank, cfg.d_mlp, dtype=dtype, device=cfg.device)
+    for layer, f in downs.items():
+        u, v = torch.cat([u for u, _ in f]), torch.cat([v for _, v in f])
+        down_u[layer, : u.shape[0]], down_v[layer, : v.shape[0]] = u, v
+    if not (torch.isfinite(down_u).all() and torch.isfinite(down_v).all()):
+        raise NonFiniteActivationError("the fitted down-projection map is not finite")
     return ThoughtPatch(
         model_name=getattr(model, "icl_lens_name", cfg.model_name),
         family=family.name, vector_site=site, instruction=instruction, queries=tuple(queries),
         kind=kind, eta=float(eta), ridge=float(ridge), iterations=iterations, layers=tuple(chosen),
-        maps=maps, vectors=vecs, matrix_residual=m_res, vector_residual=v_res,
+        query_prefix=query_prefix, maps=maps, vectors=vecs, down_u=down_u, down_v=down_v,
+        matrix_residual=m_res, vector_residual=v_res, down_residual=d_res,
         n_tokens=plain.n_tokens, model=model,
     )

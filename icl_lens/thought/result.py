@@ -2,9 +2,13 @@
 
 Per layer ``l`` it holds the *input map* ``M[l]`` (``d_model × d_model``; the thought
 matrix of each dense layer that reads the MLP input is ``Δ = W M[l]``, so ``W_in``,
-``W_gate`` and ``W_up`` each get their own least-squares fit) and the *vector* ``v[l]``
+``W_gate`` and ``W_up`` each get their own least-squares fit), the *vector* ``v[l]``
 (the thought vector: a bias on the MLP branch for GPT-2/Llama, a post-FFN norm gain for
-Gemma 3, see :mod:`icl_lens.core.least_squares`). Layers that were not patched hold zeros.
+Gemma 3, see :mod:`icl_lens.core.least_squares`) and, for kind ``"both+down"``, the
+down-projection map ``ΔW_out[l] = Σ_k down_u[l, k] down_v[l, k]ᵀ`` (factored, rank at
+most the number of fitted rows). Layers that were not patched hold zeros. The patched
+model is prompted as it was fitted: ``[BOS] + query_prefix + query``
+(:meth:`ThoughtPatch.prompt_ids`).
 It applies as weight edits through hooks (:meth:`ThoughtPatch.applied`, the shared
 mechanism of :mod:`icl_lens.model.weight_edits`) or exports to a plain Hugging Face
 directory (:meth:`ThoughtPatch.save_pretrained`).
@@ -20,6 +24,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from icl_lens.core.factored import sum_norm
 from icl_lens.model.block_family import BlockFamily, first_dense_weights
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
 
@@ -29,15 +34,19 @@ def vector_site(family: BlockFamily) -> str:
     return "gain" if family.post_mlp_norm else "bias"
 
 
-def thought_edits(model, maps: dict[int, Tensor], vectors: dict[int, Tensor], site: str) -> dict[int, MLPEdit]:
-    """Per layer: ``Δ_d = W_d M`` of every first dense layer, and the vector at its ``site``."""
+def thought_edits(model, maps: dict[int, Tensor], vectors: dict[int, Tensor], site: str,
+                  downs: dict[int, tuple[Tensor, Tensor]] | None = None) -> dict[int, MLPEdit]:
+    """Per layer: ``Δ_d = W_d M`` of every first dense layer, the vector at its ``site``, ``ΔW_out = uᵀ v``."""
+    downs = downs or {}
     edits = {}
-    for layer in sorted(set(maps) | set(vectors)):
+    for layer in sorted(set(maps) | set(vectors) | set(downs)):
         m, vec = maps.get(layer), vectors.get(layer)
+        out_u, out_v = downs.get(layer, (None, None))
         weights = first_dense_weights(model, layer) if m is not None else {}
         edits[layer] = MLPEdit(v=m, u_in=weights["in"].T if m is not None else None,
                                u_gate=weights["gate"].T if "gate" in weights else None,
-                               bias=vec if site == "bias" else None, gain=vec if site == "gain" else None)
+                               bias=vec if site == "bias" else None, gain=vec if site == "gain" else None,
+                               out_u=out_u, out_v=out_v)
     return edits
 
 
@@ -62,25 +71,41 @@ class ThoughtPatch:
     ridge: float
     iterations: int
     layers: tuple[int, ...]
+    query_prefix: str
     maps: Float[Tensor, "layer d_model d_model"]
     vectors: Float[Tensor, "layer d_model"]
+    down_u: Float[Tensor, "layer k d_model"]  # ΔW_out[l] = down_u[l]ᵀ down_v[l]; k = 0 without a down map
+    down_v: Float[Tensor, "layer k d_mlp"]
     matrix_residual: Float[Tensor, " layer"]  # ‖D − M A‖/‖D‖ after the fit (0 where exact)
     vector_residual: Float[Tensor, " layer"]  # ‖ρ − fitted‖/‖ρ‖ after the fit
+    down_residual: Float[Tensor, " layer"]  # ‖r − ΔW_out h‖/‖r‖ of the down fit (its own target r)
     n_tokens: int
     model: object = field(repr=False, compare=False, default=None)
 
     @property
     def has_matrix(self) -> bool:
-        return self.kind in ("matrix", "both")
+        return self.kind in ("matrix", "both", "both+down")
 
     @property
     def has_vector(self) -> bool:
-        return self.kind in ("vector", "both")
+        return self.kind in ("vector", "both", "both+down")
 
-    def _parts(self) -> tuple[dict[int, Tensor | None], dict[int, Tensor | None]]:
+    @property
+    def has_down(self) -> bool:
+        return self.kind == "both+down"
+
+    def _parts(self) -> tuple[dict[int, Tensor], dict[int, Tensor], dict[int, tuple[Tensor, Tensor]]]:
         maps = {l: self.maps[l] for l in self.layers} if self.has_matrix else {}
         vecs = {l: self.vectors[l] for l in self.layers} if self.has_vector else {}
-        return maps, vecs
+        downs = {l: (self.down_u[l], self.down_v[l]) for l in self.layers} if self.has_down else {}
+        return maps, vecs, downs
+
+    def prompt_ids(self, query: str, model=None) -> list[int]:
+        """Token ids the patched model reads for ``query``: ``[BOS] + query_prefix + query`` (as fitted)."""
+        from icl_lens.thought.batches import prefix_ids, text_ids, with_bos
+
+        model = self._model(model)
+        return with_bos(model, prefix_ids(model, self.query_prefix) + text_ids(model, query, what="query"))
 
     def _model(self, model):
         model = model if model is not None else self.model
@@ -108,19 +133,28 @@ class ThoughtPatch:
     def vector_norms(self) -> Float[Tensor, " layer"]:
         return torch.linalg.vector_norm(self.vectors, dim=-1) if self.has_vector else torch.zeros(self.vectors.shape[0])
 
+    def down_norms(self) -> Float[Tensor, " layer"]:
+        """``‖ΔW_out‖_F`` per layer, from the factors (0 without a down map)."""
+        norms = torch.zeros(self.maps.shape[0], dtype=torch.float64)
+        if self.has_down and self.down_u.shape[1]:
+            for l in self.layers:
+                norms[l] = float(sum_norm(self.down_u[l].double(), self.down_v[l].double()))
+        return norms
+
     def to_frame(self) -> pd.DataFrame:
-        """One row per layer: patched?, matrix norm, vector norm, fit residuals."""
-        mn, vn = self.matrix_norms().double(), self.vector_norms().double()
+        """One row per layer: patched?, matrix, vector and down-map norms, fit residuals."""
+        mn, vn, dn = self.matrix_norms().double(), self.vector_norms().double(), self.down_norms()
         return pd.DataFrame([
             {"layer": l, "patched": l in self.layers, "matrix_norm": float(mn[l]), "vector_norm": float(vn[l]),
-             "matrix_residual": float(self.matrix_residual[l]), "vector_residual": float(self.vector_residual[l])}
+             "down_norm": float(dn[l]), "matrix_residual": float(self.matrix_residual[l]),
+             "vector_residual": float(self.vector_residual[l]), "down_residual": float(self.down_residual[l])}
             for l in range(self.maps.shape[0])
         ])
 
     def edits(self, model=None) -> dict[int, MLPEdit]:
         """This patch as weight edits of ``model`` (default: the one it was fitted on)."""
-        maps, vecs = self._parts()
-        return thought_edits(self._model(model), maps, vecs, self.vector_site)
+        maps, vecs, downs = self._parts()
+        return thought_edits(self._model(model), maps, vecs, self.vector_site, downs)
 
     @contextmanager
     def applied(self, model=None):
@@ -133,22 +167,31 @@ class ThoughtPatch:
         """Write a Hugging Face model directory (weights edited, tokenizer included)."""
         from icl_lens.thought.export import export_thought_model
 
-        maps, vecs = self._parts()
-        return export_thought_model(self._model(model), maps, vecs, directory)
+        maps, vecs, downs = self._parts()
+        return export_thought_model(self._model(model), maps, vecs, directory, downs=downs)
 
     def random_control(self, seed: int = 0, model=None) -> "ThoughtPatch":
-        """Control: same per-layer ``‖ΔW‖_F`` and vector norm, random Gaussian directions."""
+        """Control: same per-layer ``‖ΔW‖_F``, vector norm and ``‖ΔW_out‖_F`` (and rank), random Gaussian directions."""
         model = self._model(model)
         gen = torch.Generator().manual_seed(seed)
-        target = self.matrix_norms(model)
+        target, down_target = self.matrix_norms(model), self.down_norms()
         maps, vecs = torch.zeros_like(self.maps), torch.zeros_like(self.vectors)
+        down_u, down_v = torch.zeros_like(self.down_u), torch.zeros_like(self.down_v)
         for l in self.layers:
             if self.has_matrix and float(target[l]) > 0:
                 r = _random_like_norm(self.maps[l], 1.0, gen)
                 maps[l] = r * (float(target[l]) / self._delta_norm(l, model, r))
             if self.has_vector:
                 vecs[l] = _random_like_norm(self.vectors[l], float(torch.linalg.norm(self.vectors[l])), gen)
-        return replace(self, maps=maps, vectors=vecs, instruction=f"random control (seed {seed})")
+            if self.has_down and float(down_target[l]) > 0:
+                k = int((self.down_u[l].abs().sum(-1) > 0).sum())  # rows in use: the same rank
+                u = _random_like_norm(self.down_u[l, :k], 1.0, gen)
+                v = _random_like_norm(self.down_v[l, :k], 1.0, gen)
+                down_u[l, :k] = u * (float(down_target[l]) / float(sum_norm(u.double(), v.double())))
+                down_v[l, :k] = v
+        return replace(self, maps=maps, vectors=vecs, down_u=down_u, down_v=down_v,
+                       instruction=f"random control (seed {seed})")
 
     def to(self, device: torch.device | str) -> "ThoughtPatch":
-        return replace(self, maps=self.maps.to(device), vectors=self.vectors.to(device))
+        return replace(self, maps=self.maps.to(device), vectors=self.vectors.to(device),
+                       down_u=self.down_u.to(device), down_v=self.down_v.to(device))

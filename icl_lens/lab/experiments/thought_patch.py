@@ -6,7 +6,7 @@ For one prompt ``I`` (``n`` context pairs of one ``w``), layer by layer (η = 1)
    and the block output ``R_l,k``;
 2. non-contextual pass on ``[x_k]`` with layers ``< l`` already edited → ``a_l,k``;
 3. thought matrix ``Δ_l = (Σ W δ aᵀ)(Σ a aᵀ + λI)⁻¹``, ``δ = A − a``
-   (:func:`icl_lens.core.least_squares.input_map`, ``Δ = W M``), ``λ = ridge · tr(Σ a aᵀ)/d_model``;
+   (:func:`icl_lens.core.least_squares.input_map`, ``Δ = W M``), ``λ = ridge · tr(Σ a aᵀ)/d_model`` (:func:`~icl_lens.core.least_squares.relative_ridge`);
 4. thought vector: the mean gap between ``R_l,k`` and the edited non-contextual block
    output, added as an MLP-output bias (it carries the skip-connection part).
 
@@ -23,7 +23,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.least_squares import input_map
+from icl_lens.core.least_squares import input_map, relative_ridge
 from icl_lens.lab.checkpoints import load_lab_model
 from icl_lens.lab.model import RegressionModel
 from icl_lens.lab.tasks import context_tokens, query_tokens
@@ -54,8 +54,7 @@ def fit_thought_patch(model: RegressionModel, prompt: Float[Tensor, "n d_token"]
     for l in range(L):
         _, got = _run(model, alone, edits, [f"blocks.{l}.hook_mlp_in"])
         a = got[f"blocks.{l}.hook_mlp_in"]
-        lam = ridge * float((a * a).sum()) / a.shape[1]
-        m = input_map(ctx[f"blocks.{l}.hook_mlp_in"] - a, a, ridge=lam)  # Δ = W_in M
+        m = input_map(ctx[f"blocks.{l}.hook_mlp_in"] - a, a, ridge=relative_ridge(a, ridge))  # Δ = W_in M
         weights = {"in": model.blocks[l].mlp.W_in.weight}
         edits[l] = MLPEdit.input_map(m, weights)
         _, got = _run(model, alone, edits, [f"blocks.{l}.hook_resid_post"])

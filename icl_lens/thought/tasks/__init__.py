@@ -1,11 +1,12 @@
 """Tasks for thought-patch evaluations (arXiv 2510.08734), one JSON object per ``.jsonl`` file.
 
-Format: ``{"name": str, "instruction": str, "train": [{"query", "answer"}, ...],
-"test": [...]}``. ``train`` queries calibrate the thought patch; ``test`` queries are
-held out. An answer is correct when the greedy continuation of the query starts with it
-(leading spaces stripped). Shipped: ``capitals``, ``en_fr``, ``en_es`` and synthetic
-key–value dictionaries ``kv4``, ``kv8``, ``kv16``, ``kv32`` (regenerate with
-``python -m icl_lens.thought.tasks.build_tasks``).
+Format: ``{"name": str, "kind": str (optional), "instruction": str, "train": [{"query",
+"answer"}, ...], "test": [...]}``. ``train`` queries calibrate the thought patch; ``test``
+queries are held out. An answer is correct when the greedy continuation of the query
+starts with it (leading spaces stripped). Shipped (``SHIPPED_TASKS``, written by
+``python -m icl_lens.thought.tasks.build_tasks``, which documents them): arithmetic,
+word transformations, translations, factual lookups and formats. ``locality.json`` holds
+the fixed inputs of the locality measure (:mod:`icl_lens.thought.locality`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TASK_DIR = Path(__file__).parent
-SHIPPED_TASKS = ("capitals", "en_fr", "en_es", "kv4", "kv8", "kv16", "kv32")
+SHIPPED_TASKS = ("add", "plus_one", "antonyms", "plural", "past_tense", "en_fr", "en_es", "en_de", "capitals",
+                 "languages", "uppercase", "number_words")
 
 
 class TaskFormatError(ValueError):
@@ -27,6 +29,7 @@ class Task:
     instruction: str
     train: tuple[tuple[str, str], ...]
     test: tuple[tuple[str, str], ...]
+    kind: str = ""
 
 
 def _require(obj, key: str, kind, where: str):
@@ -77,7 +80,10 @@ def load_task(path: str | Path) -> Task:
     instruction = _require(task, "instruction", str, where)
     if not instruction.strip():
         raise TaskFormatError(f"{where}: field 'instruction' is empty")
-    return Task(name, instruction, _examples(task, "train", where), _examples(task, "test", where))
+    kind = task.get("kind", "")
+    if not isinstance(kind, str):
+        raise TaskFormatError(f"{where}: field 'kind' must be str, got {type(kind).__name__}")
+    return Task(name, instruction, _examples(task, "train", where), _examples(task, "test", where), kind)
 
 
 def shipped_task_paths() -> list[Path]:

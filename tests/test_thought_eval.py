@@ -1,0 +1,190 @@
+"""Thought-patch evaluation pieces: task builder, down-projection edit, steering vector, locality,
+intervals, and the eval command in --quick mode."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from icl_lens import thought_patch
+from icl_lens.model.block_family import block_family, down_weight
+from icl_lens.model.weight_edits import MLPEdit, edits_applied
+from icl_lens.thought.batches import prefix_ids, text_ids, with_bos
+from icl_lens.thought.tasks import SHIPPED_TASKS, TASK_DIR, load_task
+
+INSTRUCTION = "Remember: the secret word is banana, and 7 follows 3.\n"
+
+
+# --- task suite --------------------------------------------------------------------------------
+
+def test_task_builder_is_deterministic_and_matches_the_committed_files():
+    from icl_lens.thought.tasks.build_tasks import tasks
+
+    first, second = tasks(), tasks()
+    assert json.dumps(first) == json.dumps(second)
+    assert [t["name"] for t in first] == list(SHIPPED_TASKS)
+    for t in first:  # the committed .jsonl files are what the builder writes
+        committed = (TASK_DIR / f"{t['name']}.jsonl").read_text(encoding="utf-8")
+        assert committed == json.dumps(t, ensure_ascii=False) + "\n", t["name"]
+
+
+def test_shipped_suite_has_ten_tasks_of_several_kinds_with_disjoint_splits():
+    loaded = [load_task(name) for name in SHIPPED_TASKS]
+    assert len(loaded) >= 10
+    assert {t.kind for t in loaded} >= {"arithmetic", "word transformation", "translation", "factual lookup", "format"}
+    for t in loaded:
+        assert len(t.test) >= 24 and len(t.train) == 32, t.name
+        queries = [q for q, _ in t.train + t.test]
+        assert len(set(queries)) == len(queries), t.name  # no query in two splits
+        demos = {line.rsplit(" ", 1)[0] for line in t.instruction.splitlines()[1:]}
+        assert not demos & set(queries), t.name  # no demonstration is a train or test query
+        for q, a in t.test:
+            assert f"{q} {a}\n" not in t.instruction
+
+
+# --- the down-projection edit --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", "tiny-gemma3"])
+def test_down_projection_edit_equals_editing_the_weight(load, name):
+    """ΔW_out = uᵀ v applied through hooks gives the logits of the model whose W_out was changed in place."""
+    model = load(name, torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    d_model, d_mlp = model.cfg.d_model, model.cfg.d_mlp
+    u = torch.randn(3, d_model, generator=gen, dtype=torch.float64) * 0.05
+    v = torch.randn(3, d_mlp, generator=gen, dtype=torch.float64) * 0.05
+    ids = torch.tensor([with_bos(model, text_ids(model, "some words here"))])
+    with torch.no_grad():
+        base = model(ids)[0]
+        with edits_applied(model, {1: MLPEdit(out_u=u, out_v=v)}):
+            hooked = model(ids)[0]
+        w = down_weight(model, 1)
+        saved = w.detach().clone()
+        try:
+            w.add_(u.T @ v)
+            edited = model(ids)[0]
+        finally:
+            w.copy_(saved)
+    assert float((hooked - edited).abs().max() / edited.abs().max()) <= 1e-10
+    assert float((hooked - base).abs().max()) > 1e-3
+    with pytest.raises(ValueError):
+        MLPEdit(out_u=u)
+
+
+def test_factored_least_squares_is_ridge_regression():
+    from icl_lens.core.least_squares import factored_least_squares, relative_ridge
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(7, 11, generator=gen, dtype=torch.float64)
+    t = torch.randn(7, 5, generator=gen, dtype=torch.float64)
+    lam = relative_ridge(x, 0.3)
+    assert lam == pytest.approx(0.3 * float((x * x).sum()) / 11)
+    u, v = factored_least_squares(t, x, ridge=lam)
+    dense = t.T @ x @ torch.linalg.inv(x.T @ x + lam * torch.eye(11, dtype=torch.float64))  # [5, 11]
+    assert torch.allclose(u.T @ v, dense, atol=1e-10)
+    u0, v0 = factored_least_squares(t, x)
+    assert torch.allclose(x @ (u0.T @ v0).T, t, atol=1e-10)  # n < d: interpolates
+
+
+# --- steering vector -----------------------------------------------------------------------------
+
+def test_steering_vector_is_the_mean_residual_difference_by_hand(load):
+    from icl_lens.thought.steering import steering_vector
+
+    model = load("tiny-llama", torch.float64)
+    queries = ["ab:", "xyz:"]
+    steer = steering_vector(model, INSTRUCTION, queries, query_prefix="\n")
+    family = block_family(model)
+    instr, pre = text_ids(model, INSTRUCTION), prefix_ids(model, "\n")
+    diffs = {l: [] for l in range(model.cfg.n_layers)}
+    for q in queries:  # one sequence at a time, no batching, no padding
+        qi = text_ids(model, q)
+        _, with_i = model.run_with_cache(torch.tensor([with_bos(model, instr + qi)]))
+        _, alone = model.run_with_cache(torch.tensor([with_bos(model, pre + qi)]))
+        for l in diffs:
+            name = family.resid_post(l)
+            diffs[l].append(with_i[name][0, -len(qi):] - alone[name][0, -len(qi):])
+    for l, d in diffs.items():
+        assert torch.allclose(steer.vectors[l], torch.cat(d).mean(0), atol=1e-10)
+    # applied: the chosen block's output moves by exactly s at every position, nothing before it
+    ids = torch.tensor([steer.prompt_ids("cd:")])
+    name, before = family.resid_post(steer.layer), family.resid_pre(steer.layer)
+    _, plain = model.run_with_cache(ids)
+    with steer.applied():
+        _, steered = model.run_with_cache(ids)
+    assert torch.allclose(steered[name][0] - plain[name][0], steer.vectors[steer.layer].expand(ids.shape[1], -1), atol=1e-10)
+    assert torch.equal(steered[before], plain[before])
+    assert steer.layer == int(np.nanargmin(steer.train_kl.numpy()))
+    assert list(steer.to_frame()["chosen"]).count(True) == 1
+
+
+# --- locality --------------------------------------------------------------------------------------
+
+def test_locality_is_zero_for_a_zero_patch_and_positive_for_a_real_one(load):
+    from dataclasses import replace
+
+    from icl_lens.thought.locality import load_locality, locality_probe
+
+    model = load("tiny-gemma3")
+    data = load_locality()
+    assert len(data.texts) >= 10 and len(data.other_prompts) >= 24
+    probe = locality_probe(model)
+    patch = thought_patch(model, INSTRUCTION, ["ab", "cd"])
+    zero = replace(patch, maps=torch.zeros_like(patch.maps), vectors=torch.zeros_like(patch.vectors),
+                   down_u=torch.zeros_like(patch.down_u), down_v=torch.zeros_like(patch.down_v))
+    nothing = probe.measure(zero)
+    assert nothing.kl == 0.0 and nothing.accuracy == 1.0 and nothing.n_prompts == len(data.other_prompts)
+    assert probe.measure(None).kl == 0.0
+    real = probe.measure(patch)
+    assert real.kl > 1e-4 and real.n_positions == sum(len(t) for t in probe.texts)
+
+
+def test_locality_file_is_validated(tmp_path):
+    from icl_lens.thought.locality import load_locality
+    from icl_lens.thought.tasks import TaskFormatError
+
+    bad = tmp_path / "loc.json"
+    bad.write_text(json.dumps({"texts": ["a"], "other_task": {"name": "x", "instruction": "i\n", "prompts": []}}))
+    with pytest.raises(TaskFormatError, match="non-empty"):
+        load_locality(bad)
+    bad.write_text("{")
+    with pytest.raises(TaskFormatError, match="not a locality file"):
+        load_locality(bad)
+
+
+# --- intervals --------------------------------------------------------------------------------------
+
+def test_wilson_interval_known_values():
+    from icl_lens.evals.intervals import bootstrap_ratio, percentile_interval, wilson_interval
+
+    # p = 1/2, n = 24, z = 1.96: centre (p + z²/2n)/(1 + z²/n) = 0.5, half 1.96·sqrt(1/96 + z²/2304)/1.16007 = 0.18573
+    low, high = wilson_interval(12, 24)
+    assert low == pytest.approx(0.31427, abs=1e-4) and high == pytest.approx(0.68573, abs=1e-4)
+    low, high = wilson_interval(0, 24)
+    assert low == 0.0 and high == pytest.approx(0.1380, abs=1e-3)
+    assert wilson_interval(24, 24)[1] == 1.0
+    with pytest.raises(ValueError):
+        wilson_interval(3, 2)
+    assert percentile_interval(np.arange(101.0), 0.9) == pytest.approx((5.0, 95.0))
+    x = np.array([1, 1, 0, 1, 1, 0, 1, 1])
+    low, high = bootstrap_ratio(x, np.ones(8))
+    assert low <= x.mean() <= high and high <= 1.0
+    assert bootstrap_ratio(x, np.zeros(8)) is None
+
+
+# --- the eval command ---------------------------------------------------------------------------------
+
+def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
+    from icl_lens.evals import thought as ev
+
+    out = tmp_path / "eval_thought.md"
+    assert ev.main(["--quick", "--out", str(out)]) == 0
+    text = out.read_text()
+    cache = json.loads((tmp_path / "eval_thought.tiny-llama.json").read_text())
+    r = cache["table/capitals"]
+    assert set(r["accuracy"]) == {"none", "full", "patched", "control", "steering"}
+    assert len(r["outcomes"]["patched"]) == r["n_test"] == 32
+    assert "| tiny-llama | capitals |" in text and "Before / after" in text and "locality KL" in text
+    assert f"{r['locality_kl']['patched']:.3f}" in text
+    assert "curve/capitals/2" in cache
