@@ -188,3 +188,122 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     assert "| tiny-llama | capitals |" in text and "Before / after" in text and "locality KL" in text
     assert f"{r['locality_kl']['patched']:.3f}" in text
     assert "curve/capitals/2" in cache
+
+
+# --- diagnosis ------------------------------------------------------------------------------------
+
+def test_diagnosis_divergence_vanishes_for_the_exact_patch(load):
+    """One single-token query fitted exactly: the patched query-alone pass matches the contextual one at every
+    layer (divergence ≈ 0); unpatched it does not; attention rows are probabilities."""
+    from icl_lens.thought.diagnose import diagnose
+
+    model = load("tiny-llama", torch.float64)
+    patch = thought_patch(model, INSTRUCTION, ["q"], kind="both+down", ridge=0.0, query_prefix="\n")
+    exact = diagnose(model, INSTRUCTION, ["q"], patch, query_prefix="\n")
+    assert float(exact.divergence.max()) <= 1e-9
+    plain = diagnose(model, INSTRUCTION, ["q"], None, query_prefix="\n")
+    assert float(plain.divergence.max()) > 1e-2
+    total = plain.attn_bos + plain.attn_pos1 + plain.attn_qfirst  # [BOS, "\n", q]: every key
+    assert torch.allclose(total, torch.ones_like(total))
+    frame = exact.to_frame()
+    assert len(frame) == model.cfg.n_layers and "norm_qfirst_context" in frame
+
+
+# --- greedy decoding with the key/value cache -----------------------------------------------------
+
+def _greedy_without_cache(model, prompt: list[int], n: int) -> list[int]:
+    """Reference: the whole sequence re-run at every step, no cache."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(n):
+            ids = torch.cat([ids, model(ids)[:, -1].argmax(-1)[:, None]], dim=1)
+    return ids[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
+def test_greedy_with_cache_equals_decoding_without_it_under_a_thought_patch(load, name):
+    """Token for token, prompts of two lengths batched, with a thought patch (matrix, vector, down edit) applied:
+    the cached keys/values were computed under the patch, so the cache changes nothing."""
+    from icl_lens.model.greedy import greedy_continuations
+
+    model = load(name, torch.float64)
+    patch = thought_patch(model, INSTRUCTION, ["ab", "cd ef"])
+    prompts = [patch.prompt_ids(q) for q in ("ab", "xyz", "cd ef", "gh")]
+    n = 6
+    with patch.applied():
+        cached = greedy_continuations(model, prompts, n, batch_size=2)
+        plain = [_greedy_without_cache(model, p, n) for p in prompts]
+    assert cached == plain
+    assert all(len(c) == n for c in cached)
+    unpatched = [_greedy_without_cache(model, p, n) for p in prompts]
+    assert unpatched != plain  # the patch changes what is generated, so the comparison above can fail
+
+
+# --- what the down-projection fit targets ----------------------------------------------------------
+
+def _query_block_outputs(model, prompt: list[int], n_query: int) -> torch.Tensor:
+    """Every block's output (residual stream after the block) at the last ``n_query`` positions."""
+    family = block_family(model)
+    names = [family.resid_post(l) for l in range(model.cfg.n_layers)]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([prompt]), names_filter=lambda n: n in names)
+    return torch.stack([cache[n][0, -n_query:] for n in names])
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
+def test_down_fit_removes_the_block_output_residual_of_the_calibration_tokens(load, name):
+    """Several calibration queries (more tokens than one vector can match): the paper's kind ``both`` leaves a
+    per-token block-output residual (query alone, patched, against in context); ``both+down`` (λ = 0) removes it
+    at every layer where the vector is a bias (Llama) and shrinks it where the fit goes through Gemma's post-FFN
+    norm to first order; with the default ridge it still shrinks it. A down map dropped from the patch fails."""
+    from dataclasses import replace
+
+    model = load(name, torch.float64)
+    queries = ["ab:", "xyz uv:", "cd ef gh:", "q:"]
+    instr = text_ids(model, INSTRUCTION)
+
+    def residual(patch) -> float:
+        num = den = 0.0
+        for q in queries:
+            qi = text_ids(model, q)
+            context = _query_block_outputs(model, with_bos(model, instr + qi), len(qi))
+            with patch.applied():
+                alone = _query_block_outputs(model, patch.prompt_ids(q), len(qi))
+            num += float(((alone - context) ** 2).sum())
+            den += float((context ** 2).sum())
+        return (num / den) ** 0.5
+
+    paper = residual(thought_patch(model, INSTRUCTION, queries, kind="both", ridge=0.0, query_prefix="\n"))
+    exact = thought_patch(model, INSTRUCTION, queries, kind="both+down", ridge=0.0, query_prefix="\n")
+    default = residual(thought_patch(model, INSTRUCTION, queries))
+    assert paper > 1e-3
+    if exact.vector_site == "bias":  # exact interpolation: fewer calibration tokens than d_mlp
+        assert residual(exact) <= 1e-8 * max(paper, 1.0)
+    else:  # linearised through the post-FFN RMSNorm (icl_lens.thought.fit)
+        assert residual(exact) < 0.6 * paper
+    assert float(exact.down_residual.max()) <= 1e-8  # its own (linearised) target: met exactly
+    assert default < paper
+    broken = replace(exact, down_v=torch.zeros_like(exact.down_v))  # the fit's down map left out
+    assert residual(broken) > 0.1 * paper
+
+
+# --- the steering baseline leaves the model as it found it --------------------------------------------
+
+def test_steering_edit_is_removed_after_use_also_after_an_error(load):
+    from icl_lens.thought.steering import steering_vector
+
+    model = load("tiny-llama", torch.float64)
+    steer = steering_vector(model, INSTRUCTION, ["ab:", "xyz:"], query_prefix="\n")
+    ids = torch.tensor([steer.prompt_ids("cd:")])
+    with torch.no_grad():
+        before = model(ids)
+        with steer.applied():
+            steered = model(ids)
+        after = model(ids)
+        with pytest.raises(RuntimeError, match="inside"):
+            with steer.applied():
+                raise RuntimeError("inside the steered block")
+        after_error = model(ids)
+    assert not torch.allclose(steered, before)  # the edit acted while applied
+    assert torch.equal(after, before) and torch.equal(after_error, before)
+    assert not any(hp.fwd_hooks for hp in model.hook_dict.values())

@@ -25,6 +25,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -44,8 +45,11 @@ SELECT_GRID = (
     {"kind": "both+down", "ridge": 0.0, "query_prefix": "\n"},
     {"kind": "both+down", "ridge": 0.5, "query_prefix": "\n"},
     {"kind": "both+down", "ridge": 2.0, "query_prefix": "\n"},
+    {"kind": "both+down", "ridge": 8.0, "query_prefix": "\n"},
     {"kind": "both+down", "ridge": 0.5, "query_prefix": ""},
 )
+# Measured on the first selection task only (cost), shown beside the grid, not eligible for the choice.
+SELECT_EXTRA = ({"kind": "both+down", "ridge": 0.5, "query_prefix": "\n", "eta": 0.5, "iterations": 2},)
 SELECT_FIT, SELECT_VALIDATE = 24, 8
 TARGET, ELIGIBLE = 0.9, 0.5  # patched ≥ 0.9 × full wherever full ≥ 50%
 QUICK = {"models": ["tiny-llama"], "tasks": ["capitals"], "n_train": 4, "sizes": (1, 2),
@@ -53,7 +57,10 @@ QUICK = {"models": ["tiny-llama"], "tasks": ["capitals"], "n_train": 4, "sizes":
 
 
 def _setting(s: dict) -> str:
-    return f"{s['kind']}, ridge {s['ridge']:g}, prefix {s['query_prefix']!r}"
+    text = f"{s['kind']}, ridge {s['ridge']:g}, prefix {s['query_prefix']!r}"
+    if s.get("iterations", 1) != 1 or s.get("eta", 1.0) != 1.0:
+        text += f", η {s.get('eta', 1.0):g}, {s.get('iterations', 1)} sweeps"
+    return text
 
 
 def _cache_path(out: Path, model: str) -> Path:
@@ -66,8 +73,9 @@ def _cached(out: Path, model: str) -> dict:
 
 
 def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Path, run: str, *,
+              paper_tasks: list[str] | None = None,
               n_train: int | None = None, sizes=SIZES, select: bool = False, select_tasks=SELECT_TASKS,
-              select_grid=SELECT_GRID, select_fit: int = SELECT_FIT, select_validate: int = SELECT_VALIDATE,
+              select_grid=SELECT_GRID, select_extra=SELECT_EXTRA, select_fit: int = SELECT_FIT, select_validate: int = SELECT_VALIDATE,
               diagnose_task: str | None = None, table: bool = True) -> None:
     """Evaluate what the cache lacks; ``run`` (command and machine) is recorded with the keys it computed."""
     from icl_lens.model.loading import load_model
@@ -89,10 +97,12 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
 
     jobs = []
     if table:  # the main table first, then the paper's settings, then the curves
-        jobs += [("table", name, None) for name in tasks] + [("paper", name, None) for name in tasks]
+        jobs += [("table", name, None) for name in tasks] + [("paper", name, None) for name in tasks
+                                                            if paper_tasks is None or name in paper_tasks]
         jobs += [("curve", name, n) for name in tasks if name in curve_tasks for n in sizes]
     if select:
         jobs += [("select", name, i) for name in select_tasks for i in range(len(select_grid))]
+        jobs += [("select", select_tasks[0], len(select_grid) + i) for i in range(len(select_extra))]
     if diagnose_task:
         jobs += [("diagnose", diagnose_task, None)]
     start = time.perf_counter()
@@ -109,7 +119,7 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
             res = evaluate_thought(model, task, n_train=arg, conditions=("patched",), locality=False)
             store(f"curve/{name}/{arg}", res.to_dict(outcomes=True))
         elif job == "select":
-            setting = select_grid[arg]
+            setting = (*select_grid, *select_extra)[arg]
             key = f"select/{_setting(setting)}/{name}"
             if key not in results:
                 fit, val = [q for q, _ in task.train[:select_fit]], [q for q, _ in
@@ -166,7 +176,9 @@ def _fmt_ratio(ratio, ci) -> str:
 def write_report(out: Path, models: list[str], tasks: list[str], report_command: str,
                  select_tasks=SELECT_TASKS) -> str:
     from icl_lens.thought.fit import DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE
+    from icl_lens.thought.locality import load_locality
 
+    loc = load_locality()
     default = {"kind": DEFAULT_KIND, "ridge": DEFAULT_RIDGE, "query_prefix": DEFAULT_QUERY_PREFIX}
     caches = {m: _cached(out, m) for m in models}
     runs = [f"- {m}: {len(keys)} result(s) by {run}" for m in models for run, keys in caches[m].get("runs", {}).items()]
@@ -193,8 +205,10 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
         "query alone, over the query tokens of the train queries) added after the block chosen by calibration KL "
         f"(layer in the table). Ratio = patched/full with a paired bootstrap 95% interval; target ≥ {TARGET} "
         f"where full ≥ {ELIGIBLE:.0%}. Locality: mean next-token KL(unpatched ‖ edited) in nats over "
-        "every position of 12 fixed unrelated texts, and the share of 32 sentence-completion prompts on which "
-        "the edited model's 3 greedy tokens equal the unpatched model's (`icl_lens/thought/tasks/locality.json`).",
+        f"every position of {len(loc.texts)} fixed unrelated texts, and the share of the {len(loc.other_prompts)} "
+        f"queries of a fixed other few-shot task ({loc.other_task}, read with its instruction) on which the edited "
+        "model's answer (the first line of its greedy continuation) is the unpatched model's "
+        "(`icl_lens/thought/tasks/locality.json`).",
         "",
         "| model | task | none | full | patched | control | steering (layer) | patched/full | target | "
         "locality KL patched / control / steering | other task kept patched / control / steering | seconds |",
@@ -232,6 +246,21 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     if steering_wins:
         summary.append(f"- The thought patch is at least as accurate as the steering vector on {sum(steering_wins)} "
                        f"of {len(steering_wins)} (model, task) pairs.")
+    if paper_rows:
+        diff = [r["correct"]["patched"] - p["correct"]["patched"] for _, _, p, r in paper_rows]
+        summary.append(f"- Default against the paper's settings (patched test accuracy): higher on "
+                       f"{sum(d > 0 for d in diff)}, equal on {sum(d == 0 for d in diff)}, lower on "
+                       f"{sum(d < 0 for d in diff)} of {len(diff)} (model, task) pairs.")
+    kls = {c: [caches[m][f"table/{t}"]["locality_kl"][c] for m in models for t in tasks if f"table/{t}" in caches[m]]
+           for c in ("patched", "control", "steering")}
+    if kls["patched"]:
+        med = {c: float(np.median(v)) for c, v in kls.items()}
+        kept = [caches[m][f"table/{t}"]["locality_accuracy"]["patched"] for m in models for t in tasks
+                if f"table/{t}" in caches[m]]
+        summary.append(f"- Locality: median KL on the unrelated texts {med['patched']:.3f} nats for the thought patch, "
+                       f"{med['steering']:.3f} for the steering vector, {med['control']:.3f} for the random control; "
+                       f"the patched model keeps ≥ 90% of the other task's answers on {sum(k >= 0.9 for k in kept)} of "
+                       f"{len(kept)} (model, task) pairs (median {100 * float(np.median(kept)):.0f}%).")
     lines += ["", "Read from the table (rules: target as stated; counts over the rows above):", "", *summary]
     if paper_rows:
         lines += ["", "**Before / after**: the paper's settings (kind `both`, ridge 0, no query prefix, the "
@@ -301,7 +330,7 @@ def _selection_lines(caches: dict, default: dict, select_tasks) -> list[str]:
         for m in models:
             vals = list(per.get((m, s), {}).values())
             cells.append(f"{sum(vals) / len(vals):.3f}" if vals else "–")
-        mark = "lowest" if s == best else ("incomplete" if s not in means else "")
+        mark = "lowest" if s == best else ("" if s in means else f"{counts[s]} of {full} (model, task) only")
         lines.append(f"| {s} | " + " | ".join(cells) + f" | {means.get(s, float('nan')):.3f} | {mark} |")
     lines.append("")
     lines.append(f"The defaults in `icl_lens/thought/fit.py` ({_setting(default)}) "
@@ -344,7 +373,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=list(EMBEDDED_MODELS))
     p.add_argument("--tasks", nargs="+", default=list(SHIPPED_TASKS))
-    p.add_argument("--curve-tasks", nargs="+", default=list(CURVE_TASKS))
+    p.add_argument("--curve-tasks", nargs="*", default=list(CURVE_TASKS),
+                   help="tasks for the accuracy-against-calibration-size curve (none: no curve)")
+    p.add_argument("--paper-tasks", nargs="*", default=None,
+                   help="tasks on which the paper's settings are run beside the default (default: every task)")
     p.add_argument("--out", default="reports/eval_thought.md")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the cores are shared)")
     p.add_argument("--select", action="store_true", help="also run the selection of the default settings")
@@ -364,8 +396,10 @@ def main(argv=None) -> int:
     if not args.report_only:
         for model in models:
             run_model(model, tasks, curve_tasks, out, f"`{cmd}` on {machine()}", n_train=q.get("n_train"),
+                      paper_tasks=None if args.quick else args.paper_tasks,
                       sizes=q.get("sizes", SIZES), select=args.select or args.select_only,
                       select_tasks=q.get("tasks", SELECT_TASKS), select_grid=q.get("select_grid", SELECT_GRID),
+                      select_extra=() if args.quick else SELECT_EXTRA,
                       select_fit=q.get("select_fit", SELECT_FIT), select_validate=q.get("select_validate", SELECT_VALIDATE),
                       diagnose_task=args.diagnose, table=not args.select_only)
     text = write_report(out, models, tasks if args.quick else list(SHIPPED_TASKS), cmd,

@@ -2,14 +2,18 @@
 
 Prompts of equal length share a batch, so every row's last token sits at the same
 position and only the last position's logits are computed (``logits_to_keep=1``: for
-Gemma 3 the 262k-row unembedding is never applied to the whole prompt). Whatever hooks
-are active on the model (a thought patch, for example) act on every step.
+Gemma 3 the 262k-row unembedding is never applied to the whole prompt). The key/value
+cache is kept across steps (a plain ``DynamicCache``, as :mod:`icl_lens.model.incremental`
+uses), so each step runs the new token only. Whatever hooks are active on the model (a
+thought patch, for example) act on every step, and the cached keys and values were
+computed under them.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 import torch
+from transformers import DynamicCache
 
 
 @torch.no_grad()
@@ -32,10 +36,11 @@ def greedy_continuations(
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
             ids = torch.tensor([list(prompts[i]) for i in chunk], dtype=torch.long, device=device)
+            step, cache = ids, DynamicCache()
             for _ in range(max_new_tokens):
-                logits = model(ids, logits_to_keep=1)[:, -1]
-                nxt = logits.argmax(-1)
-                ids = torch.cat([ids, nxt[:, None]], dim=1)
+                logits, cache = model(step, past_key_values=cache, return_type="logits_and_cache", logits_to_keep=1)
+                step = logits[:, -1].argmax(-1)[:, None]
+                ids = torch.cat([ids, step], dim=1)
                 if finished is not None and all(
                     finished(i, ids[k, len(prompts[i]) :].tolist()) for k, i in enumerate(chunk)
                 ):
