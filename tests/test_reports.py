@@ -65,14 +65,30 @@ def test_lab_findings_follow_the_numbers():
     assert "0.600 is above no context" in other
 
 
-def test_thought_report_names_the_runs_that_computed_the_cache(tmp_path):
+def _thought_row(n_test: int, correct: dict[str, int]) -> dict:
+    return {"n_train": 4, "n_test": n_test, "seconds": 9.0, "steering_layer": 1,
+            "accuracy": {c: k / n_test for c, k in correct.items()}, "correct": correct,
+            "locality_kl": {"patched": 0.25, "control": 1.5, "steering": 0.125},
+            "locality_accuracy": {"patched": 1.0, "control": 0.5, "steering": 0.75}}
+
+
+def test_thought_report_names_the_runs_and_reads_the_target_from_the_numbers(tmp_path):
+    """The 0.9 × full target is decided by the rule, per row: 18/20 = 0.90 is met, 17/20 missed, full < 50% n/a."""
     out = tmp_path / "eval_thought.md"
-    cache = {"runs": {"`python -m icl_lens.evals.thought --models m` on 3 CPU cores": ["table/t"]},
-             "table/t": {"n_train": 4, "n_test": 2, "seconds": 9.0,
-                         "accuracy": {"none": 0.0, "full": 1.0, "patched": 0.5, "control": 0.0}}}
+    base = {"none": 0, "control": 0, "steering": 3}
+    cache = {"runs": {"`python -m icl_lens.evals.thought --models m` on 3 CPU cores": ["table/t", "table/u"]},
+             "table/t": _thought_row(24, {**base, "full": 20, "patched": 18}),
+             "table/u": _thought_row(24, {**base, "full": 20, "patched": 17})}
     (tmp_path / "eval_thought.m.json").write_text(json.dumps(cache))
-    (tmp_path / "eval_thought.n.json").write_text(json.dumps({"table/t": cache["table/t"]}))
-    text = thought.write_report(out, ["m", "n"], ["t"], "python -m icl_lens.evals.thought --report-only")
-    assert "- m: 1 result(s) by `python -m icl_lens.evals.thought --models m` on 3 CPU cores" in text
+    (tmp_path / "eval_thought.n.json").write_text(json.dumps({"table/t": _thought_row(24, {**base, "full": 11,
+                                                                                           "patched": 2})}))
+    text = thought.write_report(out, ["m", "n"], ["t", "u"], "python -m icl_lens.evals.thought --report-only")
+    assert "- m: 2 result(s) by `python -m icl_lens.evals.thought --models m` on 3 CPU cores" in text
     assert "- n: command and machine not recorded" in text
-    assert "| m | t | 4 | 2 | 0% | 100% | 50% | 0% | 0.50 | 9 |" in text
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in text.splitlines() if line.startswith("| m |")
+            or line.startswith("| n |")}
+    assert "| 0.90 | met |" in rows[("m", "t")] and "| 0.85 | missed |" in rows[("m", "u")]
+    assert "n/a (full < 50%)" in rows[("n", "t")]
+    assert "| 0.250 / 1.500 / 0.125 |" in rows[("m", "t")]
+    assert "- m: target met on 1 of 2 tasks where full ≥ 50%; missed: u." in text
+    assert "**Not evaluated** on n (no cached result): u." in text

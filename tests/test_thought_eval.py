@@ -126,7 +126,7 @@ def test_locality_is_zero_for_a_zero_patch_and_positive_for_a_real_one(load):
 
     from icl_lens.thought.locality import load_locality, locality_probe
 
-    model = load("tiny-gemma3")
+    model = load("tiny-llama")
     data = load_locality()
     assert len(data.texts) >= 10 and len(data.other_prompts) >= 24
     probe = locality_probe(model)
