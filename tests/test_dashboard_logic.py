@@ -120,6 +120,21 @@ def test_click_selects_query_and_threshold_reflags(load, dash_factory):
     assert d.shown.query == d.shown.patches.n_positions - 1
 
 
+def test_trajectory_order_control_draws_the_absorb_trajectory(load, dash_factory):
+    model = load("tiny-llama")
+    d = dash_factory(model)
+    text = "ab=1;cd=2;ef=3;ab=1;cd="
+    _type(d, text)
+    assert d.shown.trajectory.order == "prefix"
+    d.trajectory_panel.order.value = "absorb"
+    assert d.wait(60)
+    assert d.shown.trajectory.order == "absorb" and "absorb order" in d.status.value
+    ref = icl_lens.trajectory(model, text, query=d.shown.query, order="absorb").meta_gradient_norms().double().numpy()
+    other = icl_lens.trajectory(model, text, query=d.shown.query).meta_gradient_norms().double().numpy()
+    assert np.abs(ref - other).max() > 1e-3  # the two orders draw different curves
+    np.testing.assert_allclose(_arr(d.trajectory_panel.norms[1].y), ref[1], **TOL)
+
+
 def test_burst_of_keystrokes_ends_on_last_text(load, dash_factory):
     model = load("tiny-gemma3")
     d = dash_factory(model, debounce_s=0.03)

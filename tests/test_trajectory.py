@@ -167,3 +167,53 @@ def test_prompt_without_bos_starts_context_at_zero(load):
     assert verify_trajectory(model, ids, traj, steps=[0, 1, traj.n_context]).relative_error <= 1e-9
     with pytest.raises(NoContextError):
         trajectory(model, ids, query=0)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_absorb_order_identity_and_shared_endpoint_float64(load, name):
+    """The paper's order: [BOS, c_{i+1}..cₙ, x_t] with Wᵢ (kept tokens patched likewise) gives the
+    full-context logits; both orders start at 0 and end at the same token patch."""
+    model = load(name, torch.float64)
+    prefix = trajectory(model, TINY_PROMPT)
+    absorb = trajectory(model, TINY_PROMPT, order="absorb")
+    n = absorb.n_context
+    assert absorb.order == "absorb" and prefix.order == "prefix" and n == prefix.n_context
+    check = verify_trajectory(model, TINY_PROMPT, absorb, steps=[0, 1, n // 2, n - 1, n])
+    assert check.relative_error <= 1e-9, check.to_frame()
+    for field in ("u_in", "u_gate", "v", "correction"):
+        a, p = getattr(absorb, field), getattr(prefix, field)
+        if a is None:
+            assert p is None
+            continue
+        assert _rel(a[:, n], p[:, n]) <= 1e-9, field
+    assert float(absorb.u_in[:, 0].abs().max()) == 0.0 and float(absorb.correction[:, 0].abs().max()) == 0.0
+    # The orders differ in between (otherwise the test above could not tell them apart).
+    assert _rel(absorb.u_in[:, 1], prefix.u_in[:, 1]) > 1e-3
+    # Wrong patches break the identity: the prefix-order steps do not satisfy the absorb identity.
+    from dataclasses import replace
+    wrong = replace(absorb, u_in=prefix.u_in, v=prefix.v, u_gate=prefix.u_gate, correction=prefix.correction)
+    assert verify_trajectory(model, TINY_PROMPT, wrong, steps=[1, n // 2]).relative_error > 1e-3
+
+
+def test_absorb_step_is_the_token_patch_of_its_kept_set(load):
+    model = load("tiny-llama", torch.float64)
+    absorb = trajectory(model, TINY_PROMPT, order="absorb", query=-2)
+    t, b = absorb.query, 1
+    for i in (1, 4, absorb.n_context):
+        patches = token_patches(model, model.to_tokens(TINY_PROMPT)[0][: t + 1], remove=range(b, b + i))
+        assert patches.kept_positions(t) == [0] + list(range(b + i, t + 1))
+        for field in ("u_in", "u_gate", "v", "correction"):
+            assert _rel(getattr(absorb, field)[:, i], getattr(patches, field)[:, t]) <= 1e-12, (field, i)
+
+
+def test_gemma_float32_absorb_steps_are_exact(gemma):
+    prompt = "red -> rouge, blue -> bleu, green ->"
+    traj = trajectory(gemma, prompt, order="absorb")
+    n = traj.n_context
+    check = verify_trajectory(gemma, prompt, traj, steps=[1, n // 2, n])
+    assert check.relative_error <= 1e-4, check.to_frame()
+
+
+def test_unknown_order_fails_fast(load):
+    with pytest.raises(ValueError, match="order"):
+        trajectory(load("tiny-gpt2", torch.float64), TINY_PROMPT, order="suffix")

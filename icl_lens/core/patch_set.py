@@ -68,6 +68,13 @@ class TokenPatches:
         """Positions the context-free input of ``query`` keeps (sorted)."""
         return torch.nonzero(self.kept[query]).flatten().tolist()
 
+    def keep_parts(self, *, w_in: bool = True, correction: bool = True) -> "TokenPatches":
+        """The same patches with the weight part (``u_in``, ``u_gate``) and/or the skip correction zeroed."""
+        zero = lambda t: None if t is None else torch.zeros_like(t)  # noqa: E731
+        return replace(self, u_in=self.u_in if w_in else zero(self.u_in),
+                       u_gate=self.u_gate if w_in else zero(self.u_gate),
+                       correction=self.correction if correction else zero(self.correction))
+
     def to(self, device: torch.device | str) -> "TokenPatches":
         """A copy with every tensor on ``device``."""
         move = lambda t: None if t is None else t.to(device)  # noqa: E731

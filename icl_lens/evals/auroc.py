@@ -4,7 +4,8 @@
 (the Mann–Whitney U statistic divided by ``n⁺ n⁻``). The bootstrap resamples examples
 with replacement; a resample is a weight vector ``w`` (counts), and
 ``AUROC(w) = Σ_ij w⁺_i K_ij w⁻_j / (Σ w⁺)(Σ w⁻)`` with ``K_ij = [s⁺_i > s⁻_j] + ½[s⁺_i = s⁻_j]``,
-so all resamples cost one matrix product. Resamples without both classes are dropped.
+so all resamples cost one matrix product (resamples from :mod:`icl_lens.core.bootstrap`).
+Resamples without both classes are dropped.
 
 Stratified (within-group) AUROC, ``strata=``: only pairs whose two examples share a
 stratum count, ``Σ_ij S_ij K_ij / Σ_ij S_ij`` with ``S_ij = [stratum⁺_i = stratum⁻_j]``; it
@@ -15,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from icl_lens.core.bootstrap import percentile_interval, resample_counts
 
 
 @dataclass(frozen=True)
@@ -61,14 +64,10 @@ def bootstrap_auroc(scores, positive, *, strata=None, n_boot: int = 2000, seed: 
     scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
     point = auroc(scores, positive, strata)
     kernel, same, ipos, ineg = _pair_kernel(scores, positive, strata)
-    rng = np.random.default_rng(seed)
-    n = scores.shape[0]
-    counts = rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(float)
+    counts = resample_counts(scores.shape[0], n_boot, seed)
     wp, wn = counts[:, ipos], counts[:, ineg]
     den = ((wp @ same) * wn).sum(1)
     num = ((wp @ kernel) * wn).sum(1)
     ok = den > 0
-    boots = num[ok] / den[ok]
-    alpha = (1 - level) / 2
-    low, high = np.quantile(boots, [alpha, 1 - alpha])
-    return AurocResult(point, float(low), float(high), int(positive.sum()), int((~positive).sum()))
+    low, high = percentile_interval(num[ok] / den[ok], level)
+    return AurocResult(point, low, high, int(positive.sum()), int((~positive).sum()))

@@ -85,20 +85,44 @@ def kept_only_logits(
     model, ids: Int[Tensor, " pos"], patches: TokenPatches, queries: Sequence[int], *, batch_size: int = 16
 ) -> Float[Tensor, "query vocab"]:
     """Logits of each query from the patched kept-only forward, batched by kept-set size."""
+    return kept_only_logits_many(model, [(ids, patches, t) for t in queries], batch_size=batch_size)
+
+
+def kept_only_logits_many(
+    model, requests: Sequence[tuple[Int[Tensor, " pos"], TokenPatches, int]], *, batch_size: int = 16
+) -> Float[Tensor, "request vocab"]:
+    """:func:`kept_only_logits` for ``(ids, patches, query)`` requests of any prompts, batched together.
+
+    Requests whose kept sets have the same size share a forward (each row with its own
+    token ids, position ids and per-position patches), so the unembedding runs once per
+    batch, on the last row only, instead of once per prompt.
+    """
     results: dict[int, Tensor] = {}
     groups: dict[int, list[int]] = {}
-    for t in queries:
-        groups.setdefault(len(patches.kept_positions(t)), []).append(t)
-    for _, ts in sorted(groups.items()):
-        for start in range(0, len(ts), batch_size):
-            chunk = ts[start : start + batch_size]
-            pos = torch.tensor([patches.kept_positions(t) for t in chunk], device=ids.device)
-            inputs = ids[pos]
-            with torch.no_grad(), patches_applied(model, patches, pos):
-                logits = model(inputs, position_ids=pos, attention_mask=kept_only_masks(model, pos))
-            for row, t in enumerate(chunk):
-                results[t] = logits[row, -1]
-    return torch.stack([results[t] for t in queries])
+    for r, (_, patches, t) in enumerate(requests):
+        groups.setdefault(len(patches.kept_positions(t)), []).append(r)
+    for _, rs in sorted(groups.items()):
+        for start in range(0, len(rs), batch_size):
+            chunk = rs[start : start + batch_size]
+            pos = [torch.tensor([requests[r][1].kept_positions(requests[r][2])], device=requests[r][0].device)
+                   for r in chunk]
+            inputs = torch.cat([requests[r][0][p] for r, p in zip(chunk, pos)])
+            edits = _concat_edits([token_patch_edits(requests[r][1], p, requests[r][1].v.dtype) for r, p in zip(chunk, pos)])
+            pos = torch.cat(pos)
+            with torch.no_grad(), edits_applied(model, edits):
+                logits = model(inputs, position_ids=pos, attention_mask=kept_only_masks(model, pos),
+                               logits_to_keep=1)  # the query's logits only
+            for row, r in enumerate(chunk):
+                results[r] = logits[row, -1]
+    return torch.stack([results[r] for r in range(len(requests))])
+
+
+def _concat_edits(parts: Sequence[dict[int, MLPEdit]]) -> dict[int, MLPEdit]:
+    """Per-row edits of several inputs stacked along the batch dimension."""
+    cat = lambda xs: None if xs[0] is None else torch.cat(xs)  # noqa: E731
+    return {layer: MLPEdit(v=cat([p[layer].v for p in parts]), u_in=cat([p[layer].u_in for p in parts]),
+                           u_gate=cat([p[layer].u_gate for p in parts]), bias=cat([p[layer].bias for p in parts]))
+            for layer in parts[0]}
 
 
 @dataclass(frozen=True, eq=False)

@@ -43,6 +43,7 @@ class ViewRequest:
     layer: int
     head: int
     threshold: float
+    order: str = "prefix"  # trajectory order: "prefix" or "absorb" (docs/design.md §3)
 
 
 @dataclass
@@ -138,7 +139,7 @@ class Dashboard:
 
         self.runner = LatestWins(self._work, self._on_error, debounce_s=debounce_s)
         self.text.observe(lambda _c: self._changed(debounce=True), names="value")
-        for control in (self.model_box, self.layer, self.head, self.threshold):
+        for control in (self.model_box, self.layer, self.head, self.threshold, self.trajectory_panel.order):
             control.observe(lambda _c: self._changed(debounce=False), names="value")
         self.heatmap.kind.observe(lambda _c: self._redraw_heatmap(), names="value")
         self.trajectory_panel.loglog.observe(lambda _c: self.trajectory_panel.apply_scale(), names="value")
@@ -179,7 +180,7 @@ class Dashboard:
     def _request(self) -> ViewRequest:
         return ViewRequest(text=self.text.value, model_name=(self.model_box.value or "").strip(), query=self._query,
                            layer=int(self.layer.value), head=int(self.head.value),
-                           threshold=float(self.threshold.value))
+                           threshold=float(self.threshold.value), order=self.trajectory_panel.order.value)
 
     def _changed(self, debounce: bool) -> None:
         if self._in_worker():  # the dashboard itself moved a control while drawing
@@ -222,7 +223,7 @@ class Dashboard:
                 self.model_box.value = previous
             self.runner.draw(generation, revert)
             return ViewRequest(request.text, previous, request.query, request.layer, request.head,
-                               request.threshold), message
+                               request.threshold, request.order), message
         self.analyzer = PromptAnalyzer(model, self.max_tokens)
         a = self.analyzer
 
@@ -276,13 +277,13 @@ class Dashboard:
         self.timeline.setdefault(generation, {})["phase1"] = time.perf_counter()
         if self.runner.newer_pending(generation):
             return
-        (trajectory, fresh), seconds = timed(a.trajectory, prompt, query)
+        (trajectory, fresh), seconds = timed(a.trajectory, prompt, query, request.order)
         if isinstance(trajectory, str):  # no context before the query
             traj_note, trajectory = trajectory, None
             parts.append(f"no trajectory for query {query}")
         else:
             traj_note = ""
-            parts.append(f"trajectory of query {query}" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
+            parts.append(f"trajectory of query {query}, {request.order} order" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
         if self.runner.newer_pending(generation):
             return
         head = min(request.head, a.n_heads - 1)

@@ -174,13 +174,18 @@ class AlignmentPanel:
 
 class TrajectoryPanel:
     """Meta-gradient norm vs context length per layer, consecutive-step alignment, and the
-    fitted decay exponent per layer, for the selected query."""
+    fitted decay exponent per layer, for the selected query; ``order`` picks the prefix or the
+    paper's absorb order of consuming the context (docs/design.md §3)."""
 
     def __init__(self, grid: FigureGrid):
         self.grid, self.fig = grid, grid.fig
         self.loglog = W.Checkbox(value=True, description="log–log", indent=False)
+        self.order = W.Dropdown(options=[("prefix", "prefix"), ("absorb (paper)", "absorb")], value="prefix",
+                                description="order", description_tooltip="prefix: the query sees c₁..cᵢ; absorb: "
+                                "c₁..cᵢ are absorbed into the weights, the rest stays in context",
+                                layout=W.Layout(width="200px"))
         self.message = W.HTML()
-        self.widget = W.HBox([self.loglog, self.message])  # the grid starts log–log, like the checkbox
+        self.widget = W.HBox([self.loglog, self.order, self.message])  # the grid starts log–log, like the checkbox
 
     @property
     def n_layers(self) -> int:
