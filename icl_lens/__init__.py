@@ -16,9 +16,11 @@ from icl_lens.model.incremental import PatchSession, UpdateStats
 from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
 from icl_lens.model.kept_only import EquivalenceReport, patches_applied, verify_equivalence
 from icl_lens.model.prompts import PromptError
-from icl_lens.core.finetune_alignment import FinetuneAlignment
+from icl_lens.core.finetune_alignment import AlignmentTable, FinetuneAlignment, trajectory_sgd_cosines
 from icl_lens.core.trajectory import DecayFit, Trajectory
-from icl_lens.model.explicit_finetune import finetune_alignment
+from icl_lens.model.context_alignment import context_alignment
+from icl_lens.model.context_effect import ContextEffect, context_effect
+from icl_lens.model.explicit_finetune import ContextTokenSteps, context_token_steps, finetune_alignment
 from icl_lens.model.trajectory_capture import NoContextError, QueryPositionError, TrajectoryCheck, trajectory, verify_trajectory
 from icl_lens.thought import Task, TaskFormatError, ThoughtEval, ThoughtPatch, evaluate_thought, load_task, thought_patch
 
@@ -33,6 +35,9 @@ def dashboard(model=None, **kwargs):
 
 
 __all__ = [
+    "AlignmentTable",
+    "ContextEffect",
+    "ContextTokenSteps",
     "DEFAULT_MODEL",
     "DecayFit",
     "EMBEDDED_MODELS",
@@ -56,6 +61,9 @@ __all__ = [
     "UnsupportedArchitectureError",
     "UpdateStats",
     "ZeroNormWarning",
+    "context_alignment",
+    "context_effect",
+    "context_token_steps",
     "dashboard",
     "generate_with_patches",
     "finetune_alignment",
@@ -70,6 +78,7 @@ __all__ = [
     "thought_patch",
     "token_patches",
     "trajectory",
+    "trajectory_sgd_cosines",
     "verify_equivalence",
     "verify_trajectory",
 ]

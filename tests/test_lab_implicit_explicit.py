@@ -112,8 +112,7 @@ def test_closed_form_cosines_and_gradient_at_implicit_weights_match_dense():
         assert float(step[layer, i - 1]) == pytest.approx(cos(P[layer, i] - P[layer, i - 1], E[layer, i - 1]), abs=1e-10)
     # pair_gradients with per-run edits: run r sits at the prefix trajectory's W(r).
     pre = implicit_trajectory(model, p.tokens[0, :-1], p.tokens[0, -1])
-    edits = {l: type(e)(v=e.v[:6], u_in=e.u_in[:6], bias=e.bias[:6]) for l, e in pre.edits().items()}
-    g, a, _ = pair_gradients(model, xs[0], ys[0], edits=edits)
+    g, a, _ = pair_gradients(model, xs[0], ys[0], edits=pre.edits(6))
     dense = load_lab_model("softmax", torch.float64)
     r = 3
     with torch.no_grad():

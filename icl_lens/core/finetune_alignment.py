@@ -63,9 +63,16 @@ def cumulative_sum_norms(term_u: Float[Tensor, "layer m d_u"], term_v: Float[Ten
     return torch.stack([gram[:, :e, :e].sum((-2, -1)) for e in ends], dim=-1).clamp_min(0).sqrt()
 
 
+def step_gram(exp_u: Float[Tensor, "*b n row d_u"], exp_v: Float[Tensor, "*b n row d_in"]) -> Float[Tensor, "*b n n"]:
+    """``⟨Eⱼ, E_k⟩`` of SGD steps made of rank-1 rows: ``Σ_{r,s} (U_{j,r}·U_{k,s})(V_{j,r}·V_{k,s})`` (float64)."""
+    eu, ev = exp_u.to(torch.float64), exp_v.to(torch.float64)
+    return (torch.einsum("...ard,...bsd->...arbs", eu, eu) * torch.einsum("...ard,...bsd->...arbs", ev, ev)).sum((-1, -3))
+
+
 def trajectory_sgd_cosines(
     imp_u: Float[Tensor, "*b step d_u"], imp_v: Float[Tensor, "*b step d_in"],
     exp_u: Float[Tensor, "*b n row d_u"], exp_v: Float[Tensor, "*b n row d_in"],
+    gram: Float[Tensor, "*b n n"] | None = None,
 ) -> tuple[Float[Tensor, "*b n"], Float[Tensor, "*b n"]]:
     """Cumulative and per-step cosines of an implicit trajectory with one SGD step per example.
 
@@ -73,7 +80,8 @@ def trajectory_sgd_cosines(
     i = 0..n (``P₀`` is normally 0). ``exp_u``/``exp_v``: SGD step ``j = 1..n`` is
     ``Σ_row exp_u[j, row] exp_v[j, row]ᵀ`` (already carrying ``−lr``). Column ``i − 1`` of
     the results is ``cos(Pᵢ, Σ_{j≤i} Eⱼ)`` and ``cos(Pᵢ − Pᵢ₋₁, Eᵢ)``; 0 where a side is 0.
-    Any leading dimensions (layer, prompt) broadcast. Float64.
+    Any leading dimensions (layer, prompt) broadcast. Float64. ``gram``: the steps'
+    :func:`step_gram`, when already computed (it depends on the SGD run only).
     """
     iu, iv, eu, ev = (x.to(torch.float64) for x in (imp_u, imp_v, exp_u, exp_v))
     n = eu.shape[-3]
@@ -81,7 +89,7 @@ def trajectory_sgd_cosines(
         raise ValueError(f"the trajectory has {iu.shape[-2]} steps, the SGD run {n} (need n + 1 and n)")
     # inner[i, j] = ⟨Pᵢ, Eⱼ⟩
     inner = (torch.einsum("...id,...jrd->...ijr", iu, eu) * torch.einsum("...id,...jrd->...ijr", iv, ev)).sum(-1)
-    gram = (torch.einsum("...ard,...bsd->...arbs", eu, eu) * torch.einsum("...ard,...bsd->...arbs", ev, ev)).sum((-1, -3))
+    gram = step_gram(eu, ev) if gram is None else gram.to(torch.float64)
     cum_gram = gram.cumsum(-1).cumsum(-2)
     exp_cum_norm = torch.diagonal(cum_gram, dim1=-2, dim2=-1).clamp_min(0).sqrt()  # ‖Σ_{j≤i} Eⱼ‖
     exp_step_norm = torch.diagonal(gram, dim1=-2, dim2=-1).clamp_min(0).sqrt()

@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lm-prompts-per-task", type=int, default=16)
     ap.add_argument("--lab-models", nargs="*", default=list(LAB_MODELS))
     ap.add_argument("--lm-models", nargs="*", default=list(LM_MODELS))
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for the language models (1: on a shared machine a second thread mostly spin-waits)")
     ap.add_argument("--out", default="reports/eval_finetune_alignment.md")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)

@@ -66,10 +66,12 @@ class ImplicitTrajectory:
         """Meta-gradient norms ``‖ΔW_l(i) − ΔW_l(i−1)‖_F`` for ``i = 1..n``."""
         return diff_norm(self.u[:, 1:], self.v[:, 1:], self.u[:, :-1], self.v[:, :-1])
 
-    def edits(self) -> dict[int, MLPEdit]:
-        """``W(i)`` for every ``i`` as per-row edits: input row ``i`` (a single query token) gets step ``i``."""
+    def edits(self, steps: int | None = None) -> dict[int, MLPEdit]:
+        """``W(i)`` as per-row edits: input row ``i`` (a single token) gets step ``i``, for the first
+        ``steps`` steps (default all ``n + 1``)."""
+        k = self.n_context + 1 if steps is None else steps
         corr = self.correction if self.correction is not None else torch.zeros_like(self.v)
-        return {l: MLPEdit(v=self.v[l][:, None, None], u_in=self.u[l][:, None, None], bias=corr[l][:, None])
+        return {l: MLPEdit(v=self.v[l, :k, None, None], u_in=self.u[l, :k, None, None], bias=corr[l, :k, None])
                 for l in range(self.u.shape[0])}
 
     def to_frame(self) -> pd.DataFrame:

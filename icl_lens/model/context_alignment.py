@@ -28,6 +28,7 @@ from icl_lens.core.finetune_alignment import (
     AlignmentTable,
     patches_vs_update,
     random_direction_cosines,
+    step_gram,
     trajectory_sgd_cosines,
 )
 from icl_lens.model.explicit_finetune import context_token_steps_many
@@ -39,21 +40,24 @@ def context_alignment(model, prompts: Sequence[Prompt], *, batch_rows: int = 128
     """Per prompt and layer: mean alignment cosines of the paper's protocol (see the module docstring)."""
     if len(prompts) < 2:
         raise ValueError("context_alignment needs at least 2 prompts (the control pairs each with the next)")
-    steps = context_token_steps_many(model, prompts, batch_rows=batch_rows)
+    steps = context_token_steps_many(model, prompts, batch_rows=batch_rows, progress=progress)
     gen = torch.Generator().manual_seed(seed)
+    grams = [step_gram(s.u, s.v) for s in steps]  # each run's Gram matrix, shared by both orders and the control
     out: dict[str, list[torch.Tensor]] = {}
     dim = None
     for k, prompt in enumerate(tqdm(prompts, desc="trajectories", disable=not progress)):
-        own, nxt = steps[k], steps[(k + 1) % len(prompts)]
+        nk = (k + 1) % len(prompts)
+        own, nxt = steps[k], steps[nk]
         for order in ORDERS:
             traj = trajectory(model, prompt, order=order)
             iu, iv = traj.stacked_u(), traj.v
             dim = iu.shape[-1] * iv.shape[-1]
-            cum, step = trajectory_sgd_cosines(iu, iv, own.u, own.v)
+            cum, step = trajectory_sgd_cosines(iu, iv, own.u, own.v, grams[k])
             out.setdefault(f"sgd:{order}:cumulative", []).append(cum.mean(-1))
             out.setdefault(f"sgd:{order}:step", []).append(step.mean(-1))
             m = min(traj.n_context, len(nxt.positions))
-            cum, step = trajectory_sgd_cosines(iu[:, : m + 1], iv[:, : m + 1], nxt.u[:, :m], nxt.v[:, :m])
+            cum, step = trajectory_sgd_cosines(iu[:, : m + 1], iv[:, : m + 1], nxt.u[:, :m], nxt.v[:, :m],
+                                               grams[nk][:, :m, :m])
             out.setdefault(f"control:{order}:cumulative", []).append(cum.mean(-1))
             out.setdefault(f"control:{order}:step", []).append(step.mean(-1))
             q = patches_vs_update(iu[:, 1:], iv[:, 1:], own.query_u, own.query_v)

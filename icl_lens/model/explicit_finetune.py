@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from icl_lens.core.factored import stack_outputs
 from icl_lens.core.finetune_alignment import FinetuneAlignment
@@ -210,7 +211,7 @@ def context_token_steps(model, prompt: Prompt, *, query: int = -1, layers: Seque
 
 
 def context_token_steps_many(model, prompts: Sequence[Prompt], *, query: int = -1, layers: Sequence[int] | None = None,
-                             batch_rows: int = 128) -> list[ContextTokenSteps]:
+                             batch_rows: int = 128, progress: bool = False) -> list[ContextTokenSteps]:
     """:func:`context_token_steps` for many prompts; their rows share batched forwards and backwards
     (``batch_rows`` inputs each), so the unembedding runs once per batch instead of once per prompt."""
     setups = [resolve_query(model, p, query) for p in prompts]
@@ -228,7 +229,7 @@ def context_token_steps_many(model, prompts: Sequence[Prompt], *, query: int = -
     for k in range(len(setups)):
         targets[[i for i, (o, _) in enumerate(rows) if o == k][-1]] = int(argmax[k])
     outs: dict[str, list[Tensor]] = {"u": [], "x": [], "ce": []}
-    for start in range(0, len(rows), batch_rows):
+    for start in tqdm(range(0, len(rows), batch_rows), desc="gradient steps", disable=not progress):
         chunk = range(start, min(start + batch_rows, len(rows)))
         width = {len(rows[i][1]) for i in chunk}
         if len(width) != 1:

@@ -47,6 +47,7 @@ from icl_lens.core.finetune_alignment import (
     AlignmentTable,
     patches_vs_update,
     random_direction_cosines,
+    step_gram,
     trajectory_sgd_cosines,
 )
 from icl_lens.lab.checkpoints import load_lab_model
@@ -91,8 +92,8 @@ class AlignmentResult:
 
 
 def _steps(U: Tensor, V: Tensor) -> tuple[Tensor, Tensor]:
-    """``[layer, n, d]`` SGD factors as ``[layer, n, row=1, d]``."""
-    return U[:, :, None], V[:, :, None]
+    """``[..., layer, n, d]`` SGD factors as ``[..., layer, n, row=1, d]``."""
+    return U[..., None, :], V[..., None, :]
 
 
 def implicit_vs_explicit(name: str = "softmax", *, n_prompts: int = 64, n_context: int | None = None, lr: float = 1e-1,
@@ -115,21 +116,23 @@ def implicit_vs_explicit(name: str = "softmax", *, n_prompts: int = 64, n_contex
     def add(key: str, value: Tensor) -> None:
         out.setdefault(key, []).append(value.float())
 
+    sgd_gram = step_gram(*_steps(sgd.U, sgd.V))  # prompt, layer, n, n: shared by both orders and the control
+    small_gram = step_gram(*_steps(g0, a0))
     for b in range(n_prompts):
         nxt = (b + 1) % n_prompts
         for order in ORDERS:
             traj = implicit_trajectory(model, p.tokens[b, :-1], p.tokens[b, -1], order=order)
-            for comparison, (U, V) in (("sgd", (sgd.U[b], sgd.V[b])), ("control", (sgd.U[nxt], sgd.V[nxt])),
-                                       ("small_lr", (g0[b], a0[b]))):
-                cum, step = trajectory_sgd_cosines(traj.u, traj.v, *_steps(U, V))
+            for comparison, (U, V, G) in (("sgd", (sgd.U[b], sgd.V[b], sgd_gram[b])),
+                                          ("control", (sgd.U[nxt], sgd.V[nxt], sgd_gram[nxt])),
+                                          ("small_lr", (g0[b], a0[b], small_gram[b]))):
+                cum, step = trajectory_sgd_cosines(traj.u, traj.v, *_steps(U, V), gram=G)
                 add(f"{comparison}:{order}:cumulative", cum)
                 add(f"{comparison}:{order}:step", step)
             add(f"query_input:{order}:cumulative", patches_vs_update(traj.u[:, 1:], traj.v[:, 1:], -gq[b][:, None], aq[b][:, None]))
             add(f"input_side:{order}:step", torch.nn.functional.cosine_similarity(traj.v[:, 1:], a0[b], dim=-1))
             if order == "prefix":
                 # each pair's gradient at the implicit weights W(i−1) reached before it (run i−1 of the batch)
-                edits = {l: type(e)(v=e.v[:n], u_in=e.u_in[:n], bias=e.bias[:n]) for l, e in traj.edits().items()}
-                gi, ai, _ = pair_gradients(model, xs[b], ys[b], edits=edits)
+                gi, ai, _ = pair_gradients(model, xs[b], ys[b], edits=traj.edits(n))
                 cum, step = trajectory_sgd_cosines(traj.u, traj.v, *_steps(-gi.transpose(0, 1), ai.transpose(0, 1)))
                 add("at_implicit:prefix:cumulative", cum)
                 add("at_implicit:prefix:step", step)
