@@ -82,6 +82,7 @@ def test_finetune_alignment_verdict_rule():
     control = MeanCI(0.0, -0.02, 0.03, 64)
     assert verdict(MeanCI(ALIGNED + 0.1, ALIGNED, ALIGNED + 0.2, 64), control) == "holds"
     assert verdict(MeanCI(0.2, 0.1, 0.3, 64), control) == "weak"
+    assert verdict(MeanCI(0.06, 0.04, 0.08, 64), MeanCI(0.0, -0.01, 0.01, 64)) == "negligible"
     assert verdict(MeanCI(0.05, 0.02, 0.08, 64), control) == "no"  # overlaps the control
     assert verdict(MeanCI(-0.3, -0.4, -0.2, 64), MeanCI(-0.6, -0.7, -0.5, 64)) == "no"  # not above 0
 

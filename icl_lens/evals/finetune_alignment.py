@@ -42,6 +42,7 @@ LM_MODELS = ("gemma-3-270m", "smollm2-135m")
 LM_TASKS = ("capitals", "en_fr", "en_es", "kv8")
 QUICK_LAB, QUICK_LM = ("single_block", "softmax"), ("tiny-gemma3",)
 ALIGNED = 0.5  # a mean cosine from which updates count as aligned ("highly aligned" in the paper's words)
+WEAK = 0.1  # below this, a cosine that is above the control still counts as negligible
 DEMOS = 5
 
 
@@ -79,10 +80,10 @@ def few_shot_prompts(n_per_task: int, seed: int = 0) -> list[tuple[str, str]]:
 
 
 def verdict(same, control) -> str:
-    """``holds`` (interval above the control's and mean ≥ ALIGNED), ``weak`` (above the control, below
-    ALIGNED) or ``no`` (not above the control)."""
+    """``holds`` (interval above the control's and above 0, mean ≥ ALIGNED), ``weak`` (above the control,
+    WEAK ≤ mean < ALIGNED), ``negligible`` (above the control, mean < WEAK) or ``no`` (not above the control)."""
     if same.low > max(control.high, 0.0):
-        return "holds" if same.mean >= ALIGNED else "weak"
+        return "holds" if same.mean >= ALIGNED else "weak" if same.mean >= WEAK else "negligible"
     return "no"
 
 
@@ -135,6 +136,8 @@ def alignment_rows(tables: dict) -> pd.DataFrame:
             for kind in ("cumulative", "step"):
                 row[f"{order} {kind}"] = _fmt(t.ci(f"sgd:{order}:{kind}"))
                 row[f"control {order} {kind}"] = _fmt(t.ci(f"control:{order}:{kind}"))
+        if "small_lr:absorb:step" in t.per_prompt:
+            row["small-rate SGD (absorb step)"] = _fmt(t.ci("small_lr:absorb:step"))
         row["query input (absorb)"] = _fmt(t.ci("query_input:absorb:cumulative"))
         if "at_implicit:prefix:step" in t.per_prompt:
             row["at implicit W (prefix step)"] = _fmt(t.ci("at_implicit:prefix:step"))
@@ -217,8 +220,8 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
         "other examples). *Random*: cosines with uniformly random directions of the same weight space.",
         "",
         f"**Verdict rule** (the paper's order): *holds* when the interval lies above the control's upper bound "
-        f"(and above 0) and the mean is at least {ALIGNED}; *weak* when it lies above the control but the mean is "
-        f"below {ALIGNED}; *no* otherwise.",
+        f"(and above 0) and the mean is at least {ALIGNED}; *weak* when it lies above the control with a mean in "
+        f"[{WEAK}, {ALIGNED}); *negligible* when it lies above the control with a mean below {WEAK}; *no* otherwise.",
         "",
     ]
 
@@ -242,16 +245,17 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
             ctx, ft = curves.errors()
             best = curves.best
             n = curves.n_context
-            marks = sorted({0, 1, 2, 5, 10, n} & set(range(n + 1)))
+            marks = [i for i in (0, 1, 2, 5, 10) if i < n]
             numbers["lab"].setdefault(name, {})["curves"] = {
                 "examples": list(range(n + 1)), "in_context": ctx.mean(0).tolist(),
                 "finetuned_best": ft[best].mean(0).tolist(), "best_lr": curves.lrs[best],
                 "sweep": curves.sweep().to_dict(orient="list")}
             for method, err in (("in context", ctx), (f"finetuned, lr {curves.lrs[best]:g}", ft[best])):
                 table_rows.append({"model": name, "method": method,
-                                   **{f"i={i}": f"{float(err[:, i].mean()):.3f}" for i in marks}})
+                                   **{f"i={i}": f"{float(err[:, i].mean()):.3f}" for i in marks},
+                                   "i=n": f"{float(err[:, n].mean()):.3f}", "n": n})
             sw = curves.sweep()
-            sweep_rows.append({"model": name, **{f"lr {lr:g}": (f"{v:.3f}" if v == v and v != float("inf") else "diverged")
+            sweep_rows.append({"model": name, **{f"lr {lr:g}": (f"{v:.3g}" if v == v and v != float("inf") else "diverged")
                                                  for lr, v in zip(sw.lr, sw.test_mse_mean_over_i)}})
         lines += [markdown_table(pd.DataFrame(table_rows).fillna("")), "",
                   "Learning-rate sweep (finetuned error averaged over i = 1..n):", "",
@@ -262,7 +266,8 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
     lm_tables = {name: r["table"] for name, r in lm.items()}
     if tables or lm_tables:
         lines += ["### 2. Weight-space alignment by architecture",
-                  "Signed mean cosine [95% CI] over prompts; *query input*: one SGD step on the query's own "
+                  "Signed mean cosine [95% CI] over prompts; *small-rate SGD*: every step taken at W₀ (the protocol "
+                  "used on the language models); *query input*: one SGD step on the query's own "
                   "context-free input and label instead of the examples (absorb-order Wᵢ, cumulative); *at implicit W*: "
                   "each example's gradient taken at the implicit weights W_{i−1} the trajectory has reached (every "
                   "other layer patched), per step; *input-side cos*: cos(vᵢ, aᵢ) between the query's context-free MLP "
@@ -360,7 +365,7 @@ def reading(lab: dict, tables: dict, lm_tables: dict, lm: dict) -> list[str]:
                 by.setdefault((kind, verdict(t.ci(f"sgd:absorb:{kind}"), t.ci(f"control:absorb:{kind}"))), []).append(name)
         for kind in ("step", "cumulative"):
             parts = []
-            for v in ("holds", "weak", "no"):
+            for v in ("holds", "weak", "negligible", "no"):
                 names = by.get((kind, v), [])
                 if names:
                     parts.append(f"*{v}* for " + ", ".join(
@@ -382,11 +387,12 @@ def reading(lab: dict, tables: dict, lm_tables: dict, lm: dict) -> list[str]:
                                           for n in higher) + ".")
         side = {n: t.ci("input_side:prefix:step").mean for n, t in tables.items() if "input_side:prefix:step" in t.per_prompt}
         if side:
-            hi = max(side, key=side.get)
-            lo = min(side, key=side.get)
-            out.append(f"- Input-side cosine cos(vᵢ, aᵢ): highest for {hi} ({side[hi]:+.3f}), lowest for {lo} "
-                       f"({side[lo]:+.3f}); where it is near 1 every context-free MLP input points the same way and "
-                       "the weight-space cosine measures the output side alone.")
+            out.append("- Per-step cosine (absorb order) beside the input-side cosine cos(vᵢ, aᵢ), sorted by the latter: "
+                       + ", ".join(f"{n} {everything[n].ci('sgd:absorb:step').mean:+.3f} (input side {side[n]:+.3f})"
+                                   for n in sorted(side, key=side.get, reverse=True))
+                       + ". A rank-1 cosine is the product of its input-side and output-side cosines; where the input "
+                       "side is near 1, every context-free MLP input points the same way and the weight-space cosine "
+                       "measures the output side alone.")
     if lab:
         learns, fails = [], []
         for name, r in lab.items():

@@ -17,7 +17,8 @@ formed per token. A static matrix ``Δ = W M`` (a thought matrix) is the sum wit
 
 An :class:`MLPEdit` has leading dimensions ``()`` (one edit for every position) or
 ``(batch, pos)`` (one edit per position of the input, e.g. each query's own token
-patch). Arithmetic runs in the edit's dtype (float32 for half-precision models) and
+patch); a ``pos`` of 1 broadcasts one edit per row over all its positions (e.g. each
+SGD run's weights applied to many probe queries run alone). Arithmetic runs in the edit's dtype (float32 for half-precision models) and
 the result is cast to the activation's dtype. Hooks live only inside
 :func:`edits_applied`.
 """
