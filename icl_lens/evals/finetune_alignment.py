@@ -202,7 +202,7 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
         f"Command: `{command('python -m icl_lens.evals.finetune_alignment', argv)}`  ",
         f"Machine: {machine(load_before=load_before)}.  ",
         f"Run time: {wall:.0f} s wall, {cpu:.0f} s CPU (lab models {lab_seconds:.0f} s wall, one thread; language "
-        f"models {args.threads} threads).",
+        f"models {args.threads} thread{'s' if args.threads > 1 else ''}).",
         "",
     ]
     if args.quick:
@@ -358,6 +358,7 @@ def reading(lab: dict, tables: dict, lm_tables: dict, lm: dict) -> list[str]:
     """Sentences computed from the results with the stated rules."""
     out = []
     everything = {**tables, **lm_tables}
+    side = {n: t.ci("input_side:prefix:step").mean for n, t in tables.items() if "input_side:prefix:step" in t.per_prompt}
     if everything:
         by = {}
         for name, t in everything.items():
@@ -385,7 +386,6 @@ def reading(lab: dict, tables: dict, lm_tables: dict, lm: dict) -> list[str]:
             out.append("- One SGD step on the query's own input aligns better than SGD on the examples (interval above) "
                        "for " + ", ".join(f"{n} ({q[n].mean:+.3f} vs {everything[n].ci('sgd:absorb:cumulative').mean:+.3f})"
                                           for n in higher) + ".")
-        side = {n: t.ci("input_side:prefix:step").mean for n, t in tables.items() if "input_side:prefix:step" in t.per_prompt}
         if side:
             out.append("- Per-step cosine (absorb order) beside the input-side cosine cos(vᵢ, aᵢ), sorted by the latter: "
                        + ", ".join(f"{n} {everything[n].ci('sgd:absorb:step').mean:+.3f} (input side {side[n]:+.3f})"
@@ -399,11 +399,15 @@ def reading(lab: dict, tables: dict, lm_tables: dict, lm: dict) -> list[str]:
             ctx, ft = r["curves"].errors()
             b = r["curves"].best
             start, end, ictx = float(ctx[:, 0].mean()), float(ft[b][:, -1].mean()), float(ctx[:, -1].mean())
-            (learns if end < 0.8 * start else fails).append(f"{name} ({start:.2f} → {end:.2f}; in context {ictx:.2f})")
+            if end < 0.8 * start:
+                learns.append(f"{name} ({start:.2f} → {end:.2f}; in context {ictx:.2f})")
+            else:
+                inputs = f"; input-side cosine {side[name]:+.3f}" if name in side else ""
+                fails.append(f"{name} ({start:.2f} → {end:.2f}; in context {ictx:.2f}{inputs})")
         if fails:
             out.append("- Finetuning W_in does not lower the test error by 20% at any swept rate for: " + "; ".join(fails)
-                       + ". There the loss curves cannot overlap: the context-free MLP input carries too little of x "
-                       "for any update of W_in to fit the task.")
+                       + ". There the loss curves cannot overlap; an input-side cosine near 1 means W_in receives "
+                       "almost the same context-free input whatever the query x, so no update of W_in can fit wᵀx.")
         if learns:
             out.append("- Finetuning W_in lowers the test error (by ≥ 20%, best rate) for: " + "; ".join(learns) + ".")
         implied = []
