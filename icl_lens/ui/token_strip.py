@@ -1,5 +1,6 @@
 """Token strip widget: the anywidget front end in ``widgets/token_strip.js`` (+ ``.css``),
-package data next to this module.
+package data next to this module. The front end also keeps the dashboard's plotly figure
+as wide as the dashboard (it has no width of its own; see ``fitFigures`` there).
 
 Synced traits: ``tokens``, ``values`` (patch norm per position), ``flags`` (spike flags),
 ``selected`` (clicked position, -1 for none), ``vmax`` (colour scale top), ``empty_text``.
