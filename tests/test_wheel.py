@@ -27,7 +27,7 @@ import icl_lens
 from icl_lens.evals.factual_prompts import load_factual_prompts
 from icl_lens.lab import load_lab_model
 from icl_lens.lab.mixers import ARCHITECTURES
-from icl_lens.tasks import SHIPPED_TASKS, load_task
+from icl_lens.thought.tasks import SHIPPED_TASKS, load_task
 from icl_lens.ui.token_strip import TokenStrip
 
 print(json.dumps({
