@@ -25,6 +25,15 @@ if ! "$PYTHON" -c "import transformer_lens" >/dev/null 2>&1 && compgen -G ".whl/
       --target /tmp/icl_lens_site .whl/*.whl || { echo "[gpu_check] wheel install failed"; exit 3; }
   export PYTHONPATH=/tmp/icl_lens_site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# transformer-lens imports `datasets` for type hints only; where it cannot import (its pyarrow too old, say),
+# a stub with those names stands in, and the report says so.
+if ! "$PYTHON" -c "import datasets" >/dev/null 2>&1; then
+  echo "[gpu_check] datasets does not import here; using a stub for transformer-lens's type-hint imports"
+  mkdir -p /tmp/icl_lens_stub/datasets
+  printf 'class Dataset: pass\nclass IterableDataset: pass\ndef load_dataset(*a, **k):\n    raise RuntimeError("datasets unavailable")\n' > /tmp/icl_lens_stub/datasets/__init__.py
+  for m in arrow_dataset iterable_dataset load; do echo 'from datasets import Dataset, IterableDataset, load_dataset' > /tmp/icl_lens_stub/datasets/$m.py; done
+  export PYTHONPATH=/tmp/icl_lens_stub${PYTHONPATH:+:$PYTHONPATH}
+fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 "$PYTHON" -c "import torch, transformers, transformer_lens; print('[gpu_check] torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__)" \
