@@ -157,7 +157,7 @@ def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bo
         for chunk in _batches([len(x) for x in ids], batch_size):
             batch = prompt_batch(model, [ids[i] for i in chunk], remove=remove, keep_bos=keep_bos)
             n = batch.ids.shape[1]
-            out = empty_factors(model, n, dev, batch=len(chunk))
+            out = empty_factors(model, n, dev, batch=len(chunk), zeroed=False)
             keep_bos_arg = bool(batch.keep_bos[0]) if len(chunk) == 1 else batch.keep_bos
             capture = LayerCapture(model, family, batch.kept, remove is None, keep_bos_arg, out, q=n,
                                    lengths=batch.lengths)

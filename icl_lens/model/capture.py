@@ -201,11 +201,24 @@ class LayerCapture:
                     if f[key] is not None:
                         self._put(key, k, f[key])
             self._put("zero_input", k, f["zero"])
-        if self.norm_weights is None and bool(m["unchanged"].any()):  # nothing removed: u = 0, v = A/‖A‖²
-            buf = self.out["v"][k]
-            buf[self.unchanged.to(buf.device)] = input_pseudo_inverse(A[m["unchanged"]].to(self.dtype))[0].to(buf.device)
+        if self.norm_weights is None:
+            self._zero_rest(k)
+            if bool(m["unchanged"].any()):  # nothing removed: u = 0, v = A/‖A‖²
+                buf = self.out["v"][k]
+                buf[self.unchanged.to(buf.device)] = input_pseudo_inverse(A[m["unchanged"]].to(self.dtype))[0].to(buf.device)
         if self.stop_after_last and layer == self.last_layer:
             raise StopForward
+
+    def _zero_rest(self, k: int) -> None:
+        """Zero the rows not computed (nothing removed, or padding): buffers may come uninitialised."""
+        for key in ("u_in", "u_gate", "v", "correction"):
+            buf = self.out.get(key)
+            if buf is None:
+                continue
+            if self.tail is not None:
+                buf[k][0, : self.tail.start] = 0
+            else:
+                buf[k][~self.compute.to(buf.device)] = 0
 
     def _put(self, key: str, k: int, value: Tensor) -> None:
         buf = self.out[key][k]
@@ -261,15 +274,20 @@ def layer_factors(capture, layer: int, r: Tensor, resid_mid: Tensor, z0: Tensor,
 
 
 def empty_factors(model, n: int, device, *, batch: int | None = None,
-                  layers: Sequence[int] | None = None) -> dict[str, Tensor | None]:
-    """Zeroed factor buffers for ``n`` positions of every layer (``[layers, batch, n, …]`` with ``batch``)."""
+                  layers: Sequence[int] | None = None, zeroed: bool = True) -> dict[str, Tensor | None]:
+    """Factor buffers for ``n`` positions of every layer (``[layers, batch, n, …]`` with ``batch``).
+
+    ``zeroed=False`` leaves the float buffers uninitialised for a :class:`LayerCapture` that
+    writes every row of every layer (it zeroes the rows it does not compute).
+    """
     cfg, dtype, gated = model.cfg, patch_dtype(model), block_family(model).gated
     lead = (cfg.n_layers if layers is None else len(layers),) + (() if batch is None else (batch,)) + (n,)
+    new = torch.zeros if zeroed else torch.empty
     return {
-        "u_in": torch.zeros(*lead, cfg.d_mlp, dtype=dtype, device=device),
-        "u_gate": torch.zeros(*lead, cfg.d_mlp, dtype=dtype, device=device) if gated else None,
-        "v": torch.zeros(*lead, cfg.d_model, dtype=dtype, device=device),
-        "correction": torch.zeros(*lead, cfg.d_model, dtype=dtype, device=device),
+        "u_in": new(*lead, cfg.d_mlp, dtype=dtype, device=device),
+        "u_gate": new(*lead, cfg.d_mlp, dtype=dtype, device=device) if gated else None,
+        "v": new(*lead, cfg.d_model, dtype=dtype, device=device),
+        "correction": new(*lead, cfg.d_model, dtype=dtype, device=device),
         "zero_input": torch.zeros(*lead, dtype=torch.bool, device=device),
     }
 
