@@ -11,7 +11,9 @@ for gated, sandwich-norm blocks). Per layer ``l``, hooks read during the context
 
 Everything is computed in-flight inside the hooks (memory O(layers·pos·(d_model+d_mlp)),
 no ``pos × pos`` score matrix kept, no dense ``d_mlp × d_model`` per token), and the
-forward stops after the last block's MLP input, so the unembedding never runs.
+forward stops after the last block's MLP input, so the unembedding never runs. The
+capture works on right-padded batches of prompts (one prompt is the batch of one);
+:mod:`icl_lens.model.batches` forms them and adds the norms-only mode.
 """
 from __future__ import annotations
 
