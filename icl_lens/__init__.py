@@ -10,6 +10,7 @@ from icl_lens import lab
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
 from icl_lens.model.block_family import UnsupportedArchitectureError
+from icl_lens.model.batches import patch_norms
 from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, token_patches
 from icl_lens.model.generation import GenerationPatches, generate_with_patches
 from icl_lens.model.incremental import PatchSession, UpdateStats
@@ -64,6 +65,7 @@ __all__ = [
     "lab",
     "load_model",
     "load_task",
+    "patch_norms",
     "patches_applied",
     "spike_scores",
     "spike_scores_from_norms",

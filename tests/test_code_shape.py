@@ -14,11 +14,15 @@ PACKAGE = pathlib.Path(__file__).parents[1] / "icl_lens"
 # What each layer must never import (prefix match on module names).
 FORBIDDEN = {
     "core": ("transformer_lens", "transformers", "ipywidgets", "plotly", "icl_lens.model", "icl_lens.thought",
-             "icl_lens.lab", "icl_lens.ui", "icl_lens.evals", "icl_lens.cli"),
-    "model": ("ipywidgets", "plotly", "icl_lens.thought", "icl_lens.lab", "icl_lens.ui", "icl_lens.evals",
+             "icl_lens.lab", "icl_lens.sweep", "icl_lens.ui", "icl_lens.evals", "icl_lens.cli"),
+    "model": ("ipywidgets", "plotly", "icl_lens.thought", "icl_lens.lab", "icl_lens.sweep", "icl_lens.ui",
+              "icl_lens.evals", "icl_lens.cli"),
+    "thought": ("ipywidgets", "plotly", "icl_lens.lab", "icl_lens.sweep", "icl_lens.ui", "icl_lens.evals",
+                "icl_lens.cli"),
+    "lab": ("ipywidgets", "plotly", "icl_lens.thought", "icl_lens.sweep", "icl_lens.ui", "icl_lens.evals",
+            "icl_lens.cli"),
+    "sweep": ("ipywidgets", "plotly", "icl_lens.thought", "icl_lens.lab", "icl_lens.ui", "icl_lens.evals",
               "icl_lens.cli"),
-    "thought": ("ipywidgets", "plotly", "icl_lens.lab", "icl_lens.ui", "icl_lens.evals", "icl_lens.cli"),
-    "lab": ("ipywidgets", "plotly", "icl_lens.thought", "icl_lens.ui", "icl_lens.evals", "icl_lens.cli"),
 }
 
 

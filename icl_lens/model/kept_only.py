@@ -136,3 +136,16 @@ def verify_equivalence(model, prompt, patches: TokenPatches | None = None, *, ba
     err = (kept - contextual).abs().amax(-1)
     return EquivalenceReport(tokens=patches.tokens, max_abs_err=err.cpu(),
                              max_abs_logit=float(contextual.abs().max()))
+
+
+@torch.no_grad()
+def noise_floor(model, reference, prompt) -> float:
+    """Max |logit difference| between ``model`` (half precision) and ``reference`` (float32) on ``prompt``.
+
+    Half-precision exactness is measured against this floor: the patched kept-only
+    forward must stay within twice the half model's own distance from float32.
+    """
+    ids = encode_prompt(model, prompt)
+    half = model(ids[None])[0].float()
+    full = reference(ids.to(reference.cfg.device)[None])[0].float().to(half.device)
+    return float((half - full).abs().max())

@@ -57,15 +57,8 @@ from icl_lens.model.block_family import block_family, post_norm_eps
 from icl_lens.model.capture import NonFiniteActivationError, StopForward, patch_dtype
 from icl_lens.model.prompts import PromptError, bos_id
 from icl_lens.model.weight_edits import edit_hooks
-from icl_lens.thought.batches import (
-    QueryBatch,
-    first_positions,
-    pad_id,
-    query_batch,
-    query_positions,
-    right_padded,
-    text_ids,
-)
+from icl_lens.model.batches import pad_id, right_padded
+from icl_lens.thought.batches import QueryBatch, first_positions, query_batch, query_positions, text_ids
 from icl_lens.thought.result import ThoughtPatch, thought_edits, vector_site
 
 KINDS = ("vector", "matrix", "both")
