@@ -97,8 +97,19 @@ def test_unusual_mlp_inputs(load, name):
         assert float(patches.norms()[:, 2:].min()) > 0
 
 
-def test_gemma3_multimodal_directory_boots_its_text_tower(tmp_path):
-    """What a Gemma 3 4B–27B checkpoint directory loads as: Gemma3ForConditionalGeneration."""
+def test_gemma3_multimodal_directory_boots_its_text_tower(tmp_path, monkeypatch):
+    """What a Gemma 3 4B–27B checkpoint directory loads as: Gemma3ForConditionalGeneration.
+
+    Booting TransformerBridge on the multimodal class makes it fetch an image processor and,
+    failing that, pip-install torchvision (which replaces the pinned CPU torch): guarded here
+    so that a regression fails this test instead of touching the environment.
+    """
+    from transformer_lens.model_bridge.sources.transformers import helpers
+
+    def no_install():
+        raise AssertionError("TransformerBridge was booted on the multimodal class (it tried to install torchvision)")
+
+    monkeypatch.setattr(helpers, "_ensure_torchvision", no_install)
     hf = build_tiny_model("tiny-gemma3-vision")
     hf.save_pretrained(tmp_path)
     save_byte_tokenizer(tmp_path)

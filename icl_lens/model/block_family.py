@@ -161,7 +161,6 @@ class BlockFamily:
         return (kinds, int(window)) if "sliding_attention" in kinds else None
 
 
-_PRE_NORM_GATED = dict(gated=True)
 _SANDWICH = dict(gated=True, post_attention_norm=True, post_mlp_norm=True, vector_export="post_norm_gain")
 
 FAMILIES: tuple[BlockFamily, ...] = (
@@ -171,16 +170,16 @@ FAMILIES: tuple[BlockFamily, ...] = (
                 ("GPTNeoXForCausalLM",), "EleutherAI/pythia-160m", parallel=True, vector_export="mlp_out_bias"),
     BlockFamily("llama", "RMSNorm, gated SiLU MLP, RoPE, grouped-query attention",
                 ("LlamaForCausalLM",), "HuggingFaceTB/SmolLM2-135M", vector_export="mlp_bias_config",
-                **_PRE_NORM_GATED),
+                gated=True),
     BlockFamily("mistral", "the Llama block with a sliding window on every layer",
-                ("MistralForCausalLM",), "mistralai/Mistral-7B-v0.1", sliding_every_layer=True, **_PRE_NORM_GATED),
+                ("MistralForCausalLM",), "mistralai/Mistral-7B-v0.1", sliding_every_layer=True, gated=True),
     BlockFamily("qwen2", "the Llama block with q/k/v biases (sliding layers where the config asks)",
-                ("Qwen2ForCausalLM",), "Qwen/Qwen2.5-0.5B", **_PRE_NORM_GATED),
+                ("Qwen2ForCausalLM",), "Qwen/Qwen2.5-0.5B", gated=True),
     BlockFamily("qwen3", "the Llama block with per-head RMSNorm of queries and keys (QK-norm)",
-                ("Qwen3ForCausalLM",), "Qwen/Qwen3-0.6B", **_PRE_NORM_GATED),
+                ("Qwen3ForCausalLM",), "Qwen/Qwen3-0.6B", gated=True),
     BlockFamily("phi3", "the Llama block with fused qkv and fused gate_up matrices",
                 ("Phi3ForCausalLM",), "microsoft/Phi-3-mini-4k-instruct", fused_gate_up="gate_up_proj",
-                sliding_every_layer=True, **_PRE_NORM_GATED),
+                sliding_every_layer=True, gated=True),
     BlockFamily("olmo2", "RMSNorms after attention and after the MLP only (the MLP reads the raw residual), QK-norm",
                 ("Olmo2ForCausalLM",), "allenai/OLMo-2-0425-1B", pre_mlp_norm=False,
                 mlp_input_hook="blocks.{layer}.mlp.hook_in", **_SANDWICH),
