@@ -21,7 +21,16 @@ from icl_lens.core.finetune_alignment import FinetuneAlignment
 from icl_lens.core.trajectory import DecayFit, Trajectory
 from icl_lens.model.explicit_finetune import finetune_alignment
 from icl_lens.model.trajectory_capture import NoContextError, QueryPositionError, TrajectoryCheck, trajectory, verify_trajectory
-from icl_lens.thought import Task, TaskFormatError, ThoughtEval, ThoughtPatch, evaluate_thought, load_task, thought_patch
+from icl_lens.thought import (
+    Task,
+    TaskFormatError,
+    ThoughtEval,
+    ThoughtPatch,
+    VectorNotExportableError,
+    evaluate_thought,
+    load_task,
+    thought_patch,
+)
 
 __version__ = "0.1.0"
 
@@ -56,6 +65,7 @@ __all__ = [
     "TrajectoryCheck",
     "UnsupportedArchitectureError",
     "UpdateStats",
+    "VectorNotExportableError",
     "ZeroNormWarning",
     "dashboard",
     "generate_with_patches",

@@ -3,11 +3,14 @@
 docs/design.md §2 (Dherin et al. 2025, arXiv 2507.16003; Goldwaser et al., arXiv 2511.17864
 for gated, sandwich-norm blocks). Per layer ``l``, hooks read during the contextual pass:
 
-    r       = resid_pre                      attn_C = resid_mid − r
+    r       = resid_pre                      attn_C = attention branch output (after any post-attention norm)
     z⁰_t    = cached scores of t renormalised over its kept keys, times cached values
-    attn_0  = post_norm(W_O z⁰ + b_O)        A = ln2(r + attn_C)   (the MLP input)
-    a       = ln2(r + attn_0)                δ = A − a
+    attn_0  = post_norm(W_O z⁰ + b_O)        A = the MLP input, e.g. ln2(r + attn_C)
+    a       = the same with attn_0           δ = A − a
     u_in = W_in δ  (W_up),  u_gate = W_gate δ,  v = a/‖a‖²,  correction = attn_C − attn_0
+
+How ``A`` is formed (pre-MLP norm, raw residual, parallel block) is the block family's
+(:mod:`icl_lens.model.block_family`).
 
 Everything is computed in-flight inside the hooks (memory O(layers·pos·(d_model+d_mlp)),
 no ``pos × pos`` score matrix kept, no dense ``d_mlp × d_model`` per token), and the
@@ -133,7 +136,7 @@ class LayerCapture:
             (f.resid_pre(layer), self._store("r")),
             (f.values(layer), lambda x, hook, layer=layer: self._values(x, layer)),
             (f.scores(layer), lambda x, hook, layer=layer: self._attend(x, layer)),
-            (f.resid_mid(layer), self._store("resid_mid")),
+            (f.attn_out(layer), self._store("attn_C")),
             (f.mlp_input(layer), lambda x, hook, layer=layer: self._patch(x, layer)),
         ]
 
@@ -178,7 +181,7 @@ class LayerCapture:
     def _patch(self, mlp_in: Tensor, layer: int) -> None:
         if self.reentered:  # layer_factors' own call of ln2 fires this hook point again
             return
-        r, resid_mid, z0 = self.state.pop("r"), self.state.pop("resid_mid"), self.state.pop("z0")
+        r, attn_C, z0 = self.state.pop("r"), self.state.pop("attn_C"), self.state.pop("z0")
         A = mlp_in.detach()
         m = self._masks(A.device)
         bad = ~torch.isfinite(A).all(-1) & m["real"]
@@ -193,7 +196,7 @@ class LayerCapture:
             weights = None if self.norm_weights is None else self.norm_weights(layer)
             if weights is None:
                 weights = materialised_dense_weights(self.model, layer)
-            f = layer_factors(self, layer, rows(r), rows(resid_mid), rows(z0), rows(A), "MLP input (contextual)",
+            f = layer_factors(self, layer, rows(r), rows(attn_C), rows(z0), rows(A), "MLP input (contextual)",
                               rows(m["positions"]), weights=weights)
             if self.norm_weights is not None:
                 self._put("norm", k, patch_norm(f["u_in"], f["v"]))
@@ -244,13 +247,14 @@ def materialised_dense_weights(model, layer: int) -> dict[str, Tensor]:
     return weights
 
 
-def layer_factors(capture, layer: int, r: Tensor, resid_mid: Tensor, z0: Tensor, A: Tensor,
+def layer_factors(capture, layer: int, r: Tensor, attn_C: Tensor, z0: Tensor, A: Tensor,
                   what: str, offset: int | Tensor = 0, weights: dict[str, Tensor] | None = None) -> dict[str, Tensor | None]:
-    """Patch factors of one layer for rows with residual ``r``, kept-key attention ``z0`` and MLP input ``A``.
+    """Patch factors of one layer for rows with residual ``r``, attention output ``attn_C``,
+    kept-key attention ``z0`` and MLP input ``A``.
 
-    ``attn_0 = post_norm(W_O z0)`` and ``a = ln2(r + attn_0)`` go through the bridge's own
+    ``attn_0`` and ``a`` are formed by the block family and go through the bridge's own
     components, so they are rounded exactly as the kept-only forward will round them.
-    ``capture.reentered`` is set meanwhile: the ln2 call fires the MLP-input hook again.
+    ``capture.reentered`` is set meanwhile: a pre-MLP norm call fires the MLP-input hook again.
     ``offset``: position of row 0, or each row's position (messages only). ``weights``:
     the dense weights to multiply ``δ`` by (default: the layer's own first dense weights).
     """
@@ -258,11 +262,8 @@ def layer_factors(capture, layer: int, r: Tensor, resid_mid: Tensor, z0: Tensor,
     block = model.blocks[layer]
     capture.reentered = True
     try:
-        attn_0 = block.attn.o(z0.reshape(1, z0.shape[0], -1).to(r.dtype))
-        if family.post_attention_norm:
-            attn_0 = block.ln1_post(attn_0)
-        a = block.ln2(r[None] + attn_0)[0]
-        attn_0 = attn_0[0]
+        attn_0 = family.kept_attention_output(block, z0.to(r.dtype))
+        a = family.context_free_mlp_input(block, r, attn_0, A)
     finally:
         capture.reentered = False
     _check_finite(A, what, layer, offset)
@@ -271,7 +272,7 @@ def layer_factors(capture, layer: int, r: Tensor, resid_mid: Tensor, z0: Tensor,
     weights = first_dense_weights(model, layer) if weights is None else weights
     u_in, v, zero = token_patch(weights["in"].to(dtype), A, a)
     u_gate = (A - a) @ weights["gate"].to(dtype).T if "gate" in weights else None
-    correction = (resid_mid - r).to(dtype) - attn_0.to(dtype)
+    correction = attn_C.to(dtype) - attn_0.to(dtype)
     return {"u_in": u_in, "u_gate": u_gate, "v": v, "correction": correction, "zero": zero}
 
 
@@ -365,7 +366,7 @@ def token_patches_naive(model, prompt: str | Sequence[int] | Int[Tensor, " pos"]
         zeros["u_gate"] = torch.zeros_like(fast.u_gate)
     acc = replace(fast, **zeros)
     names = {family.mlp_input(l) for l in range(model.cfg.n_layers)}
-    names |= {family.resid_mid(l) for l in range(model.cfg.n_layers)} | {family.resid_pre(l) for l in range(model.cfg.n_layers)}
+    names |= {family.attn_out(l) for l in range(model.cfg.n_layers)}
     _, cache = model.run_with_cache(ids[None], names_filter=lambda h: h in names)
     dtype = acc.v.dtype
     for t in range(ids.numel()):
@@ -374,7 +375,7 @@ def token_patches_naive(model, prompt: str | Sequence[int] | Int[Tensor, " pos"]
         pos = torch.tensor([fast.kept_positions(t)], device=ids.device)
         for layer in range(model.cfg.n_layers):
             got: dict[str, Tensor] = {}
-            reads = [family.mlp_input(layer), family.resid_mid(layer), family.resid_pre(layer)]
+            reads = [family.mlp_input(layer), family.attn_out(layer)]
             hooks = [(name, lambda x, hook, name=name: got.__setitem__(name, x[0, -1].detach())) for name in reads]
             with patches_applied(model, acc, pos), model.hooks(fwd_hooks=hooks):
                 model(ids[pos], position_ids=pos, attention_mask=kept_only_masks(model, pos), stop_at_layer=layer + 1)
@@ -384,6 +385,6 @@ def token_patches_naive(model, prompt: str | Sequence[int] | Int[Tensor, " pos"]
             acc.u_in[layer, t], acc.v[layer, t], _ = token_patch(weights["in"].to(dtype), A, a)
             if acc.u_gate is not None:
                 acc.u_gate[layer, t] = (A - a) @ weights["gate"].to(dtype).T
-            attn_c = cache[family.resid_mid(layer)][0, t] - cache[family.resid_pre(layer)][0, t]
-            acc.correction[layer, t] = (attn_c - (got[family.resid_mid(layer)] - got[family.resid_pre(layer)])).to(dtype)
+            attn_c = cache[family.attn_out(layer)][0, t]
+            acc.correction[layer, t] = (attn_c - got[family.attn_out(layer)]).to(dtype)
     return acc

@@ -19,12 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from icl_lens.model.block_family import (
-    FAMILY_OF_ARCHITECTURE,
-    UnsupportedArchitectureError,
-    block_family,
-    supported_families_text,
-)
+from icl_lens.model.block_family import block_family, family_of_architectures, text_tower
 from icl_lens.model.byte_tokenizer import save_byte_tokenizer
 from icl_lens.model.tiny_models import TINY_NAMES, build_tiny_model
 
@@ -151,13 +146,8 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def _check_architecture(config, name: str) -> None:
-    archs = list(getattr(config, "architectures", None) or [])
-    if not any(a in FAMILY_OF_ARCHITECTURE for a in archs):
-        raise UnsupportedArchitectureError(
-            f"{name!r} has architecture {archs or config.model_type!r}, which icl_lens cannot patch exactly "
-            f"(encoder-only, mixture-of-experts, recurrent and parallel-block models are not supported). "
-            f"Supported block families: {supported_families_text()}."
-        )
+    archs = list(getattr(config, "architectures", None) or [config.model_type])
+    family_of_architectures(archs, repr(name))
 
 
 def _resolve_hf(name: str):
@@ -228,8 +218,9 @@ def load_model(
     """Load ``name`` as a TransformerLens ``TransformerBridge`` (with ``.tokenizer``).
 
     ``name`` is an embedded model (``"gemma-3-270m"``, ``"smollm2-135m"``), a tiny
-    random model (``"tiny-gpt2"``, ``"tiny-llama"``, ``"tiny-gemma3"``), a local
-    directory holding a saved causal LM and its tokenizer, or a Hugging Face id.
+    random model (``"tiny-gpt2"``, ``"tiny-llama"``, … one per block family), a local
+    directory holding a saved causal LM and its tokenizer, or a Hugging Face id. A
+    multimodal checkpoint of a supported family (Gemma 3 4B–27B) boots its text tower.
 
     ``dtype``: float32 (default), float64, or bfloat16/float16 (patch arithmetic then
     runs in float32). ``device_map`` (``"auto"``, ``"balanced"`` or a dict of module →
@@ -275,6 +266,7 @@ def bridge_from_hf(hf_model, tokenizer, *, name: str, boot_name: str | None = No
     _check_architecture(hf_model.config, name)
     placed = getattr(hf_model, "hf_device_map", None)
     device = None if placed else next(hf_model.parameters()).device
+    hf_model = text_tower(hf_model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         bridge = TransformerBridge.boot_transformers(boot_name or name, hf_model=hf_model, tokenizer=tokenizer,
