@@ -10,6 +10,7 @@ from icl_lens import lab
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
 from icl_lens.model.block_family import UnsupportedArchitectureError
+from icl_lens.model.batches import patch_norms
 from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, token_patches
 from icl_lens.model.generation import GenerationPatches, generate_with_patches
 from icl_lens.model.incremental import PatchSession, UpdateStats
@@ -22,7 +23,16 @@ from icl_lens.model.context_alignment import context_alignment
 from icl_lens.model.context_effect import ContextEffect, context_effect
 from icl_lens.model.explicit_finetune import ContextTokenSteps, context_token_steps, finetune_alignment
 from icl_lens.model.trajectory_capture import NoContextError, QueryPositionError, TrajectoryCheck, trajectory, verify_trajectory
-from icl_lens.thought import Task, TaskFormatError, ThoughtEval, ThoughtPatch, evaluate_thought, load_task, thought_patch
+from icl_lens.thought import (
+    Task,
+    TaskFormatError,
+    ThoughtEval,
+    ThoughtPatch,
+    VectorNotExportableError,
+    evaluate_thought,
+    load_task,
+    thought_patch,
+)
 
 __version__ = "0.1.0"
 
@@ -60,6 +70,7 @@ __all__ = [
     "TrajectoryCheck",
     "UnsupportedArchitectureError",
     "UpdateStats",
+    "VectorNotExportableError",
     "ZeroNormWarning",
     "context_alignment",
     "context_effect",
@@ -72,6 +83,7 @@ __all__ = [
     "lab",
     "load_model",
     "load_task",
+    "patch_norms",
     "patches_applied",
     "spike_scores",
     "spike_scores_from_norms",

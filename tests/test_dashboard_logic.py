@@ -14,7 +14,7 @@ import torch
 import icl_lens
 from icl_lens.core.factored import gram_cosine
 from icl_lens.model.attention import attention_pattern
-from icl_lens.ui.panels import token_label
+from icl_lens.ui.panels import short_label
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -59,7 +59,7 @@ def _check_matches_library(d, model, text: str, layer: int, threshold: float = 3
     np.testing.assert_allclose(_arr(heat.z), patches.norms().double().numpy(), **TOL)
     assert list(heat.x) == list(range(n))
     axis = d.heatmap.fig.layout.xaxis
-    assert axis.tickvals[-1] == n - 1 and axis.ticktext[-1] == token_label(patches.tokens[-1])
+    assert axis.tickvals[-1] == n - 1 and axis.ticktext[-1] == short_label(patches.tokens[-1])
     # alignment matrix of the chosen layer
     cos = gram_cosine(patches.stacked_u()[layer], patches.v[layer])
     np.testing.assert_allclose(_arr(d.alignment.trace.z), cos.double().numpy(), **TOL)
@@ -154,7 +154,7 @@ def test_burst_of_keystrokes_ends_on_last_text(load, dash_factory):
     assert len(set(texts)) < len(final), "debouncing should skip intermediate texts"
     n = icl_lens.token_patches(model, final).n_positions
     assert len(d.strip.widget.tokens) == n and len(d.heatmap.fig.data[0].x) == n
-    assert d.heatmap.fig.layout.xaxis.ticktext[-1] == token_label(final[-1])
+    assert d.heatmap.fig.layout.xaxis.ticktext[-1] == short_label(final[-1])
 
 
 def test_empty_text_shows_empty_state(load, dash_factory):

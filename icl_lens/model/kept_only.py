@@ -22,6 +22,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from icl_lens.core.patch_set import TokenPatches
+from icl_lens.model.block_family import block_family
 from icl_lens.model.prompts import encode_prompt
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
 
@@ -62,23 +63,26 @@ def kept_only_masks(model, positions: Int[Tensor, "batch pos"]):
     """Attention masks for inputs whose tokens sit at arbitrary (sorted) position ids.
 
     Plain causal masking over the kept tokens is right for global attention; a sliding
-    window must be measured in original positions, so sliding-window models get a
-    per-layer-type 4D mask (``key visible iff 0 ≤ q_pos − k_pos < window``).
+    window must be measured in original positions (``key visible iff 0 ≤ q_pos − k_pos <
+    window``). Returns None without sliding layers, one 4D mask when every layer slides
+    (Mistral, Phi-3), or one mask per layer kind (Gemma 2/3, Qwen2 with sliding layers):
+    what the block family's Hugging Face model takes.
     """
-    hf_cfg = model.original_model.config
-    layer_types = getattr(hf_cfg, "layer_types", None) or []
-    if "sliding_attention" not in layer_types:
+    layout = block_family(model).sliding_layout(model)
+    if layout is None:
         return None
+    kinds, window = layout
     dist = positions[:, :, None] - positions[:, None, :]  # q - k
     zero = torch.zeros((), dtype=model.cfg.dtype, device=positions.device)
     neg = torch.full((), torch.finfo(model.cfg.dtype).min, dtype=model.cfg.dtype, device=positions.device)
-    masks = {}
-    for kind in set(layer_types):
-        allowed = dist >= 0
-        if kind == "sliding_attention":
-            allowed &= dist < hf_cfg.sliding_window
-        masks[kind] = torch.where(allowed, zero, neg)[:, None]
-    return masks
+
+    def mask(sliding: bool) -> Tensor:
+        allowed = (dist >= 0) & (dist < window) if sliding else dist >= 0
+        return torch.where(allowed, zero, neg)[:, None]
+
+    if kinds is None:
+        return mask(True)
+    return {kind: mask(kind == "sliding_attention") for kind in set(kinds)}
 
 
 def kept_only_logits(
@@ -160,3 +164,16 @@ def verify_equivalence(model, prompt, patches: TokenPatches | None = None, *, ba
     err = (kept - contextual).abs().amax(-1)
     return EquivalenceReport(tokens=patches.tokens, max_abs_err=err.cpu(),
                              max_abs_logit=float(contextual.abs().max()))
+
+
+@torch.no_grad()
+def noise_floor(model, reference, prompt) -> float:
+    """Max |logit difference| between ``model`` (half precision) and ``reference`` (float32) on ``prompt``.
+
+    Half-precision exactness is measured against this floor: the patched kept-only
+    forward must stay within twice the half model's own distance from float32.
+    """
+    ids = encode_prompt(model, prompt)
+    half = model(ids[None])[0].float()
+    full = reference(ids.to(reference.cfg.device)[None])[0].float().to(half.device)
+    return float((half - full).abs().max())

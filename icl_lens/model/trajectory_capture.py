@@ -7,7 +7,7 @@ length i = 0..n, the token patch of every layer is computed for the kept set
     r       = query residual entering the block (depends on i beyond layer 0)
     attn_C  = attention output of the query over keys {BOS, c₁..cᵢ, t}
     attn_0  = the same scores renormalised over {BOS, t}, times the same values
-    A = ln2(r + attn_C),  a = ln2(r + attn_0),  u = W (A − a),  v = a/‖a‖²,
+    A = ln2(r + attn_C),  a = ln2(r + attn_0)  (per block family),  u = W (A − a),  v = a/‖a‖²,
     correction = attn_C − attn_0
 
 All n+1 prefix variants run as n+1 copies of the query appended to the prompt prefix
@@ -100,6 +100,8 @@ def variant_attention_mask(model, layout: PrefixVariantLayout):
     windowed = kept_only_masks(model, layout.positions[None])
     if windowed is None:
         return torch.where(visible, zero, neg)
+    if isinstance(windowed, Tensor):
+        return torch.where(visible, windowed, neg)
     return {kind: torch.where(visible, mask, neg) for kind, mask in windowed.items()}
 
 
@@ -121,7 +123,7 @@ class _TrajectoryCapture:
             (f.resid_pre(layer), self._store("r", copies_only=True)),
             (f.values(layer), self._store("values", copies_only=False)),
             (f.scores(layer), self._attend),
-            (f.resid_mid(layer), self._store("resid_mid", copies_only=True)),
+            (f.attn_out(layer), self._store("attn_C", copies_only=True)),
             (f.mlp_input(layer), lambda x, hook, layer=layer: self._patch(x, layer)),
         ]
 
@@ -141,11 +143,11 @@ class _TrajectoryCapture:
 
     @torch.no_grad()
     def _patch(self, mlp_in: Tensor, layer: int) -> None:
-        if self.reentered:  # our own call of ln2 below fires this hook point again
+        if self.reentered:  # layer_factors' own call of the pre-MLP norm fires this hook point again
             return
-        r, resid_mid, z0 = self.state.pop("r"), self.state.pop("resid_mid"), self.state.pop("z0")
+        r, attn_C, z0 = self.state.pop("r"), self.state.pop("attn_C"), self.state.pop("z0")
         if layer in self.row_of_layer:
-            f = layer_factors(self, layer, r, resid_mid, z0, mlp_in[0, self.rows].detach(),
+            f = layer_factors(self, layer, r, attn_C, z0, mlp_in[0, self.rows].detach(),
                               "MLP input (context prefix)")
             # Step 0 keeps exactly {BOS, t}: nothing is removed, the patch is zero by definition.
             keep = torch.ones(f["u_in"].shape[0], 1, dtype=self.dtype, device=f["u_in"].device)

@@ -76,6 +76,11 @@ def load_quietly(name: str):
         hf_logging.enable_progress_bar()
 
 
+def _row(*children) -> W.HBox:
+    """A row of controls that wraps onto more lines when the output area is narrow."""
+    return W.HBox(list(children), layout=W.Layout(flex_flow="row wrap", align_items="center"))
+
+
 def _ms(seconds: float) -> str:
     return f"{1000 * seconds:.0f} ms"
 
@@ -117,24 +122,24 @@ class Dashboard:
         self.trajectory_panel = TrajectoryPanel(self.grid)
         self.alignment = AlignmentPanel(self.grid)
         self.attention = AttentionPanel()
-        self.export_buttons = [W.Button(description=d, icon=i) for d, i in
+        self.export_buttons = [W.Button(description=d, icon=i, layout=W.Layout(width="auto")) for d, i in
                                (("figures → HTML", "file-code-o"), ("figures → PNG", "file-image-o"),
                                 ("norms, trajectory → CSV", "table"))]
         for button, fn in zip(self.export_buttons, (self.export_html, self.export_png, self.export_csv)):
             button.on_click(lambda _b, fn=fn: self._export(fn))
 
         self.widget = W.VBox([
-            W.HBox([self.model_box, self.threshold]),
+            _row(self.model_box, self.threshold),
             self.text,
             self.notice,
             self.status,
             self.strip.widget,
-            W.HBox([self.heatmap.widget, self.trajectory_panel.widget, self.follow_last]),
-            W.HBox([self.layer, self.head, W.HTML("&nbsp;(layer: alignment matrix and attention)")]),
+            _row(self.heatmap.widget, self.trajectory_panel.widget, self.follow_last),
+            _row(self.layer, self.head, W.HTML("&nbsp;(layer: alignment matrix and attention)")),
             self.grid.fig,
             self.attention.widget,
-            W.HBox(self.export_buttons),
-        ])
+            _row(*self.export_buttons),
+        ], layout=W.Layout(width="100%"))
         self.widget.add_class("icl-dashboard")
 
         self.runner = LatestWins(self._work, self._on_error, debounce_s=debounce_s)
