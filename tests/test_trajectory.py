@@ -173,7 +173,7 @@ def test_prompt_without_bos_starts_context_at_zero(load):
         trajectory(model, ids, query=0)
 
 
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("name", TINY_NAMES)
 def test_absorb_order_identity_and_shared_endpoint_float64(load, name):
     """The paper's order: [BOS, c_{i+1}..cₙ, x_t] with Wᵢ (kept tokens patched likewise) gives the
     full-context logits; both orders start at 0 and end at the same token patch."""
@@ -191,12 +191,16 @@ def test_absorb_order_identity_and_shared_endpoint_float64(load, name):
             continue
         assert _rel(a[:, n], p[:, n]) <= 1e-9, field
     assert float(absorb.u_in[:, 0].abs().max()) == 0.0 and float(absorb.correction[:, 0].abs().max()) == 0.0
-    # The orders differ in between (otherwise the test above could not tell them apart).
-    assert _rel(absorb.u_in[:, 1], prefix.u_in[:, 1]) > 1e-3
+    # The orders differ in between (otherwise the test above could not tell them apart). Not at
+    # every step: with a sliding window c₁ may be out of the query's sight, and a parallel block's
+    # W_in patch is zero (the whole effect is the correction), so compare all intermediate steps.
+    mid = slice(1, n)
+    both = lambda t: torch.cat([t.u_in[:, mid].flatten(), t.correction[:, mid].flatten()])  # noqa: E731
+    assert _rel(both(absorb), both(prefix)) > 1e-3
     # Wrong patches break the identity: the prefix-order steps do not satisfy the absorb identity.
     from dataclasses import replace
     wrong = replace(absorb, u_in=prefix.u_in, v=prefix.v, u_gate=prefix.u_gate, correction=prefix.correction)
-    assert verify_trajectory(model, TINY_PROMPT, wrong, steps=[1, n // 2]).relative_error > 1e-3
+    assert verify_trajectory(model, TINY_PROMPT, wrong, steps=list(range(1, n))).relative_error > 1e-3
 
 
 def test_absorb_step_is_the_token_patch_of_its_kept_set(load):
