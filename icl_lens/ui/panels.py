@@ -328,3 +328,51 @@ def _layer_colour(layer: int, n_layers: int) -> str:
     import plotly.colors as pc
 
     return pc.sample_colorscale("Viridis", [layer / max(1, n_layers - 1)])[0]
+
+
+def layer_lines(frame, x: str, y: str, *, layer: str = "layer", hover: str | None = None, log_x: bool = False,
+                log_y: bool = False, x_title: str | None = None, y_title: str | None = None, title: str = "",
+                height: int = 380) -> go.Figure:
+    """One line per layer of a tidy ``frame``, coloured along Viridis with a layer colour bar instead of a legend.
+
+    With 18–30 layers a legend of one entry per layer does not fit a ~900 px notebook output
+    area; the colour bar does (hover a line for its layer). Used by the workshop notebooks.
+    """
+    layers = sorted(frame[layer].unique())
+    top = max(1, len(layers) - 1)
+    fig = go.Figure()
+    for i, value in enumerate(layers):
+        part = frame[frame[layer] == value]
+        text = part[hover].astype(str) if hover else None
+        fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines", text=text, name=f"layer {value}",
+                                 line=dict(color=_layer_colour(i, len(layers)), width=1.5), showlegend=False,
+                                 hovertemplate=f"layer {value}<br>{x} %{{x}}<br>{y} %{{y:.3g}}"
+                                               + ("<br>%{text}" if hover else "") + "<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
+                             marker=dict(color=[0], colorscale="Viridis", cmin=layers[0], cmax=layers[0] + top,
+                                         showscale=True, colorbar=dict(title="layer", thickness=12,
+                                                                        dtick=max(1, round(len(layers) / 6))))))
+    fig.update_layout(title=title, height=height, margin=dict(l=60, r=20, t=50 if title else 20, b=50),
+                      xaxis_title=x_title or x, yaxis_title=y_title or y)
+    fig.update_xaxes(type="log" if log_x else "linear")
+    fig.update_yaxes(type="log" if log_y else "linear")
+    return fig
+
+
+def vertical_marker(fig: go.Figure, x: float, text: str, *, log_x: bool | None = None) -> go.Figure:
+    """A dashed vertical line at data coordinate ``x`` with a label, correct on log x axes.
+
+    ``fig.add_vline(annotation_text=...)`` on a log axis places its label at ``x`` read as a
+    log10 coordinate and stretches the range to ~10^x (a known plotly issue), squeezing the
+    data into a sliver. Here the line is a shape in data coordinates (plotly takes real x
+    for shapes) and the label an annotation at ``log10(x)`` when the axis is logarithmic
+    (annotations take log10 coordinates there).
+    """
+    if log_x is None:
+        log_x = fig.layout.xaxis.type == "log"
+    if log_x and x <= 0:
+        raise ValueError(f"a marker on a log x axis needs x > 0, got {x}")
+    fig.add_shape(type="line", x0=x, x1=x, xref="x", y0=0, y1=1, yref="paper", line=dict(dash="dash", width=1))
+    fig.add_annotation(x=math.log10(x) if log_x else x, xref="x", y=1, yref="paper", text=text, showarrow=False,
+                       xanchor="left", yanchor="bottom")
+    return fig
