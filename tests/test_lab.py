@@ -22,13 +22,7 @@ from icl_lens.lab.tasks import prefix_batch, sample_prompts
 from icl_lens.lab.train import query_loss
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These models are tiny: one thread avoids the spin-wait cost of two on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,7 @@ from icl_lens.lab.patching import lab_token_patches, patched_forward
 from icl_lens.lab.tasks import sample_prompts
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 def _prompts(model, batch, n, seed=0):

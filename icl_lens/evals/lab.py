@@ -11,6 +11,7 @@ import time
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from icl_lens.evals.report import load_average, machine, markdown_table, write_fragment
 from icl_lens.lab.checkpoints import training_record
@@ -82,8 +83,19 @@ def findings(eq, conv, tp, mc, rv) -> list[str]:
     ]
 
 
-def run(quick: bool = False, out: str = "reports/eval_lab.md") -> str:
+STAGES = ("equivalence", "convergence", "thought patch", "memory and cost", "attention as regression")
+
+
+def run(quick: bool = False, out: str = "reports/eval_lab.md", progress: bool = True) -> str:
     s = (lambda full, small: small if quick else full)  # noqa: E731
+    bar = tqdm(total=len(STAGES), desc="lab eval", unit="experiment", disable=not progress)
+
+    def stage(name, experiment):
+        bar.set_postfix_str(name)
+        result = experiment()
+        bar.update()
+        return result
+
     t0, load_before = time.perf_counter(), load_average()
     parts = ["## ICL lab: linear-regression experiments (attention vs parametric and recurrent layers)", "",
              f"Command: `python -m icl_lens.evals.lab{' --quick' if quick else ''}` (shipped checkpoints, no training).",
@@ -97,7 +109,7 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md") -> str:
               "MSE at the query with 16 pairs (0 = least squares, 1 = ignoring the context).", "",
               markdown_table(rec), ""]
 
-    eq = numerical_equivalence(n_prompts=s(64, 8))
+    eq = stage("equivalence", lambda: numerical_equivalence(n_prompts=s(64, 8)))
     parts += ["### 1. Numerical equivalence (contextual vs patched context-free forward)",
               "Every token run alone with its per-layer rank-1 patch of W_in plus the skip-connection bias; "
               "relative error = max |difference| / max |contextual| over all prompts × 17 positions.", "",
@@ -108,7 +120,7 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md") -> str:
               "controls, where the context effect lives) by `python -m icl_lens.evals.finetune_alignment`: see the "
               "section *Implicit vs explicit finetuning (the paper's protocol)*.", ""]
 
-    conv = convergence_by_architecture(n_prompts=s(16, 3), n_max=s(64, 32))
+    conv = stage("convergence", lambda: convergence_by_architecture(n_prompts=s(16, 3), n_max=s(64, 32)))
     parts += ["### 3. Convergence by architecture (meta-gradient norm vs context length)",
               f"Whole-model meta-gradient norm of pair i, i = 1..{conv.n_max} (trained up to {conv.n_train}); "
               f"power-law fit g(i) ≈ c·i^(−α) from i = {conv.fit_from} (and from i = {conv.n_train}); late/early = mean "
@@ -116,14 +128,14 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md") -> str:
               "normalised MSE of the query prediction at n_train and n_max pairs.", "",
               markdown_table(conv.summary()), ""]
 
-    tp = static_thought_patch(n_prompts=s(8, 2), ks=s((1, 2, 4, 8, 16, 32, 64), (1, 8, 64)))
+    tp = stage("thought patch", lambda: static_thought_patch(n_prompts=s(8, 2), ks=s((1, 2, 4, 8, 16, 32, 64), (1, 8, 64))))
     parts += ["### 4. Static thought patch (softmax model)",
               "One (Δ_l, b_l) per layer from K calibration queries (Algorithm 1 of arXiv 2510.08734, ridge 1e-2), "
               "then the query alone: normalised MSE to y on the calibration queries (train) and 256 fresh queries "
               "(test), and to the contextual model's predictions (fidelity); mean over prompts.", "",
               markdown_table(tp.summary()), ""]
 
-    mc = memory_and_cost(lengths=s((32, 128, 512, 2048), (32, 64, 256)))
+    mc = stage("memory and cost", lambda: memory_and_cost(lengths=s((32, 128, 512, 2048), (32, 64, 256))))
     parts += ["### 5. Memory and time per token (token-by-token decoding, batch 1, float32)",
               "State bytes measured from the tensors held after T tokens (KV cache for softmax, fixed state otherwise); "
               "time per token = minimum (and, in the frame, median) wall time over the 32 tokens before T.", "",
@@ -134,10 +146,11 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md") -> str:
               markdown_table(mc.to_frame().pivot(index="context_length", columns="arch", values="us_per_token_min")
                              .reset_index().rename_axis(None, axis=1)), ""]
 
-    rv = attention_as_regression(n_prompts=s(8, 2))
+    rv = stage("attention as regression", lambda: attention_as_regression(n_prompts=s(8, 2)))
     parts += ["### 6. Attention as regression (float64, every layer and head)", "",
               markdown_table(rv.to_frame().fillna("")), ""]
     parts += ["### Findings (numbers from the tables above)", "", *findings(eq, conv, tp, mc, rv), ""]
+    bar.close()
     parts += [f"Total run time: {time.perf_counter() - t0:.0f} s.", ""]
     return write_fragment(out, parts)
 
@@ -146,10 +159,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     ap.add_argument("--out", default="reports/eval_lab.md")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these tiny models)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    sys.stdout.write(run(args.quick, args.out))
+    sys.stdout.write(run(args.quick, args.out, progress=not args.no_progress))
 
 
 if __name__ == "__main__":
