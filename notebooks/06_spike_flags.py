@@ -48,6 +48,7 @@ patches = icl_lens.token_patches(model, prompt)
 spikes = icl_lens.spike_scores(patches, window=16, threshold=3.5)
 print("flagged:", [(t, spikes.tokens[t]) for t in spikes.flagged_positions])
 print("positions without enough context:", int((~spikes.enough_context).sum()))
+assert not (spikes.to_frame().flagged & ~spikes.to_frame().enough_context).any()  # never flagged without context
 spikes.to_frame().tail(12)
 
 # %% [markdown]
