@@ -71,7 +71,8 @@ frame.head()
 # ### Gotcha 2: the two norms are not in the same units
 #
 # `norm` is the Frobenius norm of a `d_mlp × d_model` weight change; `correction_norm` is the length of a vector
-# in the residual stream, which in Gemma is large (hundreds). Their ratio says nothing about which part
+# in the residual stream, which in Gemma is large (tens in the first layers, up to thousands deeper: the table
+# below). Their ratio says nothing about which part
 # "matters more"; exercise 1 measures what dropping the correction does instead. Likewise, patch norms are
 # **not comparable across layers**: each layer has its own `W` scale and its own input norm `‖a‖`. Compare
 # tokens *within* a layer (the rows of the heatmap below), not layers with each other.
