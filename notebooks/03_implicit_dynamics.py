@@ -123,7 +123,7 @@ cosines = pd.DataFrame({"same prompt": fa.cosine().numpy(),  # control: this imp
 print("target", repr(fa.target_token), "loss", [round(x, 3) for x in fa.losses.tolist()])
 fig = go.Figure([go.Bar(x=cosines.index, y=cosines[c], name=c) for c in cosines])
 fig.update_layout(barmode="group", xaxis_title="layer", yaxis_title="cos(implicit, SGD)", height=360,
-                  legend=dict(orientation="h", y=1.1))
+                  legend=dict(orientation="h", y=1.1), margin=dict(t=40))
 fig
 
 # %% [markdown]
