@@ -45,7 +45,7 @@ from icl_lens.evals.exercise_checks import check_answer, check_choice
 
 torch.set_num_threads(1)
 model = load_model("gemma-3-270m")
-task = load_task("capitals")  # shipped with icl_lens: icl_lens/tasks/capitals.jsonl
+task = load_task("capitals")  # shipped with icl_lens: icl_lens/thought/tasks/capitals.jsonl
 print(task.instruction)
 print("train:", task.train[:3], "...")
 print("test: ", task.test[:3], "...")
@@ -73,11 +73,11 @@ patch.to_frame().round(3)
 #   `down_proj.bias`): the mean block-output residual, a classic steering vector.
 # - **Gemma 2/3, OLMo-2**: the MLP branch *ends in an RMSNorm* (the post-FFN norm), and the Hugging Face
 #   architecture has no bias after it. icl_lens fits an update `g` of that norm's **gain** instead: the branch
-#   output becomes `(1 + w + g) ⊙ ŷ`, with `g` the per-coordinate least-squares fit of the residual. It is exact
+#   output `gain ⊙ ŷ` becomes `(gain + g) ⊙ ŷ`, with `g` the per-coordinate least-squares fit of the residual. It is exact
 #   for one calibration token, like the bias, but it is a *multiplicative* edit, not a steering vector: where the
 #   normalised MLP output `ŷ` is near zero, a large gain is needed, hence gain norms in the thousands below.
-# - **Mistral, Qwen 2/3, Phi-3**: no parameter adds a constant after the MLP; the vector applies through hooks
-#   only and `save_pretrained` refuses it.
+# - **Mistral, Qwen 2/3, Phi-3**: the vector is a bias, but no parameter of the Hugging Face class adds a
+#   constant after the MLP: it applies through hooks only and `save_pretrained` refuses it.
 
 # %%
 print("family:", patch.family, "· vector site:", patch.vector_site)
