@@ -140,6 +140,8 @@ for name in ("single_block", "one_block", "one_block_skip", "one_block_ln", "one
     rows.append(s.assign(model=name, column=s.comparison + " " + s.order + " " + s.kind))
 long = pd.concat(rows)
 table = long.pivot(index="model", columns="column", values="mean").round(3)
+steps = table["sgd absorb step"] - table["control absorb step"]
+assert steps["single_block"] > 0.1 and abs(steps["softmax"]) < 0.1, steps  # what the text below says
 table
 
 # %% [markdown]

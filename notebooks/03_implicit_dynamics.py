@@ -85,6 +85,7 @@ layer_lines(steps, x="step", y="value", hover="token", log_x=True, log_y=True, x
 # %%
 fit = traj.decay_fit().to_frame()
 growing = count_where(fit.exponent, lambda b: b < 0)
+assert (fit.exponent < 0).sum() > len(fit) / 2, "the text below says the steps grow in most layers on this prompt"
 print(f"fitted exponent negative (steps grow) in {growing} layers; median R² {fit.r_squared.median():.2f}")
 px.bar(fit, x="layer", y="exponent", color="r_squared", color_continuous_scale="Viridis", range_color=(0, 1),
        title="fitted decay exponent b (b > 0: steps shrink)")
