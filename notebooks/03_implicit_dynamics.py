@@ -150,7 +150,8 @@ few_shot = icl_lens.trajectory(model, "France: Paris\nJapan: Tokyo\nItaly: Rome\
 prediction_1 = "higher" if free_exponent > float(few_shot.decay_fit().exponent.mean()) else "lower"
 
 # %%
-expected = float(icl_lens.trajectory(model, other_prompt).decay_fit().exponent.mean())
+reference = icl_lens.trajectory(model, other_prompt)  # the check cells' own computation
+expected = float(reference.decay_fit().exponent.mean())
 few_shot_exponent = float(traj.decay_fit().exponent.mean())
 check_answer(free_exponent, expected, "mean decay exponent of the free-text prompt", rel_tol=1e-6)
 check_choice(prediction_1, "higher" if expected > few_shot_exponent else "lower", ("higher", "lower"),
@@ -172,7 +173,7 @@ free_traj = icl_lens.trajectory(model, free_prompt)
 free_check = icl_lens.verify_trajectory(model, free_prompt, free_traj, steps=range(1, free_traj.n_context + 1))
 
 # %%
-check_answer(len(free_check.steps), icl_lens.trajectory(model, other_prompt).n_context, "number of steps checked")
+check_answer(len(free_check.steps), reference.n_context, "number of steps checked")
 check_below(free_check.relative_error, 1e-4, "worst relative logit error over the steps")
 
 # %% [markdown]
