@@ -4,6 +4,7 @@ the per-model thresholds the library reads, the residual recorder, and one quick
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,11 +14,18 @@ import icl_lens
 from icl_lens.core.spike_scores import MAD_TO_SIGMA
 from icl_lens.evals import build_questions
 from icl_lens.evals.auroc import auroc, bootstrap_auroc_difference
-from icl_lens.evals.factual_prompts import DATA_FILE, FactualPrompt, is_correct, load_factual_prompts
+from icl_lens.evals.factual_prompts import DATA_FILE, FEW_SHOT, FactualPrompt, is_correct, load_factual_prompts
 from icl_lens.evals.logistic import fit_logistic, grouped_folds, logistic_loss
-from icl_lens.evals.spikes.answers import Answered, AnswerSet
-from icl_lens.evals.spikes.calibration import check_flag, threshold_for_rate, wilson_upper, write_thresholds
-from icl_lens.evals.spikes.run import QUICK_LAMBDAS, evaluate_model, main
+from icl_lens.evals.spikes.answers import Answered, AnswerSet, cache_matches
+from icl_lens.evals.spikes.calibration import (
+    answer_token_scores,
+    calibration_split,
+    check_flag,
+    threshold_for_rate,
+    wilson_upper,
+    write_thresholds,
+)
+from icl_lens.evals.spikes.run import DEFAULT_FLAG, QUICK_LAMBDAS, RATE, evaluate_model, main
 from icl_lens.model import spike_thresholds
 from icl_lens.model.residual_stream import recording_residual
 
@@ -37,6 +45,22 @@ def test_question_file_is_what_the_builder_writes(tmp_path):
     # questions about one country share its subject (they stay in one fold)
     france = {i.kind for i in items if i.subject == "France"}
     assert {"capital", "continent", "language", "currency"} <= france
+
+
+def test_question_builder_is_deterministic_and_invents_entities():
+    first, second = build_questions.build_questions(), build_questions.build_questions()
+    assert first == second  # seeded arithmetic, fixed order
+    real = [r for r in first if r["kind"] != "invented"]
+    invented = [r for r in first if r["kind"] == "invented"]
+    made_up = {r["subject"] for r in invented}
+    assert len(made_up) >= 40 and not made_up & {r["subject"] for r in real}
+    assert not any(name in r["prompt"] for name in made_up for r in real)  # no real question names one
+    # the made-up entities are asked about in the real kinds' own question forms
+    forms = ("What is the capital of", "On which continent is", "What language is spoken in",
+             "What is the currency of", "Who wrote", "What is the chemical symbol for", "In what year",
+             "What is a baby", "What is the opposite of")
+    asked = {f for f in forms for r in invented if r["prompt"].startswith(f)}
+    assert len(asked) >= 8 and all(any(r["prompt"].startswith(f) for r in real) for f in asked)
 
 
 def test_labelling_ignores_case_accents_and_a_leading_article():
@@ -79,6 +103,35 @@ def test_logistic_fit_is_the_minimum():
     assert np.all(one.w == 0) and one.b > 10  # one class: the constant model
     with pytest.raises(ValueError, match="NaN"):
         fit_logistic(np.full((3, 2), np.nan), np.array([True, False, True]), lam=1.0)
+
+
+def test_logistic_fit_matches_closed_forms():
+    # one binary feature, (almost) no penalty: the fitted probabilities are the two groups' label rates,
+    # σ(score(0)) = 10/50 and σ(score(1)) = 35/50, whatever the standardisation
+    x = np.repeat([0.0, 1.0], 50)[:, None]
+    y = np.concatenate([np.arange(50) < 10, np.arange(50) < 35])
+    m = fit_logistic(x, y, lam=1e-10, tol=1e-12)
+    logit = lambda p: np.log(p / (1 - p))  # noqa: E731
+    np.testing.assert_allclose(m.decision(np.array([[0.0], [1.0]])), [logit(0.2), logit(0.7)], atol=1e-6)
+    # a strong penalty shrinks w to ~0 but not the bias: σ(b) is then the positive rate, 45/100
+    m = fit_logistic(x, y, lam=1e4, tol=1e-12)
+    assert abs(m.w[0]) < 1e-4 and m.b == pytest.approx(logit(0.45), abs=1e-6)
+    # separable, symmetric: x̃ = ±1, y = [x > 0], so b = 0 and L(w) = log(1 + e^(−w)) + λw²/2,
+    # whose minimiser solves σ(−w) = λw (found here by bisection); w grows without bound as λ → 0
+    x = np.repeat([-1.0, 1.0], 20)[:, None]
+    y = x[:, 0] > 0
+    previous = 0.0
+    for lam in (1.0, 0.1, 0.01, 0.001):
+        lo, hi = 0.0, 1.0 / lam
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if 1 / (1 + np.exp(mid)) > lam * mid else (lo, mid)
+        for method in ("newton", "lbfgs"):
+            m = fit_logistic(x, y, lam=lam, tol=1e-12, method=method)
+            assert m.w[0] == pytest.approx(lo, rel=1e-6) and abs(m.b) < 1e-8
+        assert lo > previous
+        previous = lo
+        assert auroc(m.decision(x), y) == 1.0
 
 
 def test_grouped_folds_keep_groups_together():
@@ -147,6 +200,51 @@ def test_threshold_for_rate():
     assert np.mean(np.array(rates) <= 0.05) > 0.85
 
 
+def test_threshold_on_a_hand_computed_case():
+    # n = 100 correct tokens scoring 1, 2, …, 100; target 5%. By hand (z = 1.645, z² = 2.7055):
+    # U(1, 100) = (0.01 + 0.013528 + 1.645·√(0.000099 + 0.0000676)) / 1.027055 = 0.0436 ≤ 0.05,
+    # U(2, 100) = (0.02 + 0.013528 + 1.645·√(0.000196 + 0.0000676)) / 1.027055 = 0.0586 > 0.05,
+    # so one token may be flagged: the threshold is the second largest score, 99 (100 lies above it).
+    assert wilson_upper(1, 100) == pytest.approx(0.0436, abs=1e-4)
+    assert wilson_upper(2, 100) == pytest.approx(0.0586, abs=1e-4)
+    scores = np.random.default_rng(0).permutation(np.arange(1.0, 101.0))
+    assert threshold_for_rate(scores, 0.05) == 99.0
+    # n = 60: even one flag is too many (U(1, 60) = 0.071), U(0, 60) = 0.043: the largest score
+    assert wilson_upper(0, 60) < 0.05 < wilson_upper(1, 60)
+    assert threshold_for_rate(np.arange(60.0), 0.05) == 59.0
+    with pytest.raises(ValueError, match="finite"):
+        threshold_for_rate(np.array([1.0, np.nan]), 0.05)
+
+
+def test_flag_check_counts_by_hand():
+    rng = np.random.default_rng(3)
+    answers = [_fake(i, f"k{i % 3}", bool(rng.random() < 0.6), rng) for i in range(240)]
+    calibrate = calibration_split(np.array([a.item.subject for a in answers]), seed=0)
+    c = check_flag(answers, calibrate, window=16, statistic="mean", rate=0.05)
+    scores = answer_token_scores(answers, window=16, statistic="mean")
+    cal = np.concatenate([s for s, a, m in zip(scores, answers, calibrate) if a.correct and m])
+    assert c.threshold == threshold_for_rate(cal, 0.05) and c.calibration_tokens == cal.size == 2 * sum(
+        a.correct for a, m in zip(answers, calibrate) if m)
+    right = wrong = right_flagged = wrong_flagged = answers_flagged = wrong_answers_flagged = n_wrong = 0
+    for s, a, m in zip(scores, answers, calibrate):
+        if m:
+            continue
+        flagged = int((s > c.threshold).sum())
+        answers_flagged += flagged > 0
+        if a.correct:
+            right, right_flagged = right + s.size, right_flagged + flagged
+        else:
+            wrong, wrong_flagged, n_wrong = wrong + s.size, wrong_flagged + flagged, n_wrong + 1
+            wrong_answers_flagged += flagged > 0
+    assert c.held_out_correct_tokens == right and c.held_out_incorrect_tokens == wrong
+    assert c.correct_token_flag_rate == right_flagged / right
+    assert c.correct_token_flag_rate <= 0.05  # the target, on held-out correct tokens
+    assert c.token_precision == wrong_flagged / (wrong_flagged + right_flagged)
+    assert c.token_recall == wrong_flagged / wrong
+    assert c.answer_precision == wrong_answers_flagged / answers_flagged
+    assert c.answer_recall == wrong_answers_flagged / n_wrong and c.incorrect_answers == n_wrong
+
+
 def test_flag_check_counts_on_planted_spikes():
     rng = np.random.default_rng(0)
     answers = [_fake(i, "k", i % 3 != 0, rng, spike=True) for i in range(60)]
@@ -177,6 +275,20 @@ def test_committed_thresholds_cover_both_embedded_models():
         assert t.calibrated and np.isfinite(t.value) and t.statistic == "mean" and t.window == 16
         assert icl_lens.spike_threshold(name, window=8, statistic="max").calibrated
     assert not icl_lens.spike_threshold("gemma-3-270m", layers=[1, 2]).calibrated
+    # the thresholds are the ones the committed report measured, and the default flags at most 5% of held-out
+    # correct answers' tokens
+    root = DATA_FILE.parents[2]
+    record = json.loads((root / "reports" / "eval_spikes.json").read_text())
+    data = json.loads(spike_thresholds.THRESHOLDS_FILE.read_text())
+    assert data["target_correct_token_flag_rate"] == RATE == 0.05
+    for name, entry in record["models"].items():
+        assert data["models"][name]["command"] == record["command"]
+        reported = {(f["statistic"], f["window"]): f for f in entry["flags"]}
+        for row in data["models"][name]["thresholds"]:
+            assert row["threshold"] == reported[(row["statistic"], row["window"])]["threshold"]
+        default = reported[DEFAULT_FLAG]
+        assert default["correct_token_flag_rate"] <= RATE
+        assert icl_lens.spike_threshold(name).value == default["threshold"]
     other = icl_lens.spike_threshold("tiny-gpt2")
     assert not other.calibrated and other.value == icl_lens.DEFAULT_SPIKE_THRESHOLD == 3.5
 
@@ -186,6 +298,7 @@ def test_generation_takes_the_calibrated_threshold(load, tmp_path, monkeypatch):
     prompt = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
     gen = icl_lens.generate_with_patches(model, prompt, max_new_tokens=3)
     assert gen.spikes.threshold == 3.5 and not gen.threshold.calibrated
+    assert "default; no calibration for tiny-gpt2" in gen.threshold.describe()  # the fallback says so
     path = tmp_path / "thresholds.json"
     check = check_flag([_fake(i, "k", True, np.random.default_rng(i), spike=True) for i in range(4)],
                        np.array([True, True, False, False]), window=16, statistic="mean", rate=0.05)
@@ -195,12 +308,25 @@ def test_generation_takes_the_calibrated_threshold(load, tmp_path, monkeypatch):
     monkeypatch.setattr(spike_thresholds, "THRESHOLDS_FILE", path)
     gen = icl_lens.generate_with_patches(model, prompt, max_new_tokens=3)
     assert gen.threshold.calibrated and gen.spikes.threshold == check.threshold
+    assert "calibrated for tiny-gpt2" in gen.threshold.describe()
     expected = icl_lens.spike_scores(gen.patches, threshold=check.threshold).flags
     assert torch.equal(gen.spikes.flags, expected)
     gen = icl_lens.generate_with_patches(model, prompt, max_new_tokens=3, window=8)  # not calibrated for window 8
     assert gen.spikes.threshold == 3.5
     gen = icl_lens.generate_with_patches(model, prompt, max_new_tokens=3, threshold=1.0)
     assert gen.spikes.threshold == 1.0 and gen.threshold is None
+
+
+def test_answer_cache_is_reused_only_when_it_matches():
+    rng = np.random.default_rng(0)
+    answers = tuple(_fake(i, "k", True, rng) for i in range(3))
+    items = [a.item for a in answers]
+    saved = AnswerSet("m", 3, 1, answers, 1.0, preamble=FEW_SHOT, max_new_tokens=8)
+    assert cache_matches(saved, "m", items, 8)
+    assert not cache_matches(saved, "other", items, 8)
+    assert not cache_matches(saved, "m", items, 4)  # generated with another token budget
+    assert not cache_matches(saved, "m", items[:2], 8) and not cache_matches(saved, "m", items[::-1], 8)
+    assert not cache_matches(replace(saved, preamble=FEW_SHOT + "Q: x\n"), "m", items, 8)
 
 
 # ---------------------------------------------------------------- residual recorder
@@ -253,6 +379,6 @@ def test_readme_states_the_measured_verdict():
     record = json.loads((root / "reports" / "eval_spikes.json").read_text())
     for name, entry in record["models"].items():
         assert entry["readme_sentence"] in readme, f"README's spike section lacks the measured sentence for {name}"
-    assert record["summary"] in readme
+    assert record["summary"] in readme and record["flags_summary"] in readme
     items = load_factual_prompts()
     assert f"{len(items)} labelled questions of {len({i.kind for i in items})} kinds" in readme

@@ -136,6 +136,11 @@ def default_threshold(model_name: str) -> float:
     return spike_threshold(model_name).value
 
 
+def threshold_note(model_name: str) -> str:
+    """Where :func:`default_threshold` comes from, in words: calibrated for this model, or the 3.5 fallback."""
+    return f"default flag threshold {spike_threshold(model_name).describe()}"
+
+
 def alignment_matrix(patches: TokenPatches, layer: int) -> Float[Tensor, "pos pos"]:
     """Token × token cosine of the token patches of ``layer`` (factored, never dense)."""
     return gram_cosine(patches.stacked_u()[layer], patches.v[layer])

@@ -31,6 +31,7 @@ from icl_lens.ui.analysis import (
     alignment_matrix,
     default_threshold,
     spike_flags,
+    threshold_note,
     timed,
 )
 from icl_lens.ui.export import export_csv, export_html, export_png
@@ -111,6 +112,7 @@ class Dashboard:
         # Starts at the model's calibrated threshold (icl_lens.spike_threshold), 3.5 for uncalibrated models.
         self.threshold = W.FloatSlider(value=default_threshold(a.name), min=0.0, max=8.0, step=0.05,
                                        description="flag at z >", continuous_update=False)
+        self.threshold_note = W.HTML(value=f"<small>{html.escape(threshold_note(a.name))}</small>")
         self.follow_last = W.Checkbox(value=True, description="query = last token", indent=False)
         self.status = W.HTML(value="<i>Type a prompt.</i>")
         self.status.add_class("icl-status")
@@ -129,7 +131,7 @@ class Dashboard:
             button.on_click(lambda _b, fn=fn: self._export(fn))
 
         self.widget = W.VBox([
-            W.HBox([self.model_box, self.threshold]),
+            W.HBox([self.model_box, self.threshold, self.threshold_note]),
             self.text,
             self.notice,
             self.status,
@@ -238,6 +240,7 @@ class Dashboard:
         def resize():
             self.layer.max, self.head.max = a.n_layers - 1, a.n_heads - 1
             self.threshold.value = request.threshold
+            self.threshold_note.value = f"<small>{html.escape(threshold_note(a.name))}</small>"
         self.runner.draw(generation, resize)
         return request, f"loaded {html.escape(name)} ({_ms(seconds)})"
 

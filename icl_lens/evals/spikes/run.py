@@ -10,14 +10,23 @@ import numpy as np
 import torch
 
 from icl_lens.evals.factual_prompts import FEW_SHOT, FactualPrompt, load_factual_prompts
-from icl_lens.evals.logistic import LAMBDAS
+from icl_lens.evals.logistic import LAMBDAS, NEWTON_MAX_FEATURES
 from icl_lens.evals.report import command, machine, write_fragment
 from icl_lens.evals.spikes.answers import AnswerSet, answer_all
 from icl_lens.evals.spikes.calibration import FlagCheck, calibration_split, check_flag, write_thresholds
 from icl_lens.evals.spikes.detector import held_out_scores
 from icl_lens.evals.spikes.features import copies_question, feature_sets, single_scores
-from icl_lens.evals.spikes.sections import model_section, overall_sentence, verdict_sentence
-from icl_lens.evals.spikes.summary import HIDDEN, LOGPROB_CANDIDATES, PATCH, per_kind, subset, summarise, to_json
+from icl_lens.evals.spikes.sections import flags_summary, model_section, overall_sentence, verdict_sentence
+from icl_lens.evals.spikes.summary import (
+    COLUMNS,
+    HIDDEN,
+    LOGPROB_CANDIDATES,
+    PATCH,
+    per_kind,
+    subset,
+    summarise,
+    to_json,
+)
 from icl_lens.model.loading import load_model
 from icl_lens.model.spike_thresholds import THRESHOLDS_FILE
 
@@ -91,7 +100,8 @@ def header(items: list[FactualPrompt], args, argv, lambdas) -> list[str]:
         "Detectors: one example per answer, since the label is per answer (averaging over the answer tokens keeps "
         "one example per question instead of weighting long answers more; features in "
         "`icl_lens/evals/spikes/features.py`). L2 logistic regression (`icl_lens/evals/logistic.py`, a small "
-        "torch L-BFGS fit checked against ∇L = 0, rather than a new scikit-learn dependency) "
+        f"torch fit, Newton's method up to {NEWTON_MAX_FEATURES} features and L-BFGS above, checked against ∇L = 0, rather than a new "
+        "scikit-learn dependency) "
         "on *patch* features (per layer, log patch norm and log correction norm at the first answer token and averaged "
         "over the answer tokens, optionally at the last prompt token `:`), on *hidden* states (the residual stream "
         "entering the middle layer, same readouts: a linear probe), on *log-prob and entropy* (4 features), and on "
@@ -122,9 +132,9 @@ def main(argv: list[str] | None = None) -> None:
                                                  "calibrated thresholds.")
     parser.add_argument("--models", nargs="+", default=["gemma-3-270m", "smollm2-135m"])
     parser.add_argument("--quick", action="store_true",
-                        help="2 questions per kind, 3 folds, 2 inner folds, 2 values of λ, 200 bootstrap resamples "
-                             "(tests; the numbers mean nothing)")
-    parser.add_argument("--max-new-tokens", type=int, default=8)
+                        help="2 questions per kind, at most 4 new tokens, 3 folds, 2 inner folds, 2 values of λ, "
+                             "200 bootstrap resamples (tests; the numbers mean nothing)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 8 (4 with --quick)")
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--inner-folds", type=int, default=5)
@@ -140,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
                              "nowhere with --quick)")
     args = parser.parse_args(argv)
     lambdas = QUICK_LAMBDAS if args.quick else LAMBDAS
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 4 if args.quick else 8
     if args.quick:
         args.folds, args.inner_folds, args.bootstrap = 3, 2, 200
     torch.set_num_threads(max(1, args.threads))
@@ -150,7 +162,9 @@ def main(argv: list[str] | None = None) -> None:
     head = header(items, args, argv, lambdas)
     lines: list[str] = []
     record: dict = {"command": command("python -m icl_lens.evals.spikes", argv), "models": {}}
-    verdicts = {}
+    verdicts: dict = {}
+    default_flags: dict = {}
+    spike_within: dict = {}
     for name in args.models:
         model = load_model(name)
         cache = None if args.cache is None else Path(args.cache) / f"{name}.pt"
@@ -158,7 +172,9 @@ def main(argv: list[str] | None = None) -> None:
         del model
         result = evaluate_model(answer_set, window=args.window, folds=args.folds, inner_folds=args.inner_folds,
                                 n_boot=args.bootstrap, seed=args.seed, lambdas=lambdas)
-        verdicts[name] = result["v"]
+        verdicts[name] = (result["v"], result["no_copies"], result["comparisons"]["patch vs hidden"])
+        default_flags[name] = result["default_check"]
+        spike_within[name] = result["table"]["spike score, max over answer"].aurocs[COLUMNS[1]]
         lines += model_section(answer_set, table=result["table"], comparisons=result["comparisons"], v=result["v"],
                                kind_rows=result["kind_rows"], kind_names=result["kind_names"],
                                no_copies=result["no_copies"],
@@ -177,9 +193,10 @@ def main(argv: list[str] | None = None) -> None:
         if thresholds_out:
             write_thresholds(thresholds_out, name, result["checks"], rate=RATE,
                              command=record["command"], n_questions=result["n_calibration_questions"])
-        summary = ["### Summary", "", overall_sentence(verdicts), ""]
+        summary = ["### Summary", "", overall_sentence(verdicts), "", flags_summary(default_flags, RATE, spike_within), ""]
         write_fragment(args.out, head + summary + lines)  # after each model: partial runs keep results
         record["summary"] = overall_sentence(verdicts)
+        record["flags_summary"] = flags_summary(default_flags, RATE, spike_within)
         Path(args.out).with_suffix(".json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n",
                                                        encoding="utf-8")
     print("\n".join(head + summary + lines))

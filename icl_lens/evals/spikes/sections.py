@@ -158,10 +158,35 @@ def model_section(answer_set: AnswerSet, *, table, comparisons, v: Verdict, kind
     return lines
 
 
-def overall_sentence(verdicts: dict[str, Verdict]) -> str:
-    beaten = [m for m, v in verdicts.items() if v.patch_beats_baseline]
-    if not beaten:
-        return ("Patch features never beat the log-probability baseline within a kind of question "
-                f"({', '.join(verdicts)}).")
-    which = "every model run" if len(beaten) == len(verdicts) else "only"
-    return f"Patch features beat the log-probability baseline within a kind of question on {which}: {', '.join(beaten)}."
+def _names(names: list[str]) -> str:
+    return ", ".join(names) if names else "none"
+
+
+def overall_sentence(results: dict[str, tuple[Verdict, Subset, Comparison]]) -> str:
+    """The summary over models, by the rules of :mod:`.summary` (``results``: model → verdict, no-copy subset,
+    patch-vs-hidden comparison)."""
+    beats = [m for m, (v, _, _) in results.items() if v.patch_beats_baseline]
+    beats_clean = [m for m, (_, sub, _) in results.items()
+                   if sub.patch_vs_baseline is not None and sub.patch_vs_baseline.low > 0]
+    probe_better = [m for m, (_, _, c) in results.items() if c.within_grouped is not None and c.within_grouped.high < 0]
+    patch_better = [m for m, (_, _, c) in results.items() if c.within_grouped is not None and c.within_grouped.low > 0]
+    first = ("Patch features never beat the log-probability baseline within a kind of question"
+             if not beats else f"Patch features beat the log-probability baseline within a kind of question on "
+             f"{_names(beats)} and not on {_names([m for m in results if m not in beats])}")
+    clean = ("leaving out answers that repeat a word of the question, they beat it on none"
+             if not beats_clean else f"leaving out answers that repeat a word of the question, they beat it on "
+             f"{_names(beats_clean)}")
+    return (f"{first}; {clean}. The hidden-state probe is better than the patch detector within kind on "
+            f"{_names(probe_better)}, worse on {_names(patch_better)} (paired 95% intervals).")
+
+
+def flags_summary(checks: dict[str, FlagCheck], rate: float, spike_within: dict[str, AurocResult | None]) -> str:
+    """The calibrated default flag on the held-out half, and the unsupervised score's within-kind AUROC, per model."""
+    parts = [f"{m}: threshold {c.threshold:.3f}, {pct(c.correct_token_flag_rate)} of correct answers' tokens flagged "
+             f"(target ≤ {pct(rate)}), answer precision {pct(c.answer_precision)}, recall {pct(c.answer_recall)}"
+             for m, c in checks.items()]
+    first = next(iter(checks.values()))
+    within = "; ".join(f"{m} {fmt(r)}" for m, r in spike_within.items())
+    return (f"Calibrated default flag (statistic {first.statistic}, window {first.window}; held-out half): "
+            + "; ".join(parts) + f". The unsupervised spike score (max over the answer) reaches within-kind AUROC "
+            f"{within}.")
