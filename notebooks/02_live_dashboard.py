@@ -37,7 +37,7 @@ last.nlargest(3, "norm")[["position", "token", "norm"]]
 # %% [markdown]
 # ## Exercise 2
 #
-# Do the meta-gradients of the last token shrink as the context grows? Read the fitted exponents α in the legend and in the bar chart (α > 0: the implicit steps shrink, α < 0: they grow). Which layers converge on this prompt, and does it change with a longer prompt? Compute them with `icl_lens.trajectory(dash.model, prompt).decay_fit().to_frame()`.
+# Do the meta-gradients of the last token shrink as the context grows? Read the fitted exponents α in the bar chart, or hover a line for its layer's α and R² (α > 0: the implicit steps shrink, α < 0: they grow). Which layers converge on this prompt, and does it change with a longer prompt? Compute them with `icl_lens.trajectory(dash.model, prompt).decay_fit().to_frame()`.
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 fit = icl_lens.trajectory(dash.model, prompt).decay_fit().to_frame()

@@ -30,13 +30,14 @@
 # %%
 import torch
 import plotly.express as px
+import pandas as pd
 import plotly.graph_objects as go
 from icl_lens import lab
 from icl_lens.core.power_law import power_law_fit
 
 torch.set_num_threads(1)  # the models are tiny: one thread is fastest
 torch.manual_seed(0)
-models = {arch: lab.load_lab_model(arch) for arch in lab.ARCHITECTURES}
+models = {arch: lab.load_lab_model(arch) for arch in lab.ARCHITECTURES}  # 10-layer Pre-LN models
 {arch: round(lab.training_record(arch)["eval_loss_n_train"], 4) for arch in lab.ARCHITECTURES}
 
 # %% [markdown]
@@ -69,28 +70,52 @@ px.bar(df, x="arch", y="rel_error_prediction", color="dtype", barmode="group", l
 # Look at `df.mean_correction_norm` for a hint of how large the missing term would be.
 
 # %% [markdown]
-# ## 2 · Implicit dynamics vs explicit SGD
+# ## 2 · Implicit dynamics vs explicit finetuning, the paper's way
 #
 # Feed the context pairs one at a time: after `i` pairs, layer `l` behaves as if its weights were `W + ΔW_l(i)`.
 # The steps `ΔW_l(i) − ΔW_l(i−1)` are the *meta-gradients*. Is this the same as actually fine-tuning the context-free
-# model with SGD on the same pairs? We compare the two updates with the normalised Frobenius inner product (cosine),
-# computed in closed form from the rank-1 factors. The *control* uses SGD on a different prompt's pairs.
+# model with SGD on the same pairs, one pair per step? The paper's first experiment uses a **single block** without
+# skip connection or LayerNorm (tokens `[x, y]`, `x ∈ R²`, MLP 3 → 128 → 3, `lab.load_lab_model("single_block")`).
+# First the loss curves: test error on held-out queries after `i` examples, in context and by SGD on `W_in`
+# (the best rate of a sweep).
 
 # %%
-al = lab.implicit_vs_explicit("softmax", n_prompts=3)
-summ = al.summary()
-fig = go.Figure([go.Bar(x=summ.layer, y=summ.cumulative_cosine, name="same pairs"),
-                 go.Bar(x=summ.layer, y=summ.control_cosine, name="control: other prompt's pairs")])
-fig.update_layout(title="Cosine(implicit ΔW_l(i), explicit SGD sum), mean over steps and prompts",
-                  xaxis_title="layer", yaxis_title="cosine", yaxis_range=[-1, 1])
-fig
+curves = {name: lab.loss_curves(name, n_prompts=16, n_probes=16) for name in ("single_block", "softmax")}
+frame = pd.concat([c.curves().assign(model=name) for name, c in curves.items()])
+px.line(frame, x="examples", y="test_mse", color="method", facet_col="model", log_y=True,
+        title="Test error vs examples consumed: in context vs finetuning W_in")
+
+# %%
+curves["single_block"].sweep()
 
 # %% [markdown]
-# **Try:** in these models the cosines stay near 0 and look like the control — the implicit updates are *not* the SGD
-# updates in weight space, even though both make the model fit the context. Rerun with `lr=1e-4` in
-# `lab.implicit_vs_explicit`: should the cosine change? (Think about which parts of the comparison are scale-free.)
-# Then look at `summ.query_gradient_cosine`: it compares the whole patch with one SGD step on the query's *own*
-# held-out label. Is the context at least moving the weights downhill for the query?
+# Now the weight-space alignment, per layer and prompt, in both orders of consuming the context: *prefix* (the query
+# sees `c₁..cᵢ`) and *absorb*, the paper's (`c₁..cᵢ` absorbed into the weights, the rest still in context).
+# *cumulative* = cos(Wᵢ − W₀, Σ_{j≤i} SGD steps), *step* = cos(Wᵢ − Wᵢ₋₁, i-th SGD step); the *control* uses another
+# prompt's SGD steps; *random* is a random direction of the same weight space.
+
+# %%
+rows = []
+for name in ("single_block", "one_block", "one_block_skip", "one_block_ln", "one_block_preln", "softmax"):
+    c = lab.loss_curves(name, n_prompts=8, n_probes=8) if name not in curves else curves[name]
+    s = lab.implicit_vs_explicit(name, n_prompts=8, lr=c.lrs[c.best]).summary()
+    s = s[s.comparison.isin(["sgd", "control", "random"])]
+    rows.append(s.assign(model=name, column=s.comparison + " " + s.order + " " + s.kind))
+table = pd.concat(rows).pivot(index="model", columns="column", values="mean").round(3)
+table
+
+# %% [markdown]
+# **Try:** on the single block each implicit step lines up with the SGD step on the same pair; on the 10-layer
+# Pre-LN model the cosines are as small as the control. Two things to check. First, `input_side` in
+# `lab.implicit_vs_explicit("single_block").summary()`: a rank-1 cosine is the product of an input-side and an
+# output-side cosine, and in a 3-dimensional residual stream every context-free MLP input points almost the same way.
+# Second, where does the context act at all? `lab.context_effect(name).summary()` runs the query with only the `W_in`
+# patches or only the skip corrections.
+
+# %%
+pd.concat([lab.context_effect(name, n_prompts=16).summary().assign(model=name)
+           for name in ("single_block", "one_block_preln", "softmax")]).pivot(index="model", columns="variant",
+                                                                             values="unexplained").round(3)
 
 # %% [markdown]
 # ## 3 · Does the implicit learning converge?

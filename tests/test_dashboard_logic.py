@@ -15,7 +15,7 @@ import torch
 import icl_lens
 from icl_lens.core.factored import gram_cosine
 from icl_lens.model.attention import attention_pattern
-from icl_lens.ui.panels import token_label
+from icl_lens.ui.panels import short_label
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -60,7 +60,7 @@ def _check_matches_library(d, model, text: str, layer: int, threshold: float = 3
     np.testing.assert_allclose(_arr(heat.z), patches.norms().double().numpy(), **TOL)
     assert list(heat.x) == list(range(n))
     axis = d.heatmap.fig.layout.xaxis
-    assert axis.tickvals[-1] == n - 1 and axis.ticktext[-1] == token_label(patches.tokens[-1])
+    assert axis.tickvals[-1] == n - 1 and axis.ticktext[-1] == short_label(patches.tokens[-1])
     # alignment matrix of the chosen layer
     cos = gram_cosine(patches.stacked_u()[layer], patches.v[layer])
     np.testing.assert_allclose(_arr(d.alignment.trace.z), cos.double().numpy(), **TOL)
@@ -121,6 +121,21 @@ def test_click_selects_query_and_threshold_reflags(load, dash_factory):
     assert d.shown.query == d.shown.patches.n_positions - 1
 
 
+def test_trajectory_order_control_draws_the_absorb_trajectory(load, dash_factory):
+    model = load("tiny-llama")
+    d = dash_factory(model)
+    text = "ab=1;cd=2;ef=3;ab=1;cd="
+    _type(d, text)
+    assert d.shown.trajectory.order == "prefix"
+    d.trajectory_panel.order.value = "absorb"
+    assert d.wait(60)
+    assert d.shown.trajectory.order == "absorb" and "absorb order" in d.status.value
+    ref = icl_lens.trajectory(model, text, query=d.shown.query, order="absorb").meta_gradient_norms().double().numpy()
+    other = icl_lens.trajectory(model, text, query=d.shown.query).meta_gradient_norms().double().numpy()
+    assert np.abs(ref - other).max() > 1e-3  # the two orders draw different curves
+    np.testing.assert_allclose(_arr(d.trajectory_panel.norms[1].y), ref[1], **TOL)
+
+
 def test_burst_of_keystrokes_ends_on_last_text(load, dash_factory):
     model = load("tiny-gemma3")
     d = dash_factory(model, debounce_s=0.03)
@@ -140,7 +155,7 @@ def test_burst_of_keystrokes_ends_on_last_text(load, dash_factory):
     assert len(set(texts)) < len(final), "debouncing should skip intermediate texts"
     n = icl_lens.token_patches(model, final).n_positions
     assert len(d.strip.widget.tokens) == n and len(d.heatmap.fig.data[0].x) == n
-    assert d.heatmap.fig.layout.xaxis.ticktext[-1] == token_label(final[-1])
+    assert d.heatmap.fig.layout.xaxis.ticktext[-1] == short_label(final[-1])
 
 
 def test_empty_text_shows_empty_state(load, dash_factory):

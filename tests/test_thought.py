@@ -11,7 +11,9 @@ import torch
 
 from icl_lens import PromptError, thought_patch
 from icl_lens.core.least_squares import gain_vector, input_map
+from icl_lens.model.block_family import block_family
 from icl_lens.model.greedy import last_logits
+from icl_lens.model.tiny_models import TINY_NAMES
 from icl_lens.thought.batches import text_ids, with_bos
 from icl_lens.thought.tasks import TaskFormatError, load_task, shipped_task_paths
 
@@ -48,7 +50,7 @@ def _dense_outputs(model, ids: list[int]) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("name", TINY_NAMES)
 def test_one_query_reproduces_contextual_mlp_inputs(load, name, dtype):
     """One single-token calibration query, ridge 0, eta 1: the MATRIX part alone makes the query's
     first-dense outputs equal the contextual ones in every layer (matrix residual ≈ 0), and the
@@ -58,10 +60,14 @@ def test_one_query_reproduces_contextual_mlp_inputs(load, name, dtype):
     the vector; so the dense outputs are checked layer by layer, not only the logits.
     In float64 the logits are checked on the residual stream entering the final norm
     (≤ 1e-9): HF's Gemma 3 RMSNorm upcasts to float32 internally even in a float64 model.
+    A parallel block's MLP reads N(r), which the previous layer's vector already restores:
+    its matrix target A − a is rounding noise, so its relative matrix residual is not checked
+    (the dense outputs still are).
     """
     model = load(name, dtype)
     patch = thought_patch(model, INSTRUCTION, ["q"])
-    assert float(patch.matrix_residual.max()) <= TOL[dtype]
+    if not block_family(model).parallel:
+        assert float(patch.matrix_residual.max()) <= TOL[dtype]
     plain_ids = with_bos(model, text_ids(model, "q"))
     ctx_ids = with_bos(model, text_ids(model, INSTRUCTION) + text_ids(model, "q"))
     contextual_dense = _dense_outputs(model, ctx_ids)
@@ -121,14 +127,27 @@ def test_gated_mlps_get_separate_fits_and_gemma_uses_the_gain(load):
     assert float(pg.maps[0].abs().max()) == 0.0 and float(pg.vectors[2].abs().max()) == 0.0
 
 
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("name", TINY_NAMES)
 def test_export_reloads_in_plain_transformers(load, name, tmp_path):
+    """Every family: the export reloads as the same HF class and gives the hook-patched logits. A family
+    whose HF class has no slot for the vector (block_family.vector_export None) refuses a patch with
+    a vector before writing anything, and exports the matrix part."""
     from transformers import AutoModelForCausalLM
 
+    from icl_lens.thought.export import VectorNotExportableError
+
     model = load(name)
-    patch = thought_patch(model, INSTRUCTION, ["dog ->", "house ->", "tree ->"])
+    queries = ["dog ->", "house ->", "tree ->"]
+    kind = "both"
+    if block_family(model).vector_export is None:
+        with pytest.raises(VectorNotExportableError, match="kind='matrix'"):
+            thought_patch(model, INSTRUCTION, queries).save_pretrained(tmp_path / "refused")
+        assert not (tmp_path / "refused").exists()
+        kind = "matrix"
+    patch = thought_patch(model, INSTRUCTION, queries, kind=kind)
     patch.save_pretrained(tmp_path)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert type(hf) is type(model.original_model)
     prompts = [with_bos(model, text_ids(model, q)) for q in ("sun ->", "a much longer test query ->")]
     for prompt in prompts:
         ids = torch.tensor([prompt])

@@ -4,7 +4,8 @@
 (the Mann–Whitney U statistic divided by ``n⁺ n⁻``). The bootstrap resamples examples
 with replacement; a resample is a weight vector ``w`` (counts), and
 ``AUROC(w) = Σ_ij w⁺_i K_ij w⁻_j / (Σ w⁺)(Σ w⁻)`` with ``K_ij = [s⁺_i > s⁻_j] + ½[s⁺_i = s⁻_j]``,
-so all resamples cost one matrix product. Resamples without both classes are dropped.
+so all resamples cost one matrix product (resamples from :mod:`icl_lens.core.bootstrap`).
+Resamples without both classes are dropped.
 
 Stratified (within-group) AUROC, ``strata=``: only pairs whose two examples share a
 stratum count, ``Σ_ij S_ij K_ij / Σ_ij S_ij`` with ``S_ij = [stratum⁺_i = stratum⁻_j]``; it
@@ -18,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from icl_lens.core.bootstrap import percentile_interval, resample_counts
 
 
 @dataclass(frozen=True)
@@ -67,11 +70,6 @@ class AurocDifference:
     high: float
 
 
-def _resamples(n: int, n_boot: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(float)
-
-
 def _boot_values(scores: np.ndarray, positive: np.ndarray, strata, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """AUROC of every resample (``counts``: resamples × examples) and which resamples hold both classes."""
     kernel, same, ipos, ineg = _pair_kernel(scores, positive, strata)
@@ -87,10 +85,9 @@ def bootstrap_auroc(scores, positive, *, strata=None, n_boot: int = 2000, seed: 
     """AUROC with a percentile-bootstrap ``level`` confidence interval over examples."""
     scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
     point = auroc(scores, positive, strata)
-    boots, ok = _boot_values(scores, positive, strata, _resamples(scores.shape[0], n_boot, seed))
-    alpha = (1 - level) / 2
-    low, high = np.quantile(boots[ok], [alpha, 1 - alpha])
-    return AurocResult(point, float(low), float(high), int(positive.sum()), int((~positive).sum()))
+    boots, ok = _boot_values(scores, positive, strata, resample_counts(scores.shape[0], n_boot, seed))
+    low, high = percentile_interval(boots[ok], level)
+    return AurocResult(point, low, high, int(positive.sum()), int((~positive).sum()))
 
 
 def bootstrap_auroc_difference(scores_a, scores_b, positive, *, strata=None, n_boot: int = 2000, seed: int = 0,
@@ -101,9 +98,8 @@ def bootstrap_auroc_difference(scores_a, scores_b, positive, *, strata=None, n_b
     if a.shape != b.shape:
         raise ValueError(f"the two scores must cover the same examples, got shapes {a.shape} and {b.shape}")
     point = auroc(a, positive, strata) - auroc(b, positive, strata)
-    counts = _resamples(a.shape[0], n_boot, seed)
+    counts = resample_counts(a.shape[0], n_boot, seed)
     boots_a, ok = _boot_values(a, positive, strata, counts)
     boots_b, _ = _boot_values(b, positive, strata, counts)
-    alpha = (1 - level) / 2
-    low, high = np.quantile((boots_a - boots_b)[ok], [alpha, 1 - alpha])
-    return AurocDifference(point, float(low), float(high))
+    low, high = percentile_interval((boots_a - boots_b)[ok], level)
+    return AurocDifference(point, low, high)

@@ -61,23 +61,6 @@ def query_batch(model, queries: Sequence[Sequence[int]], prefix: Sequence[int] =
     return QueryBatch(seqs, tuple(len(head) for _ in seqs), tuple(len(q) for q in queries))
 
 
-def right_padded(sequences: Sequence[Sequence[int]], pad: int, device) -> Int[Tensor, "batch pos"]:
-    """Stack ``sequences`` into one tensor, right-padded with ``pad``."""
-    width = max(len(s) for s in sequences)
-    out = torch.full((len(sequences), width), pad, dtype=torch.long)
-    for row, s in enumerate(sequences):
-        out[row, : len(s)] = torch.tensor(list(s), dtype=torch.long)
-    return out.to(device)
-
-
-def pad_id(model) -> int:
-    tok = model.tokenizer
-    for cand in (tok.pad_token_id, tok.eos_token_id, bos_id(model)):
-        if cand is not None:
-            return int(cand)
-    return 0
-
-
 def first_positions(rows: Sequence[int]) -> tuple[Tensor, Tensor]:
     """(row-in-chunk, 0) for each row: the BOS of every sequence."""
     return torch.arange(len(rows), dtype=torch.long), torch.zeros(len(rows), dtype=torch.long)

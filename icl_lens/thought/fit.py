@@ -57,16 +57,9 @@ from icl_lens.model.block_family import block_family, post_norm_eps
 from icl_lens.model.capture import NonFiniteActivationError, StopForward, patch_dtype
 from icl_lens.model.prompts import PromptError, bos_id
 from icl_lens.model.weight_edits import edit_hooks
-from icl_lens.thought.batches import (
-    QueryBatch,
-    first_positions,
-    pad_id,
-    query_batch,
-    query_positions,
-    right_padded,
-    text_ids,
-)
-from icl_lens.thought.result import ThoughtPatch, thought_edits, vector_site
+from icl_lens.model.batches import pad_id, right_padded
+from icl_lens.thought.batches import QueryBatch, first_positions, query_batch, query_positions, text_ids
+from icl_lens.thought.result import ThoughtPatch, thought_edits
 
 KINDS = ("vector", "matrix", "both")
 
@@ -136,7 +129,7 @@ def _contextual(model, batch: QueryBatch, family, batch_size: int, dtype) -> tup
         hooks = []
         for layer in range(n_layers):
             hooks.append((family.mlp_input(layer), lambda x, hook, layer=layer: read_in(x, hook, layer)))
-            hooks.append((f"blocks.{layer}.hook_resid_post", lambda x, hook, layer=layer: read_out(x, hook, layer)))
+            hooks.append((family.resid_post(layer), lambda x, hook, layer=layer: read_out(x, hook, layer)))
         with model.hooks(fwd_hooks=hooks):
             try:
                 model(ids, return_type=None)
@@ -203,7 +196,7 @@ def thought_patch(
     """
     instr_ids, query_ids, chosen = _validate(model, instruction, queries, kind, eta, ridge, layers, iterations)
     family = block_family(model)
-    site = vector_site(family)
+    site = family.vector_site
     dtype = patch_dtype(model)
     cfg = model.cfg
     ctx = query_batch(model, query_ids, prefix=instr_ids)
@@ -241,9 +234,9 @@ def thought_patch(
             if do_vector:
                 patched_vecs[layer] = vecs[layer]
                 hooks = edit_hooks(model, thought_edits(model, patched_maps, patched_vecs, site), family)
-                reads = {"o": f"blocks.{layer}.hook_resid_post"}
+                reads = {"o": family.resid_post(layer)}
                 if site == "gain":
-                    reads = {"y": f"blocks.{layer}.ln2_post.hook_in", **reads}
+                    reads = {"y": family.post_norm_input(layer), **reads}
                 got = _read_plain(model, plain, hooks, reads, reads["o"], batch_size, dtype)
                 rho = O[layer] - got["o"]
                 _check(rho, "non-contextual block output", layer)

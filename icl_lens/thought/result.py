@@ -3,8 +3,9 @@
 Per layer ``l`` it holds the *input map* ``M[l]`` (``d_model × d_model``; the thought
 matrix of each dense layer that reads the MLP input is ``Δ = W M[l]``, so ``W_in``,
 ``W_gate`` and ``W_up`` each get their own least-squares fit) and the *vector* ``v[l]``
-(the thought vector: a bias on the MLP branch for GPT-2/Llama, a post-FFN norm gain for
-Gemma 3, see :mod:`icl_lens.core.least_squares`). Layers that were not patched hold zeros.
+(the thought vector: a bias on the MLP branch, or a post-FFN norm gain where the block
+has that norm (Gemma 2/3, OLMo-2): the block family's ``vector_site``, see
+:mod:`icl_lens.core.least_squares`). Layers that were not patched hold zeros.
 It applies as weight edits through hooks (:meth:`ThoughtPatch.applied`, the shared
 mechanism of :mod:`icl_lens.model.weight_edits`) or exports to a plain Hugging Face
 directory (:meth:`ThoughtPatch.save_pretrained`).
@@ -20,13 +21,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.model.block_family import BlockFamily, first_dense_weights
+from icl_lens.model.block_family import first_dense_weights
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
-
-
-def vector_site(family: BlockFamily) -> str:
-    """Where the thought vector goes: ``"gain"`` after a post-FFN RMSNorm, else ``"bias"``."""
-    return "gain" if family.post_mlp_norm else "bias"
 
 
 def thought_edits(model, maps: dict[int, Tensor], vectors: dict[int, Tensor], site: str) -> dict[int, MLPEdit]:

@@ -113,14 +113,15 @@ class PromptAnalyzer:
             self.last_patch_stats = "cached"
         return patches, fresh
 
-    def trajectory(self, prompt: EncodedPrompt, query: int) -> tuple[Trajectory | str, bool]:
-        """``icl_lens.trajectory`` of ``query``, or a message saying why there is none."""
+    def trajectory(self, prompt: EncodedPrompt, query: int, order: str = "prefix") -> tuple[Trajectory | str, bool]:
+        """``icl_lens.trajectory`` of ``query`` in ``order`` ("prefix" or the paper's "absorb"), or a
+        message saying why there is none."""
         def make():
             try:
-                return trajectory(self.model, prompt.ids, query=query)
+                return trajectory(self.model, prompt.ids, query=query, order=order)
             except NoContextError as exc:
                 return str(exc)
-        return self._trajectories.get_or((prompt.key, query), make)
+        return self._trajectories.get_or((prompt.key, query, order), make)
 
     def attention(self, prompt: EncodedPrompt, layer: int) -> tuple[Float[Tensor, "head query key"], bool]:
         return self._attention.get_or((prompt.key, layer), lambda: attention_pattern(self.model, prompt.ids, layer))
