@@ -17,6 +17,7 @@ from icl_lens.model.incremental import PatchSession, UpdateStats
 from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
 from icl_lens.model.kept_only import EquivalenceReport, patches_applied, verify_equivalence
 from icl_lens.model.prompts import PromptError
+from icl_lens.model.spike_thresholds import DEFAULT_SPIKE_THRESHOLD, SpikeThreshold, spike_threshold
 from icl_lens.core.finetune_alignment import AlignmentTable, FinetuneAlignment, trajectory_sgd_cosines
 from icl_lens.core.trajectory import DecayFit, Trajectory
 from icl_lens.model.context_alignment import context_alignment
@@ -49,6 +50,7 @@ __all__ = [
     "ContextEffect",
     "ContextTokenSteps",
     "DEFAULT_MODEL",
+    "DEFAULT_SPIKE_THRESHOLD",
     "DecayFit",
     "EMBEDDED_MODELS",
     "EquivalenceReport",
@@ -61,6 +63,7 @@ __all__ = [
     "PromptError",
     "QueryPositionError",
     "SpikeFlags",
+    "SpikeThreshold",
     "Task",
     "TaskFormatError",
     "ThoughtEval",
@@ -87,6 +90,7 @@ __all__ = [
     "patches_applied",
     "spike_scores",
     "spike_scores_from_norms",
+    "spike_threshold",
     "thought_patch",
     "token_patches",
     "trajectory",

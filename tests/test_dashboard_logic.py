@@ -4,6 +4,7 @@ nothing older drawn after it; bad input (empty text, unknown model, long paste) 
 not raised."""
 from __future__ import annotations
 
+import json
 import random
 import time
 
@@ -182,6 +183,33 @@ def test_unknown_model_keeps_previous_one(load, dash_factory):
     assert d.wait(120)
     assert d.analyzer.name == "tiny-gemma3" and d.layer.max == d.model.cfg.n_layers - 1
     assert len(d.heatmap.fig.data[0].y) == d.model.cfg.n_layers == len(d.trajectory_panel.norms)
+
+
+def test_threshold_starts_at_the_models_calibrated_value(load, dash_factory, tmp_path, monkeypatch):
+    from icl_lens.model import spike_thresholds
+
+    d = dash_factory(load("tiny-gpt2"))
+    assert d.threshold.value == icl_lens.DEFAULT_SPIKE_THRESHOLD  # no calibration for tiny models
+    assert "default; no calibration for tiny-gpt2" in d.threshold_note.value  # and it says so
+    rows = lambda t: {"thresholds": [{"statistic": "mean", "window": 16, "layers": "all", "threshold": t}]}  # noqa: E731
+    path = tmp_path / "thresholds.json"
+    path.write_text(json.dumps({"models": {"tiny-gpt2": rows(0.75), "tiny-gemma3": rows(1.25)}}))
+    monkeypatch.setattr(spike_thresholds, "THRESHOLDS_FILE", path)
+    model = load("tiny-gpt2")
+    d = dash_factory(model)
+    text = "one two one two one two one two one two one two one two XYZ!"
+    _type(d, text)
+    assert d.threshold.value == 0.75 and "calibrated for tiny-gpt2" in d.threshold_note.value
+    assert d.strip.widget.flags == icl_lens.spike_scores(icl_lens.token_patches(model, text), threshold=0.75).flags.tolist()
+    d.model_box.value = "tiny-gemma3"  # still at the old model's default: the slider follows the new model's
+    assert d.wait(120)
+    assert d.threshold.value == 1.25 and d.shown.spikes.threshold == 1.25
+    assert "calibrated for tiny-gemma3" in d.threshold_note.value
+    d.threshold.value = 2.0  # moved by hand: a model switch keeps it
+    assert d.wait(60)
+    d.model_box.value = "tiny-gpt2"
+    assert d.wait(120)
+    assert d.threshold.value == 2.0 and d.shown.spikes.threshold == 2.0
 
 
 def test_long_paste_is_cut_to_context_with_notice(load, dash_factory):

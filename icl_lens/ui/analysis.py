@@ -23,6 +23,7 @@ from icl_lens.core.trajectory import Trajectory
 from icl_lens.model.attention import attention_pattern
 from icl_lens.model.incremental import PatchSession
 from icl_lens.model.prompts import PromptError, context_limit
+from icl_lens.model.spike_thresholds import spike_threshold
 from icl_lens.model.trajectory_capture import NoContextError, trajectory
 
 DEFAULT_MAX_TOKENS = 1024
@@ -127,8 +128,18 @@ class PromptAnalyzer:
 
 
 def spike_flags(patches: TokenPatches, threshold: float) -> SpikeFlags:
-    """``icl_lens.spike_scores`` of the patches (default window) at the chosen threshold."""
+    """``icl_lens.spike_scores`` of the patches (default window and statistic) at the chosen threshold."""
     return spike_scores(patches, threshold=threshold)
+
+
+def default_threshold(model_name: str) -> float:
+    """The model's calibrated flag threshold for :func:`spike_flags`' statistic and window, else 3.5."""
+    return spike_threshold(model_name).value
+
+
+def threshold_note(model_name: str) -> str:
+    """Where :func:`default_threshold` comes from, in words: calibrated for this model, or the 3.5 fallback."""
+    return f"default flag threshold {spike_threshold(model_name).describe()}"
 
 
 def alignment_matrix(patches: TokenPatches, layer: int) -> Float[Tensor, "pos pos"]:

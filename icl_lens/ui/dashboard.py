@@ -18,19 +18,25 @@ import html
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import ipywidgets as W
 
 from icl_lens.model.loading import DEFAULT_MODEL, known_model_names, load_model
 from icl_lens.model.prompts import PromptError
-from icl_lens.ui.analysis import DEFAULT_MAX_TOKENS, PromptAnalyzer, alignment_matrix, spike_flags, timed
+from icl_lens.ui.analysis import (
+    DEFAULT_MAX_TOKENS,
+    PromptAnalyzer,
+    alignment_matrix,
+    default_threshold,
+    spike_flags,
+    threshold_note,
+    timed,
+)
 from icl_lens.ui.export import export_csv, export_html, export_png
 from icl_lens.ui.latest_wins import LatestWins
 from icl_lens.ui.panels import AlignmentPanel, AttentionPanel, FigureGrid, HeatmapPanel, StripPanel, TrajectoryPanel
-
-DEFAULT_THRESHOLD = 3.5
 
 
 @dataclass(frozen=True)
@@ -109,8 +115,10 @@ class Dashboard:
                                     placeholder="embedded name or HF id")
         self.layer = W.IntSlider(value=0, min=0, max=a.n_layers - 1, description="layer", continuous_update=False)
         self.head = W.IntSlider(value=0, min=0, max=a.n_heads - 1, description="head", continuous_update=False)
-        self.threshold = W.FloatSlider(value=DEFAULT_THRESHOLD, min=1.0, max=8.0, step=0.1,
+        # Starts at the model's calibrated threshold (icl_lens.spike_threshold), 3.5 for uncalibrated models.
+        self.threshold = W.FloatSlider(value=default_threshold(a.name), min=0.0, max=8.0, step=0.05,
                                        description="flag at z >", continuous_update=False)
+        self.threshold_note = W.HTML(value=f"<small>{html.escape(threshold_note(a.name))}</small>")
         self.follow_last = W.Checkbox(value=True, description="query = last token", indent=False)
         self.status = W.HTML(value="<i>Type a prompt.</i>")
         self.status.add_class("icl-status")
@@ -129,7 +137,7 @@ class Dashboard:
             button.on_click(lambda _b, fn=fn: self._export(fn))
 
         self.widget = W.VBox([
-            _row(self.model_box, self.threshold),
+            _row(self.model_box, self.threshold, self.threshold_note),
             self.text,
             self.notice,
             self.status,
@@ -229,11 +237,16 @@ class Dashboard:
             self.runner.draw(generation, revert)
             return ViewRequest(request.text, previous, request.query, request.layer, request.head,
                                request.threshold, request.order), message
+        previous_default = default_threshold(self.analyzer.name)
         self.analyzer = PromptAnalyzer(model, self.max_tokens)
         a = self.analyzer
+        if abs(request.threshold - previous_default) < 1e-9:  # still at the old model's default: take the new one's
+            request = replace(request, threshold=default_threshold(a.name))
 
         def resize():
             self.layer.max, self.head.max = a.n_layers - 1, a.n_heads - 1
+            self.threshold.value = request.threshold
+            self.threshold_note.value = f"<small>{html.escape(threshold_note(a.name))}</small>"
         self.runner.draw(generation, resize)
         return request, f"loaded {html.escape(name)} ({_ms(seconds)})"
 
