@@ -162,7 +162,9 @@ for name in ("gemma-3-270m", "smollm2-135m"):
     diff = spike_difference(name)
     beats = None if diff is None else diff["low"] > 0
     rows.append(claim(f"Patch features spot wrong answers better than log-probability ({name})",
-                      "icl_lens hypothesis (no paper claim)", None if diff is None else auroc_ci(patch_row),
+                      "icl_lens hypothesis (no paper claim)",
+                      None if diff is None else f"AUROC {auroc_ci(patch_row)}; paired difference "
+                                                f"{diff['difference']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]",
                       None if base_row is None else f"log-prob baseline {auroc_ci(base_row)}",
                       beats, "" if beats is None or beats else "The paired difference's interval includes 0 or lies below it."))
 claims_view(rows)
