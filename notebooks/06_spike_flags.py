@@ -45,7 +45,9 @@ prompt = ("The cat sat on the mat. The dog sat on the rug. The bird sat on the b
           "The fish swam in the bowl. The horse stood in the field. Meanwhile, the Treaty of Westphalia "
           "was signed in 1648.")
 patches = icl_lens.token_patches(model, prompt)
-spikes = icl_lens.spike_scores(patches, window=16, threshold=3.5)
+threshold = icl_lens.spike_threshold("gemma-3-270m", statistic="mean", window=16)  # calibrated per model (EVAL.md)
+print("threshold:", threshold.describe())
+spikes = icl_lens.spike_scores(patches, window=16, threshold=threshold.value)
 print("flagged:", [(t, spikes.tokens[t]) for t in spikes.flagged_positions])
 print("positions without enough context:", int((~spikes.enough_context).sum()))
 assert not (spikes.to_frame().flagged & ~spikes.to_frame().enough_context).any()  # never flagged without context
