@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from icl_lens.evals.intervals import wilson_interval
 from icl_lens.evals.spikes.answers import Answered
 from icl_lens.evals.spikes.features import token_spike_scores
 
@@ -66,13 +67,10 @@ def calibration_split(groups: np.ndarray, seed: int = 0) -> np.ndarray:
     return np.array([g in chosen for g in groups])
 
 
-Z_95 = 1.6448536269514722  # one-sided 95% normal quantile
-
-
-def wilson_upper(m: int, n: int, z: float = Z_95) -> float:
-    """One-sided Wilson upper confidence bound on a rate observed as ``m`` of ``n``."""
-    p = m / n
-    return (p + z * z / (2 * n) + z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))) / (1 + z * z / n)
+def wilson_upper(m: int, n: int) -> float:
+    """One-sided 95% Wilson upper confidence bound on a rate observed as ``m`` of ``n``
+    (the upper end of the two-sided 90% Wilson interval)."""
+    return wilson_interval(m, n, level=0.90)[1]
 
 
 def allowed_flags(n: int, rate: float) -> int:
