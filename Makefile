@@ -31,11 +31,11 @@ models: setup
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 lab: models
-	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/02_live_dashboard.ipynb
+	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/05_live_dashboard.ipynb
 
 # Workshop app mode: the dashboard notebook as a standalone page, no code cells shown.
 app: models
-	$(BIN)/voila notebooks/02_live_dashboard.ipynb --no-browser --port=8866 --Voila.ip=127.0.0.1 --strip_sources=True
+	$(BIN)/voila notebooks/05_live_dashboard.ipynb --no-browser --port=8866 --Voila.ip=127.0.0.1 --strip_sources=True
 
 test: models browser
 	$(BIN)/python -m pytest -q

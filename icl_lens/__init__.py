@@ -10,17 +10,30 @@ from icl_lens import lab
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
 from icl_lens.model.block_family import UnsupportedArchitectureError
+from icl_lens.model.batches import patch_norms
 from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, token_patches
 from icl_lens.model.generation import GenerationPatches, generate_with_patches
 from icl_lens.model.incremental import PatchSession, UpdateStats
 from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
 from icl_lens.model.kept_only import EquivalenceReport, patches_applied, verify_equivalence
 from icl_lens.model.prompts import PromptError
-from icl_lens.core.finetune_alignment import FinetuneAlignment
+from icl_lens.model.spike_thresholds import DEFAULT_SPIKE_THRESHOLD, SpikeThreshold, spike_threshold
+from icl_lens.core.finetune_alignment import AlignmentTable, FinetuneAlignment, trajectory_sgd_cosines
 from icl_lens.core.trajectory import DecayFit, Trajectory
-from icl_lens.model.explicit_finetune import finetune_alignment
+from icl_lens.model.context_alignment import context_alignment
+from icl_lens.model.context_effect import ContextEffect, context_effect
+from icl_lens.model.explicit_finetune import ContextTokenSteps, context_token_steps, finetune_alignment
 from icl_lens.model.trajectory_capture import NoContextError, QueryPositionError, TrajectoryCheck, trajectory, verify_trajectory
-from icl_lens.thought import Task, TaskFormatError, ThoughtEval, ThoughtPatch, evaluate_thought, load_task, thought_patch
+from icl_lens.thought import (
+    Task,
+    TaskFormatError,
+    ThoughtEval,
+    ThoughtPatch,
+    VectorNotExportableError,
+    evaluate_thought,
+    load_task,
+    thought_patch,
+)
 
 __version__ = "0.1.0"
 
@@ -33,7 +46,11 @@ def dashboard(model=None, **kwargs):
 
 
 __all__ = [
+    "AlignmentTable",
+    "ContextEffect",
+    "ContextTokenSteps",
     "DEFAULT_MODEL",
+    "DEFAULT_SPIKE_THRESHOLD",
     "DecayFit",
     "EMBEDDED_MODELS",
     "EquivalenceReport",
@@ -46,6 +63,7 @@ __all__ = [
     "PromptError",
     "QueryPositionError",
     "SpikeFlags",
+    "SpikeThreshold",
     "Task",
     "TaskFormatError",
     "ThoughtEval",
@@ -55,7 +73,11 @@ __all__ = [
     "TrajectoryCheck",
     "UnsupportedArchitectureError",
     "UpdateStats",
+    "VectorNotExportableError",
     "ZeroNormWarning",
+    "context_alignment",
+    "context_effect",
+    "context_token_steps",
     "dashboard",
     "generate_with_patches",
     "finetune_alignment",
@@ -64,12 +86,15 @@ __all__ = [
     "lab",
     "load_model",
     "load_task",
+    "patch_norms",
     "patches_applied",
     "spike_scores",
     "spike_scores_from_norms",
+    "spike_threshold",
     "thought_patch",
     "token_patches",
     "trajectory",
+    "trajectory_sgd_cosines",
     "verify_equivalence",
     "verify_trajectory",
 ]

@@ -1,4 +1,4 @@
-"""Command line: ``icl-lens patches "PROMPT"``, ``icl-lens thought-eval TASK``, ``icl-lens prepare``.
+"""Command line: ``icl-lens patches "PROMPT"``, ``icl-lens sweep PROMPTS.jsonl``, ``icl-lens thought-eval TASK``, ``icl-lens prepare``.
 
 Run ``icl-lens --help`` or ``icl-lens SUBCOMMAND --help``. Inputs are validated before
 any model is loaded, so a bad prompt or task file fails in well under a second. Exit
@@ -13,9 +13,11 @@ import sys
 
 import torch
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Default tolerance of the equivalence identity (relative to the largest |logit|), docs/design.md §2.
+# Half precision has none fixed: it is twice the model's own noise floor, measured in the same run.
 TOLERANCE = {"float32": 1e-4, "float64": 1e-9}
+HALF = ("bfloat16", "float16")
 
 
 class CommandError(ValueError):
@@ -25,19 +27,29 @@ class CommandError(ValueError):
 def _patches(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise CommandError("the prompt is empty (or only whitespace); pass some text to analyse")
-    tolerance = TOLERANCE[args.dtype] if args.tolerance is None else args.tolerance
-    if not tolerance > 0:
-        raise CommandError(f"--tolerance must be > 0, got {tolerance}")
+    if args.tolerance is not None and not args.tolerance > 0:
+        raise CommandError(f"--tolerance must be > 0, got {args.tolerance}")
     from icl_lens import load_model, token_patches, verify_equivalence
+    from icl_lens.model.loading import check_device
 
+    check_device(args.device)
     model = load_model(args.model, device=args.device, dtype=DTYPES[args.dtype])
     patches = token_patches(model, args.prompt)
     report = verify_equivalence(model, args.prompt, patches)
+    floor = None
+    if args.tolerance is not None:
+        tolerance = args.tolerance
+    elif args.dtype in HALF:
+        from icl_lens.model.kept_only import noise_floor
+
+        reference = load_model(args.model, device=args.device, dtype=torch.float32)
+        floor = noise_floor(model, reference, args.prompt)
+        tolerance = 2 * floor / report.max_abs_logit
+    else:
+        tolerance = TOLERANCE[args.dtype]
     exact = report.relative_error <= tolerance
     if args.out:
-        from icl_lens.model.patch_export import save_patches
-
-        save_patches(patches, args.out)
+        patches.save(args.out)
     if args.json:
         print(json.dumps({
             "model": args.model,
@@ -50,6 +62,7 @@ def _patches(args: argparse.Namespace) -> int:
             "max_abs_logit": report.max_abs_logit,
             "relative_error": report.relative_error,
             "tolerance": tolerance,
+            "noise_floor": floor,
             "exact": exact,
         }))
     else:
@@ -60,6 +73,9 @@ def _patches(args: argparse.Namespace) -> int:
               f"BOS kept: {patches.kept_bos}")
         print("token-patch norms ||dW||_F (rows: layer, columns: position:token)")
         print(table.round(3).to_string())
+        if floor is not None:
+            print(f"{args.dtype} noise floor: max |logit({args.dtype}) - logit(float32)| = {floor:.3g}; "
+                  f"tolerance = twice that")
         print(f"equivalence: max |logit diff| = {float(report.max_abs_err.max()):.3g} "
               f"(relative {report.relative_error:.3g} of max |logit| {report.max_abs_logit:.3g}; "
               f"tolerance {tolerance:.0e}: {'exact' if exact else 'NOT exact'})")
@@ -69,6 +85,32 @@ def _patches(args: argparse.Namespace) -> int:
         print(f"icl-lens: equivalence error {report.relative_error:.3g} exceeds the tolerance {tolerance:.0e}",
               file=sys.stderr)
         return 1
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from icl_lens.model.loading import check_device
+
+    if not Path(args.prompts).is_file():
+        raise CommandError(f"prompts file {args.prompts} does not exist")
+    if args.batch_size < 1:
+        raise CommandError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.device != "auto":
+        check_device(args.device)
+    from icl_lens.sweep import run_sweep
+
+    result = run_sweep(args.prompts, model=args.model, out=args.out, batch_size=args.batch_size, dtype=args.dtype,
+                       device=args.device, factors=args.factors, layers=args.layers, progress=not args.quiet)
+    m = result.manifest
+    if result.main_process:  # one report, however many processes
+        c = m["counts"]
+        print(f"sweep {m['model']} ({m['dtype']}, {m['device']}, {m['processes']} process(es)): "
+              f"{c['done']} of {c['good']} prompts done ({c['done_now']} now, {c['done_before']} before), "
+              f"{c['bad']} bad row(s), {m['seconds']:.1f} s -> {args.out}")
+        for bad in m["bad_rows"][:10]:
+            print(f"  bad row line {bad['line']} (id {bad['id']}): {bad['reason']}")
     return 0
 
 
@@ -130,13 +172,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt")
     p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--tolerance", type=float, default=None,
-                   help="largest accepted relative equivalence error (default: 1e-4 for float32, 1e-9 for float64); "
+                   help="largest accepted relative equivalence error (default: 1e-4 for float32, 1e-9 for float64, "
+                        "twice the measured half-vs-float32 noise floor for bfloat16/float16); "
                         "above it the command exits with status 1")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
-    p.add_argument("--out", metavar="FILE.safetensors", help="write the factors as safetensors")
+    p.add_argument("--out", metavar="FILE.safetensors",
+                   help="write the factors (TokenPatches.save: safetensors + JSON header; TokenPatches.load reads it)")
     p.set_defaults(func=_patches)
+
+    p = sub.add_parser("sweep", help="patch norms of every prompt of a JSONL file into Parquet parts (resumable)",
+                       description='Rows {"id": ..., "prompt": ...}. Writes OUT/norms/part-*.parquet (id, layer, '
+                                   'position, token, norm, correction_norm), OUT/manifest.json and, with --factors, '
+                                   'OUT/factors/part-*.safetensors. A rerun skips the ids already done. Under '
+                                   '"accelerate launch --num_processes N -m icl_lens sweep ..." the prompts are split '
+                                   'between the processes.')
+    p.add_argument("prompts", help="JSONL file, one {\"id\": ..., \"prompt\": ...} per line")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
+    p.add_argument("--out", required=True, help="output folder (created; reused to resume)")
+    p.add_argument("--batch-size", type=int, default=16, help="prompts per padded batch (default 16)")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
+    p.add_argument("--layers", type=int, nargs="+", default=None, help="only these layers (default: all)")
+    p.add_argument("--factors", action="store_true", help="also write the patch factors as safetensors shards")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_sweep)
 
     p = sub.add_parser("thought-eval", help="evaluate a thought patch (prompt turned into weights) on a task",
                        description="Test accuracy (95%% Wilson intervals) with no instruction, with the full "

@@ -12,15 +12,36 @@
 #     name: python3
 # ---
 
+# %%
+
 # %% [markdown]
-# # 03 · Implicit dynamics: in-context learning as online gradient steps
+# # 03 · Does it transfer to a real LM? Implicit dynamics as online gradient steps
 #
-# Reading the context one token at a time turns a query's token patch into a sequence of implicit weights `W₀, W₁, …, Wₙ`: `Wᵢ` makes the context-free input `[BOS, x_t]` reproduce the model's output with context `c₁..cᵢ`. The step `Wᵢ − Wᵢ₋₁` is the *meta-gradient* of token `cᵢ` (Dherin et al. 2025, arXiv 2507.16003, §3). icl_lens computes all n+1 steps for every layer of a real model in one batched forward, factored.
+# **Learning objective.** After this notebook you can compute a query's implicit weights `W₀ … Wₙ` on a real model,
+# check that each step is exact, read a decay exponent correctly (what its sign says and what it does *not* say),
+# and judge an alignment cosine against a control.
+#
+# **Time box: 35 minutes** (15 running and reading, 20 for the three exercises).
+#
+# Reading the context one token at a time turns a query's token patch into a sequence of implicit weights
+# `W₀, W₁, …, Wₙ`: `Wᵢ` makes the context-free input `[BOS, x_t]` (BOS kept, as in 01) reproduce the model's output
+# with context `c₁..cᵢ`. The step `Wᵢ − Wᵢ₋₁` is the *meta-gradient* of token `cᵢ` (Dherin et al. 2025,
+# arXiv 2507.16003, §3). Notebook 02 showed on the regression lab that attention's steps shrink like `1/i` because
+# attention is a running average. Here we ask whether the same holds on Gemma 3 270M. icl_lens computes all n+1
+# steps for every layer in one batched forward, factored.
 
 # %%
-import icl_lens
+import pandas as pd
 import plotly.express as px
+import plotly.graph_objects as go
+import torch
 
+import icl_lens
+from icl_lens.evals.claims import alignment_row, claim, claims_view, count_where, mean_ci, verdict_above
+from icl_lens.evals.exercise_checks import check_answer, check_below, check_choice
+from icl_lens.ui.panels import layer_lines
+
+torch.set_num_threads(1)
 model = icl_lens.load_model("gemma-3-270m")
 prompt = "France: Paris\nJapan: Tokyo\nItaly: Rome\nSpain: Madrid\nGermany:"
 traj = icl_lens.trajectory(model, prompt)  # query = last token
@@ -28,40 +49,57 @@ print(f"query {traj.query} {traj.tokens[traj.query]!r}, n = {traj.n_context} con
       f"{len(traj.layers)} layers")
 
 # %% [markdown]
-# ## Each step is exact
+# ## 1 · Each step is exact (5 min)
 #
-# For a few prefix lengths i, run the model on `[BOS, c₁..cᵢ, x_t]` (query at its original position) and compare with `[BOS, x_t]` carrying `Wᵢ` in every layer.
+# For a few prefix lengths i, run the model on `[BOS, c₁..cᵢ, x_t]` (query at its original position) and compare with
+# `[BOS, x_t]` carrying `Wᵢ` (and the skip corrections) in every layer. The cell asserts the identity.
 
 # %%
 n = traj.n_context
 check = icl_lens.verify_trajectory(model, prompt, traj, steps=[1, n // 2, n])
+assert check.relative_error < 1e-4, check.to_frame()
 check.to_frame()
 
 # %% [markdown]
-# ## Meta-gradient norm vs context length
+# ## 2 · Meta-gradient norm vs context length (5 min)
 #
-# `‖Wᵢ − Wᵢ₋₁‖_F` in closed form from the factors. Hover to see which token each step consumed.
+# `‖Wᵢ − Wᵢ₋₁‖_F` in closed form from the factors, one line per layer (colour = layer; hover a line to see which
+# token each step consumed). Norms are **not comparable across layers** (each layer has its own weight scale):
+# look at the slope of each line, not at which line is on top.
 
 # %%
 frame = traj.to_frame()
 steps = frame[frame.metric == "meta_gradient_norm"]
-fig = px.line(steps, x="step", y="value", color="layer", hover_data=["token"], log_y=True,
-              labels={"value": "‖Wᵢ − Wᵢ₋₁‖_F", "step": "context tokens consumed i"})
-fig
+layer_lines(steps, x="step", y="value", hover="token", log_x=True, log_y=True, x_title="context tokens consumed i",
+            y_title="‖Wᵢ − Wᵢ₋₁‖_F", title="Meta-gradient norms, one line per layer")
 
 # %% [markdown]
-# ## Do the steps shrink? Decay exponents
+# ## 3 · Do the steps shrink? Decay exponents (5 min)
 #
-# Per layer, a least-squares fit of `‖Wᵢ − Wᵢ₋₁‖ ≈ c·i^(−b)` in log-log space. `b > 0` means convergence; `r_squared` says how well a power law describes the steps.
+# Per layer, a least-squares fit of `‖Wᵢ − Wᵢ₋₁‖ ≈ c·i^(−b)` in log–log space. **Read the sign correctly**: `b > 0`
+# means the *steps shrink*; `b < 0` means they grow. Shrinking steps are not yet convergence: `Wᵢ` converges only if
+# the steps *sum* to a finite total, which needs them to shrink faster than `1/i` (`b > 1`), and even `b = 1` (the
+# running average of notebook 02) drifts like `log n`. `r_squared` says how well a power law describes the steps
+# at all.
 
 # %%
 fit = traj.decay_fit().to_frame()
-px.bar(fit, x="layer", y="exponent", hover_data=["r_squared"], title="fitted decay exponent b")
+growing = count_where(fit.exponent, lambda b: b < 0)
+assert (fit.exponent < 0).sum() > len(fit) / 2, "the text below says the steps grow in most layers on this prompt"
+print(f"fitted exponent negative (steps grow) in {growing} layers; median R² {fit.r_squared.median():.2f}")
+px.bar(fit, x="layer", y="exponent", color="r_squared", color_continuous_scale="Viridis", range_color=(0, 1),
+       title="fitted decay exponent b (b > 0: steps shrink)")
 
 # %% [markdown]
-# ## Alignment along the trajectory
+# On this prompt the steps do **not** shrink in most layers, unlike the lab's attention models. The lab's argument
+# (a running average over i.i.d. examples) does not carry over directly: a real prompt's tokens are not examples
+# of one regression, most of Gemma's attention sits on BOS (the sink), and a few tokens (the answers, the newlines)
+# move the query far more than the others. The exercise below asks whether a prompt without repeated structure
+# behaves differently.
 #
-# Cosine of each meta-gradient with the total update `Wₙ − W₀`.
+# ## 4 · Alignment along the trajectory (2 min)
+#
+# Cosine of each meta-gradient with the total update `Wₙ − W₀` (layers × steps; colour from −1 to 1).
 
 # %%
 align = frame[frame.metric == "total_alignment"].pivot(index="layer", columns="step", values="value")
@@ -69,27 +107,120 @@ px.imshow(align, color_continuous_scale="RdBu", zmin=-1, zmax=1, aspect="auto",
           labels={"x": "step i", "y": "layer", "color": "cos(Gᵢ, Wₙ − W₀)"})
 
 # %% [markdown]
-# ## Implicit vs explicit finetuning
+# ## 5 · Implicit vs explicit finetuning, against a control (5 min)
 #
-# `finetune_alignment` runs plain SGD on `W_gate` and `W_up` of every layer, on the context-free input, toward the contextual next-token prediction, keeping every update factored, and compares it with the implicit update `Wₙ − W₀` (per-layer cosine). The model is not modified.
+# `finetune_alignment` runs plain SGD on `W_gate` and `W_up` of every layer, on the context-free input, toward the
+# contextual next-token prediction, keeping every update factored, and compares it with the implicit update
+# `Wₙ − W₀` (per-layer cosine). The model is not modified. **A cosine means nothing without a control**: here the
+# control pairs this prompt's implicit update with the SGD update of *another* prompt. If the two are about
+# the same, the alignment is not specific to this prompt's context.
 
 # %%
 fa = icl_lens.finetune_alignment(model, prompt, lr=1e-3, steps=3)
+other_prompt = "The old lighthouse keeper climbed the stairs every night to light the"
+fa_other = icl_lens.finetune_alignment(model, other_prompt, lr=1e-3, steps=3)
+cosines = pd.DataFrame({"same prompt": fa.cosine().numpy(),  # control: this implicit update vs another prompt's SGD
+                        "control": fa.cosine_with_explicit_of(fa_other).numpy()}, index=list(fa.layers))
 print("target", repr(fa.target_token), "loss", [round(x, 3) for x in fa.losses.tolist()])
-px.bar(x=list(fa.layers), y=fa.cosine().numpy(), labels={"x": "layer", "y": "cos(implicit, SGD)"})
+fig = go.Figure([go.Bar(x=cosines.index, y=cosines[c], name=c) for c in cosines])
+fig.update_layout(barmode="group", xaxis_title="layer", yaxis_title="cos(implicit, SGD)", height=360,
+                  legend=dict(orientation="h", y=1.1), margin=dict(t=40))
+fig
 
 # %% [markdown]
-# ## Exercises
+# The evaluation (`python -m icl_lens.evals.finetune_alignment`: 64 prompts, the paper's per-token protocol, 95%
+# intervals; EVAL.md) measured the same question at scale; its numbers are read in the table at the end.
 #
-# 1. Compute the trajectory of a free-text prompt (no repeated structure). Do its meta-gradients decay faster or slower than the few-shot prompt's (compare the mean exponent over layers)?
-# 2. Does restricting the SGD update to the query row's gradient terms (`fa.cosine(rows="query")`) change the alignment? And how does the cosine evolve over SGD steps (`fa.cosine_by_sgd_step()`)?
+# ## Exercises (20 min)
+#
+# ### Exercise 1 · Predict, then check: free text vs few-shot
+#
+# **Predict**: does a free-text prompt (no repeated structure) have a *higher* or *lower* mean decay exponent
+# (mean over layers) than the few-shot prompt above? Write `"higher"` or `"lower"` into `prediction_1`. Then compute
+# `free_exponent`, the mean exponent of `icl_lens.trajectory(model, other_prompt)`.
+
+# %%
+prediction_1 = None  # "higher" or "lower"
+free_exponent = None
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 free = icl_lens.trajectory(model, "The old lighthouse keeper climbed the stairs every night to light the")
-print("few-shot mean exponent", float(traj.decay_fit().exponent.mean()))
-print("free text mean exponent", float(free.decay_fit().exponent.mean()))
+free_exponent = float(free.decay_fit().exponent.mean())
+few_shot = icl_lens.trajectory(model, "France: Paris\nJapan: Tokyo\nItaly: Rome\nSpain: Madrid\nGermany:")
+prediction_1 = "higher" if free_exponent > float(few_shot.decay_fit().exponent.mean()) else "lower"
+
+# %%
+reference = icl_lens.trajectory(model, other_prompt)  # the check cells' own computation
+expected = float(reference.decay_fit().exponent.mean())
+few_shot_exponent = float(traj.decay_fit().exponent.mean())
+check_answer(free_exponent, expected, "mean decay exponent of the free-text prompt", rel_tol=1e-6)
+check_choice(prediction_1, "higher" if expected > few_shot_exponent else "lower", ("higher", "lower"),
+             "free text vs few-shot", why=f"free text {expected:+.2f}, few-shot {few_shot_exponent:+.2f}; "
+                                            "b > 0 would mean shrinking steps.")
+
+# %% [markdown]
+# ### Exercise 2 · Is every step exact on the free-text prompt too?
+#
+# Use `icl_lens.verify_trajectory` on `other_prompt` at every step (`steps=range(1, n + 1)`, `n` its number of context
+# tokens) and put the returned check into `free_check`.
+
+# %%
+free_check = None
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-import pandas as pd
-pd.DataFrame({"all rows": fa.cosine().numpy(), "query row": fa.cosine(rows="query").numpy(),
-              "after SGD step 1": fa.cosine_by_sgd_step()[:, 0].numpy()}, index=list(fa.layers))
+free_prompt = "The old lighthouse keeper climbed the stairs every night to light the"
+free_traj = icl_lens.trajectory(model, free_prompt)
+free_check = icl_lens.verify_trajectory(model, free_prompt, free_traj, steps=range(1, free_traj.n_context + 1))
+
+# %%
+check_answer(len(free_check.steps), reference.n_context, "number of steps checked")
+check_below(free_check.relative_error, 1e-4, "worst relative logit error over the steps")
+
+# %% [markdown]
+# ### Exercise 3 · Read a cosine against its control
+#
+# In how many of the 18 layers is the same-prompt cosine of section 5 larger than the control's? Put the count into
+# `answer_3`. Is the implicit update aligned with this prompt's own SGD update in a way the control is not?
+
+# %%
+answer_3 = None
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+answer_3 = int((cosines["same prompt"] > cosines["control"]).sum())
+
+# %%
+check_answer(answer_3, int((fa.cosine() > fa.cosine_with_explicit_of(fa_other)).sum()),
+             "layers where the same-prompt cosine beats the control",
+             why=f"Both are tiny (|cos| ≤ {float(cosines.abs().max().max()):.3f}) and of the same size: the "
+                 "alignment is not specific to this prompt's context.")
+
+# %% [markdown]
+# ## Paper says / we measure
+#
+# This prompt's numbers are computed above; the 64-prompt numbers are read from
+# `reports/eval_finetune_alignment.json` (a checkout without the report says "not measured in this checkout").
+
+# %%
+shrinks = bool((fit.exponent > 0).mean() > 0.5)
+aligned = bool(cosines["same prompt"].mean() > cosines["control"].mean() + 0.1)
+not_above = "Interval not above the control's (or below 0.1)."
+step, step_control = (alignment_row("gemma-3-270m", c, "absorb", "step") for c in ("sgd", "control"))
+cum, cum_control = (alignment_row("gemma-3-270m", c, "absorb", "cumulative") for c in ("sgd", "control"))
+claims_view([
+    claim("Each implicit step Wᵢ is exact", "Dherin et al. 2025", f"worst relative error {check.relative_error:.1e}",
+          "float32 tolerance 1e-4", check.relative_error < 1e-4, ""),
+    claim("Meta-gradients shrink as the context grows (convergent implicit learning)", "Dherin et al. 2025",
+          f"b < 0 (steps grow) in {growing} layers (this prompt)", "b = 0: steps of constant size",
+          shrinks, "" if shrinks else "The lab's running-average argument (02) does not carry over: real prompt "
+                                      "tokens are not i.i.d. examples and most attention sits on BOS."),
+    claim("The implicit update aligns with SGD finetuning (this prompt)", "Dherin et al. 2025",
+          f"mean cos over layers {cosines['same prompt'].mean():+.4f}",
+          f"control (another prompt's SGD) {cosines['control'].mean():+.4f}", aligned,
+          "" if aligned else "Tiny, and no larger than pairing with another prompt's SGD update."),
+    claim("… per step, paper's order, 64 prompts", "Dherin et al. 2025", mean_ci(step),
+          mean_ci(step_control), verdict_above(step, step_control, floor=0.1),
+          "" if verdict_above(step, step_control, floor=0.1) else not_above),
+    claim("… cumulative, paper's order, 64 prompts", "Dherin et al. 2025", mean_ci(cum),
+          mean_ci(cum_control), verdict_above(cum, cum_control, floor=0.1),
+          "" if verdict_above(cum, cum_control, floor=0.1) else not_above),
+])

@@ -40,3 +40,12 @@ def gemma():
 @pytest.fixture(scope="session")
 def smollm():
     return cached_model("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one thread avoids the spin-wait cost of two on a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

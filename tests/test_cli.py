@@ -3,7 +3,9 @@ import json
 import subprocess
 import sys
 
-from safetensors import safe_open
+import torch
+
+from icl_lens import TokenPatches
 
 
 def _run(*args):
@@ -16,23 +18,23 @@ def test_patches_json_and_safetensors(tmp_path):
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert set(data) == {"model", "tokens", "token_ids", "kept_bos", "norms", "correction_norms",
-                         "equivalence_max_abs_err", "max_abs_logit", "relative_error", "tolerance", "exact"}
+                         "equivalence_max_abs_err", "max_abs_logit", "relative_error", "tolerance", "noise_floor",
+                         "exact"}
     n = len(data["tokens"])
     assert n == 8 and data["kept_bos"] and len(data["norms"]) == 3 and len(data["norms"][0]) == n
     assert data["tolerance"] == 1e-9 and data["exact"] is True
     assert data["relative_error"] == data["equivalence_max_abs_err"] / data["max_abs_logit"] <= 1e-9
-    with safe_open(str(out), "pt") as f:
-        assert set(f.keys()) == {"u_in", "u_gate", "v", "correction", "tokens"}
-        assert f.get_tensor("u_in").shape == (3, n, 160)
-        assert f.get_tensor("v").shape == (3, n, 64)
-        assert f.get_tensor("tokens").tolist() == data["token_ids"]
+    assert data["noise_floor"] is None  # float64: a fixed tolerance, no half-precision floor
+    saved = TokenPatches.load(out)  # --out writes TokenPatches.save's format
+    assert saved.u_in.shape == (3, n, 160) and saved.v.shape == (3, n, 64) and saved.u_in.dtype == torch.float64
+    assert saved.token_ids.tolist() == data["token_ids"] and saved.kept_bos
+    assert torch.allclose(saved.norms().double(), torch.tensor(data["norms"], dtype=torch.float64), rtol=1e-12)
 
 
 def test_plain_mlp_has_no_gate_and_errors_are_clean(tmp_path):
     out = tmp_path / "g.safetensors"
     assert _run("patches", "hi there", "--model", "tiny-gpt2", "--out", str(out)).returncode == 0
-    with safe_open(str(out), "pt") as f:
-        assert "u_gate" not in f.keys()
+    assert TokenPatches.load(out).u_gate is None
     proc = _run("patches", "   ", "--model", "tiny-gpt2")
     assert proc.returncode == 2 and "empty" in proc.stderr and "Traceback" not in proc.stderr
 

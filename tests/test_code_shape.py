@@ -14,11 +14,15 @@ PACKAGE = pathlib.Path(__file__).parents[1] / "icl_lens"
 # What each layer must never import (prefix match on module names).
 FORBIDDEN = {
     "core": ("transformer_lens", "transformers", "ipywidgets", "plotly", "icl_lens.model", "icl_lens.thought",
-             "icl_lens.lab", "icl_lens.ui", "icl_lens.evals", "icl_lens.cli"),
-    "model": ("ipywidgets", "plotly", "icl_lens.thought", "icl_lens.lab", "icl_lens.ui", "icl_lens.evals",
+             "icl_lens.lab", "icl_lens.sweep", "icl_lens.ui", "icl_lens.evals", "icl_lens.cli"),
+    "model": ("ipywidgets", "plotly", "icl_lens.thought", "icl_lens.lab", "icl_lens.sweep", "icl_lens.ui",
+              "icl_lens.evals", "icl_lens.cli"),
+    "thought": ("ipywidgets", "plotly", "icl_lens.lab", "icl_lens.sweep", "icl_lens.ui", "icl_lens.evals",
+                "icl_lens.cli"),
+    "lab": ("ipywidgets", "plotly", "icl_lens.thought", "icl_lens.sweep", "icl_lens.ui", "icl_lens.evals",
+            "icl_lens.cli"),
+    "sweep": ("ipywidgets", "plotly", "icl_lens.thought", "icl_lens.lab", "icl_lens.ui", "icl_lens.evals",
               "icl_lens.cli"),
-    "thought": ("ipywidgets", "plotly", "icl_lens.lab", "icl_lens.ui", "icl_lens.evals", "icl_lens.cli"),
-    "lab": ("ipywidgets", "plotly", "icl_lens.thought", "icl_lens.ui", "icl_lens.evals", "icl_lens.cli"),
 }
 
 
@@ -50,6 +54,26 @@ def test_no_private_names_cross_modules():
                 borrowed += [f"{path.name}: {node.module}.{a.name}" for a in node.names
                              if a.name.startswith("_") and not a.name.startswith("__")]
     assert not borrowed
+
+
+def test_families_are_described_in_one_place():
+    """No module but block_family.py decides anything by a family's name or a model class name
+    (docs/design.md §2): everything that differs between families is data on its table entry."""
+    from icl_lens.model.block_family import FAMILIES
+
+    names = {f.name for f in FAMILIES} | {a for f in FAMILIES for a in f.architectures}
+    allowed = {"block_family.py", "tiny_models.py", "loading.py"}  # the table; the tiny configs; GGUF classes
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                parts = [node.left, *node.comparators]
+                if any(isinstance(p, ast.Constant) and p.value in names for p in parts) or any(
+                        isinstance(p, ast.Attribute) and p.attr == "name" and "family" in ast.unparse(p) for p in parts):
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found
 
 
 def _hook_count(model):

@@ -2,7 +2,10 @@
 Chromium (Debian's /usr/bin/chromium, driven by Playwright) types a prompt, and the test
 waits for the FINAL state — the exact token count and the last token's label in both the
 token strip and the plotly heatmap — then checks that nothing older is drawn after it.
-A screenshot goes to artifacts/dashboard.png.
+Then the dashboard's container is narrowed to JupyterLab-like widths (800, 900, 1400 px):
+the figure must follow it, no two of its subplot titles, colour bars, legend, axis
+titles and plot areas may overlap or leave the figure, and no control, strip, figure or
+frame may stick out of the dashboard. Screenshots go to artifacts/ (dashboard.png at 900 px).
 
 Set ICL_LENS_TEST_MODEL=gemma-3-270m to run it on the embedded Gemma (default: tiny-gpt2).
 """
@@ -13,16 +16,18 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 import icl_lens
-from icl_lens.ui.panels import token_label
+from icl_lens.ui.panels import short_label
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "tests" / "notebooks" / "dashboard_app.ipynb"
-ARTIFACT = ROOT / "artifacts" / "dashboard.png"
+ARTIFACTS = ROOT / "artifacts"
+WIDTHS = (800, 900, 1400)  # JupyterLab's output area is about 900 px wide
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
@@ -38,6 +43,68 @@ HEATMAP_STATE = """() => {
   return {n: g.data[0].x.length, rows: (g.data[0].z || []).length,
           last: ax.ticktext ? ax.ticktext[ax.ticktext.length - 1] : null};
 }"""
+
+# Bounding boxes (page pixels) of the figure and of every subplot title, colour bar, legend,
+# axis title and plot area in plotly's SVG.
+LAYOUT_BOXES = """() => {
+  const g = Array.from(document.querySelectorAll('.js-plotly-plot'))
+    .find(d => d.layout && d.layout.meta === 'icl_lens:figures');
+  const box = (kind, name, e) => {
+    const r = e.getBoundingClientRect();
+    return {kind, name, x0: r.left, y0: r.top, x1: r.right, y1: r.bottom};
+  };
+  const items = [];
+  g.querySelectorAll('g.annotation').forEach(e => items.push(box('title', e.textContent, e)));
+  g.querySelectorAll('g.colorbar').forEach(e => items.push(
+    box('colorbar', (e.querySelector('.cbtitle') || e).textContent, e)));
+  g.querySelectorAll('g.legend').forEach(e => items.push(box('legend', 'legend', e)));
+  g.querySelectorAll('.draglayer .nsewdrag').forEach(e => items.push(
+    box('plot', e.parentNode.getAttribute('class'), e)));
+  g.querySelectorAll('g.infolayer > g').forEach(e => {
+    const c = e.getAttribute('class') || '';
+    if (/^g-[xy][0-9]*title$/.test(c)) items.push(box('axis title', c + ': ' + e.textContent, e));
+  });
+  const f = g.querySelector('.main-svg').getBoundingClientRect();
+  return {figure: {x0: f.left, y0: f.top, x1: f.right, y1: f.bottom},
+          items: items.filter(b => b.x1 - b.x0 > 0.5 && b.y1 - b.y0 > 0.5)};
+}"""
+# Narrow (or widen) the dashboard's container as JupyterLab's output area would be, without
+# a window resize event; resolves once the figure has followed its container's width.
+SET_WIDTH = """async (width) => {
+  const dash = document.querySelector('.icl-dashboard');
+  const cell = dash.closest('.jp-Cell');  // the output area itself is a table cell: size its notebook cell
+  const extra = cell.getBoundingClientRect().width - dash.getBoundingClientRect().width;
+  Object.assign(cell.style, {boxSizing: 'border-box', width: (width + extra) + 'px'});
+  const svg = () => dash.querySelector('.js-plotly-plot .main-svg').getBoundingClientRect().width;
+  const follows = () => Math.abs(svg() - dash.getBoundingClientRect().width) <= 1;
+  for (let i = 0; i < 100 && !follows(); i++) await new Promise(r => setTimeout(r, 100));
+  await new Promise(r => setTimeout(r, 300));  // plotly redraws the subplots after resizing its SVG
+  return {dashboard: dash.getBoundingClientRect().width, figure: svg()};
+}"""
+
+# Controls, token strip and attention frame that stick out of the dashboard's box.
+OVERFLOWING = """() => {
+  const dash = document.querySelector('.icl-dashboard'), right = dash.getBoundingClientRect().right;
+  return Array.from(dash.querySelectorAll('.jupyter-widgets, .icl-token-strip, .js-plotly-plot, iframe'))
+    .filter(e => e.getBoundingClientRect().width > 0 && e.getBoundingClientRect().right > right + 1)
+    .map(e => `${e.className || e.tagName} ends at ${Math.round(e.getBoundingClientRect().right)}`
+              + ` > ${Math.round(right)}`);
+}"""
+
+
+def layout_problems(boxes: dict, tol: float = 1.0) -> list[str]:
+    """Every box outside the figure and every pair of overlapping boxes (more than ``tol`` px each way)."""
+    fig, items = boxes["figure"], boxes["items"]
+    out = [f"{b['kind']} {b['name']!r} lies outside the figure" for b in items
+           if b["x0"] < fig["x0"] - tol or b["y0"] < fig["y0"] - tol or b["x1"] > fig["x1"] + tol
+           or b["y1"] > fig["y1"] + tol]
+    for i, a in enumerate(items):
+        for b in items[i + 1:]:
+            w = min(a["x1"], b["x1"]) - max(a["x0"], b["x0"])
+            h = min(a["y1"], b["y1"]) - max(a["y0"], b["y0"])
+            if w > tol and h > tol:
+                out.append(f"{a['kind']} {a['name']!r} overlaps {b['kind']} {b['name']!r} ({w:.0f}×{h:.0f} px)")
+    return out
 
 
 def _free_port() -> int:
@@ -90,11 +157,11 @@ def test_dashboard_in_chromium(voila_url, load):
 
     model = load(MODEL)
     tokens = icl_lens.token_patches(model, PROMPT).tokens
-    n, last = len(tokens), token_label(tokens[-1])
+    n, last = len(tokens), short_label(tokens[-1])
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1900})
+            page = browser.new_page(viewport={"width": 1500, "height": 2400})
             page.goto(voila_url, timeout=240_000)
             page.wait_for_selector("textarea", timeout=240_000)
             # the figure grid has been drawn once before typing starts
@@ -124,8 +191,20 @@ def test_dashboard_in_chromium(voila_url, load):
                 """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
                      .some(g => g.layout && g.layout.meta === 'icl_lens:figures'
                                 && String(g.layout.annotations[1].text).includes('query 3 '))""", timeout=60_000)
-            ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(ARTIFACT), full_page=True)
+            ARTIFACTS.mkdir(exist_ok=True)
+            for width in WIDTHS:
+                sizes = page.evaluate(SET_WIDTH, width)
+                boxes = page.evaluate(LAYOUT_BOXES)
+                kinds = Counter(b["kind"] for b in boxes["items"])
+                assert (kinds["title"], kinds["colorbar"], kinds["plot"]) == (5, 3, 5), kinds  # all found
+                problems = layout_problems(boxes)
+                shot = ARTIFACTS / ("dashboard.png" if width == 900 else f"dashboard_{width}.png")
+                page.locator(".icl-dashboard").screenshot(path=str(shot))
+                assert not problems, f"at {width} px:\n" + "\n".join(problems)
+                overflowing = page.evaluate(OVERFLOWING)
+                assert not overflowing, f"at {width} px: {overflowing}"
+                assert abs(sizes["dashboard"] - width) <= 1, sizes
+                assert abs(sizes["figure"] - width) <= 1, f"the figure does not follow its container: {sizes}"
         finally:
             browser.close()
-    assert ARTIFACT.stat().st_size > 10_000
+    assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000

@@ -4,6 +4,7 @@ nothing older drawn after it; bad input (empty text, unknown model, long paste) 
 not raised."""
 from __future__ import annotations
 
+import json
 import random
 import time
 
@@ -14,7 +15,7 @@ import torch
 import icl_lens
 from icl_lens.core.factored import gram_cosine
 from icl_lens.model.attention import attention_pattern
-from icl_lens.ui.panels import token_label
+from icl_lens.ui.panels import short_label
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -59,7 +60,7 @@ def _check_matches_library(d, model, text: str, layer: int, threshold: float = 3
     np.testing.assert_allclose(_arr(heat.z), patches.norms().double().numpy(), **TOL)
     assert list(heat.x) == list(range(n))
     axis = d.heatmap.fig.layout.xaxis
-    assert axis.tickvals[-1] == n - 1 and axis.ticktext[-1] == token_label(patches.tokens[-1])
+    assert axis.tickvals[-1] == n - 1 and axis.ticktext[-1] == short_label(patches.tokens[-1])
     # alignment matrix of the chosen layer
     cos = gram_cosine(patches.stacked_u()[layer], patches.v[layer])
     np.testing.assert_allclose(_arr(d.alignment.trace.z), cos.double().numpy(), **TOL)
@@ -120,6 +121,21 @@ def test_click_selects_query_and_threshold_reflags(load, dash_factory):
     assert d.shown.query == d.shown.patches.n_positions - 1
 
 
+def test_trajectory_order_control_draws_the_absorb_trajectory(load, dash_factory):
+    model = load("tiny-llama")
+    d = dash_factory(model)
+    text = "ab=1;cd=2;ef=3;ab=1;cd="
+    _type(d, text)
+    assert d.shown.trajectory.order == "prefix"
+    d.trajectory_panel.order.value = "absorb"
+    assert d.wait(60)
+    assert d.shown.trajectory.order == "absorb" and "absorb order" in d.status.value
+    ref = icl_lens.trajectory(model, text, query=d.shown.query, order="absorb").meta_gradient_norms().double().numpy()
+    other = icl_lens.trajectory(model, text, query=d.shown.query).meta_gradient_norms().double().numpy()
+    assert np.abs(ref - other).max() > 1e-3  # the two orders draw different curves
+    np.testing.assert_allclose(_arr(d.trajectory_panel.norms[1].y), ref[1], **TOL)
+
+
 def test_burst_of_keystrokes_ends_on_last_text(load, dash_factory):
     model = load("tiny-gemma3")
     d = dash_factory(model, debounce_s=0.03)
@@ -139,7 +155,7 @@ def test_burst_of_keystrokes_ends_on_last_text(load, dash_factory):
     assert len(set(texts)) < len(final), "debouncing should skip intermediate texts"
     n = icl_lens.token_patches(model, final).n_positions
     assert len(d.strip.widget.tokens) == n and len(d.heatmap.fig.data[0].x) == n
-    assert d.heatmap.fig.layout.xaxis.ticktext[-1] == token_label(final[-1])
+    assert d.heatmap.fig.layout.xaxis.ticktext[-1] == short_label(final[-1])
 
 
 def test_empty_text_shows_empty_state(load, dash_factory):
@@ -167,6 +183,33 @@ def test_unknown_model_keeps_previous_one(load, dash_factory):
     assert d.wait(120)
     assert d.analyzer.name == "tiny-gemma3" and d.layer.max == d.model.cfg.n_layers - 1
     assert len(d.heatmap.fig.data[0].y) == d.model.cfg.n_layers == len(d.trajectory_panel.norms)
+
+
+def test_threshold_starts_at_the_models_calibrated_value(load, dash_factory, tmp_path, monkeypatch):
+    from icl_lens.model import spike_thresholds
+
+    d = dash_factory(load("tiny-gpt2"))
+    assert d.threshold.value == icl_lens.DEFAULT_SPIKE_THRESHOLD  # no calibration for tiny models
+    assert "default; no calibration for tiny-gpt2" in d.threshold_note.value  # and it says so
+    rows = lambda t: {"thresholds": [{"statistic": "mean", "window": 16, "layers": "all", "threshold": t}]}  # noqa: E731
+    path = tmp_path / "thresholds.json"
+    path.write_text(json.dumps({"models": {"tiny-gpt2": rows(0.75), "tiny-gemma3": rows(1.25)}}))
+    monkeypatch.setattr(spike_thresholds, "THRESHOLDS_FILE", path)
+    model = load("tiny-gpt2")
+    d = dash_factory(model)
+    text = "one two one two one two one two one two one two one two XYZ!"
+    _type(d, text)
+    assert d.threshold.value == 0.75 and "calibrated for tiny-gpt2" in d.threshold_note.value
+    assert d.strip.widget.flags == icl_lens.spike_scores(icl_lens.token_patches(model, text), threshold=0.75).flags.tolist()
+    d.model_box.value = "tiny-gemma3"  # still at the old model's default: the slider follows the new model's
+    assert d.wait(120)
+    assert d.threshold.value == 1.25 and d.shown.spikes.threshold == 1.25
+    assert "calibrated for tiny-gemma3" in d.threshold_note.value
+    d.threshold.value = 2.0  # moved by hand: a model switch keeps it
+    assert d.wait(60)
+    d.model_box.value = "tiny-gpt2"
+    assert d.wait(120)
+    assert d.threshold.value == 2.0 and d.shown.spikes.threshold == 2.0
 
 
 def test_long_paste_is_cut_to_context_with_notice(load, dash_factory):

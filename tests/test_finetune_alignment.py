@@ -134,3 +134,86 @@ def test_custom_loss_and_bad_input(load):
         finetune_alignment(model, PROMPT, steps=1, loss=lambda logits, ctx: logits)  # not a scalar
     with pytest.raises(ValueError):
         res.cosine(rows="bos")
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_context_token_steps_equal_dense_gradients(load, name):
+    """One descent direction per context token = −∇ of the dense weights (torch.func), BOS row included."""
+    from icl_lens.model.explicit_finetune import context_token_steps, context_token_steps_many
+
+    model = load(name, torch.float64)
+    steps = context_token_steps(model, PROMPT)
+    ids = model.to_tokens(PROMPT)[0]
+    hf = model.original_model
+    names = _param_names(model)
+    params = dict(hf.named_parameters())
+    assert steps.positions == tuple(range(1, ids.numel() - 1)) and steps.u.shape[2] == 2
+    gated = block_family(model).gated
+    d_mlp = model.cfg.d_mlp
+    for j in (0, len(steps.positions) // 2, len(steps.positions) - 1):
+        p = steps.positions[j]
+        kept = torch.tensor([[0, p]])
+        live = {n: torch.zeros_like(params[n], requires_grad=True) for layer in names for n, _ in layer}
+        override = {n: params[n].detach() + live[n] for n in live}
+        logits = functional_call(hf, override, (ids[kept],), {"position_ids": kept,
+                                                              "attention_mask": kept_only_masks(model, kept)}).logits
+        loss = torch.nn.functional.cross_entropy(logits[0, -1][None], ids[p + 1][None])
+        assert float(loss) == pytest.approx(float(steps.losses[j]), rel=1e-9)
+        grads = dict(zip(live, torch.autograd.grad(loss, list(live.values()))))
+        for layer, layer_names in enumerate(names):
+            u = steps.u[layer, j]  # row, d_u (gate first for gated MLPs)
+            parts = [u[:, d_mlp:] if gated else u] + ([u[:, :d_mlp]] if gated else [])
+            for (pname, transposed), part in zip(layer_names, parts):
+                dense = torch.einsum("ru,rd->ud", part, steps.v[layer, j])
+                ref = -(grads[pname].T if transposed else grads[pname])
+                assert ref.abs().max() > 0
+                assert float((dense - ref).abs().max() / ref.abs().max()) <= 1e-8, (layer, pname, j)
+    # The batched form over several prompts gives the same steps.
+    other = "zz=9;yy=8;zz="
+    both = context_token_steps_many(model, [other, PROMPT], batch_rows=5)
+    assert torch.allclose(both[1].u, steps.u, rtol=1e-9, atol=1e-12)
+    assert torch.allclose(both[1].query_u, steps.query_u, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_context_effect_parts(load, name):
+    """The full patch reproduces the contextual distribution; no patch is the context-free model;
+    each part alone is in between, and several prompts batched give the per-prompt numbers."""
+    from icl_lens.model.context_effect import context_effect
+
+    model = load(name, torch.float64)
+    one = context_effect(model, PROMPT)
+    assert float(one.kl["full"].max()) <= 1e-10
+    assert float(one.kl["none"].mean()) > 1e-3
+    un = one.unexplained()
+    assert un["none"] == 1.0 and un["full"] <= 1e-9
+    ids = model.to_tokens(PROMPT)[0]
+    with torch.no_grad():
+        free = model(ids[torch.tensor([[0, ids.numel() - 1]])], position_ids=torch.tensor([[0, ids.numel() - 1]]),
+                     attention_mask=kept_only_masks(model, torch.tensor([[0, ids.numel() - 1]])))[0, -1]
+        ctx = model(ids[None])[0, -1]
+    kl = (ctx.softmax(-1) * (ctx.log_softmax(-1) - free.log_softmax(-1))).sum()
+    assert float(one.kl["none"][-1]) == pytest.approx(float(kl), rel=1e-9)
+    batched = context_effect(model, ["zz=9;yy=8;zz=", PROMPT], positions=[-1])
+    assert batched.prompts == (0, 1)
+    for variant in ("none", "w_in", "correction"):
+        assert float(batched.kl[variant][1]) == pytest.approx(float(one.kl[variant][-1]), rel=1e-8)
+
+
+def test_context_alignment_table_matches_direct_cosines(load):
+    from icl_lens.core.finetune_alignment import trajectory_sgd_cosines
+    from icl_lens.model.context_alignment import context_alignment
+    from icl_lens.model.explicit_finetune import context_token_steps
+    from icl_lens import trajectory
+
+    model = load("tiny-llama", torch.float64)
+    prompts = [PROMPT, "zz=9;yy=8;zz=9;yy="]
+    table = context_alignment(model, prompts)
+    traj = trajectory(model, prompts[0], order="absorb")
+    steps = context_token_steps(model, prompts[0])
+    cum, step = trajectory_sgd_cosines(traj.stacked_u(), traj.v, steps.u, steps.v)
+    assert torch.allclose(table.per_prompt["sgd:absorb:cumulative"][0].double(), cum.mean(-1), atol=1e-6)
+    assert torch.allclose(table.per_prompt["sgd:absorb:step"][0].double(), step.mean(-1), atol=1e-6)
+    assert set(table.summary().comparison) == {"sgd", "control", "query_input", "random"}
+    with pytest.raises(ValueError, match="2 prompts"):
+        context_alignment(model, prompts[:1])

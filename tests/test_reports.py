@@ -35,32 +35,29 @@ def test_assembler_names_gpu_sections_from_machine_lines():
     assert assemble_reports.gpu_line([cpu, gpu]) == "Sections measured on a GPU: B on cuda.\n"
 
 
-def _lab_results(cosine: float, gru_alpha: float, test_mse: float):
+def _lab_results(gru_alpha: float, test_mse: float):
     archs = ["softmax", "linear", "delta", "gru"]
     eq = pd.DataFrame([{"arch": a, "dtype": d, "rel_error_prediction": 1e-16 if d == "float64" else 1e-7,
                         "rel_error_residual": 1e-16 if d == "float64" else 1e-7}
                        for a in archs for d in ("float64", "float32")])
-    align = [{"arch": a, "cumulative_cosine": cosine, "control_cosine": 0.0, "query_gradient_cosine": 0.1} for a in archs]
     conv = pd.DataFrame({"arch": archs, "alpha_mean_curve": [1.0, 0.95, 0.5, gru_alpha],
                          "late_over_early": [0.1, 0.1, 0.2, 0.7]})
     tp = pd.DataFrame({"K": [1, 64], "train_mse": [0.0, 0.08], "test_mse": [0.9, test_mse],
                        "no_context_test_mse": [0.5, 0.5], "contextual_test_mse": [0.01, 0.01]})
     state = {"softmax": lambda t: 80 * t, "linear": lambda t: 11520, "delta": lambda t: 10240, "gru": lambda t: 1280}
     mc = pd.DataFrame([{"arch": a, "context_length": t, "us_per_token_min": 100.0} for a in archs for t in (32, 256)])
-    return (SimpleNamespace(to_frame=lambda: eq), align,
+    return (SimpleNamespace(to_frame=lambda: eq),
             SimpleNamespace(summary=lambda: conv, n_max=64, n_train=16), SimpleNamespace(summary=lambda: tp),
             SimpleNamespace(to_frame=lambda: mc, bytes_at=lambda a, t: state[a](t)),
             SimpleNamespace(rows=[{"max_rel_error": 5e-16}]))
 
 
 def test_lab_findings_follow_the_numbers():
-    text = "\n".join(lab.findings(*_lab_results(cosine=0.02, gru_alpha=0.1, test_mse=0.1)))
-    assert "Aligned: none, so the papers' high alignment is **not** reproduced" in text
+    text = "\n".join(lab.findings(*_lab_results(gru_alpha=0.1, test_mse=0.1)))
     assert "claim (attention's steps shrink, a recurrent layer's do not) holds here" in text
     assert "converges: softmax, linear; converges slowly: delta; flat: gru" in text
     assert "0.100 is below no context (0.500) and above the prompt in context" in text
-    other = "\n".join(lab.findings(*_lab_results(cosine=0.7, gru_alpha=0.9, test_mse=0.6)))
-    assert "Aligned: softmax, linear, delta, gru, so the papers' high alignment is reproduced for" in other
+    other = "\n".join(lab.findings(*_lab_results(gru_alpha=0.9, test_mse=0.6)))
     assert "do not) **does not** hold here" in other
     assert "0.600 is above no context" in other
 
@@ -92,3 +89,39 @@ def test_thought_report_names_the_runs_and_reads_the_target_from_the_numbers(tmp
     assert "| 0.250 / 1.500 / 0.125 |" in rows[("m", "t")]
     assert "- m: target met on 1 of 2 tasks where full ≥ 50%; missed: u." in text
     assert "**Not evaluated** on n (no cached result): u." in text
+
+
+def test_finetune_alignment_verdict_rule():
+    from icl_lens.core.bootstrap import MeanCI
+    from icl_lens.evals.finetune_alignment import ALIGNED, verdict
+
+    control = MeanCI(0.0, -0.02, 0.03, 64)
+    assert verdict(MeanCI(ALIGNED + 0.1, ALIGNED, ALIGNED + 0.2, 64), control) == "holds"
+    assert verdict(MeanCI(0.2, 0.1, 0.3, 64), control) == "weak"
+    assert verdict(MeanCI(0.06, 0.04, 0.08, 64), MeanCI(0.0, -0.01, 0.01, 64)) == "negligible"
+    assert verdict(MeanCI(0.05, 0.02, 0.08, 64), control) == "no"  # overlaps the control
+    assert verdict(MeanCI(-0.3, -0.4, -0.2, 64), MeanCI(-0.6, -0.7, -0.5, 64)) == "no"  # not above 0
+
+
+def test_finetune_alignment_eval_quick(tmp_path):
+    """The whole command in --quick mode: every section present, JSON beside the Markdown, readings computed."""
+    from icl_lens.evals import finetune_alignment
+
+    out = tmp_path / "eval_finetune_alignment.md"
+    before = torch.get_num_threads()
+    try:
+        finetune_alignment.main(["--quick", "--out", str(out), "--no-progress"])
+    finally:
+        torch.set_num_threads(before)
+    text = out.read_text()
+    for heading in ("### 1. Loss curves", "### 2. Weight-space alignment", "### 3. Function-space",
+                    "### 4. Where the context effect lives", "### Reading"):
+        assert heading in text
+    numbers = json.loads((tmp_path / "eval_finetune_alignment.json").read_text())
+    assert set(numbers["lab"]) == set(finetune_alignment.QUICK_LAB) and set(numbers["lm"]) == set(finetune_alignment.QUICK_LM)
+    single = numbers["lab"]["single_block"]
+    rows = {(r["comparison"], r["order"], r["kind"]): r for r in single["alignment"]["summary"]}
+    step, control = rows[("sgd", "absorb", "step")], rows[("control", "absorb", "step")]
+    expected = finetune_alignment.verdict(SimpleNamespace(**step), SimpleNamespace(**control))
+    line = next(ln for ln in text.splitlines() if ln.startswith("- The paper's alignment claim, per step"))
+    assert f"*{expected}* for " in line and f"single_block ({step['mean']:+.3f} vs control {control['mean']:+.3f})" in line

@@ -14,7 +14,9 @@ import torch
 
 from icl_lens import PromptError, thought_patch
 from icl_lens.core.least_squares import gain_vector, input_map
+from icl_lens.model.block_family import block_family
 from icl_lens.model.greedy import last_logits
+from icl_lens.model.tiny_models import TINY_NAMES
 from icl_lens.thought.batches import text_ids, with_bos
 from icl_lens.thought.tasks import TaskFormatError, load_task, shipped_task_paths
 
@@ -51,12 +53,15 @@ def _dense_outputs(model, ids: list[int]) -> dict[str, torch.Tensor]:
     return {n: cache[n][0, -1] for n in names}
 
 
-SETTINGS = [EXACT, dict(kind="both+down", ridge=0.0, query_prefix="\n")]
+SETTINGS = {"both": EXACT, "both+down-prefix": dict(kind="both+down", ridge=0.0, query_prefix="\n")}
 
 
-@pytest.mark.parametrize("setting", SETTINGS, ids=["both", "both+down-prefix"])
+# The paper's kind on every block family; the default kind (with the newline prefix) on the three tiny models.
+IDENTITY_CASES = [(n, "both") for n in TINY_NAMES] + [(n, "both+down-prefix") for n in TINY]
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("name, setting", IDENTITY_CASES)
 def test_one_query_reproduces_contextual_mlp_inputs(load, name, dtype, setting):
     """One single-token calibration query, ridge 0, eta 1: the MATRIX part alone makes the query's
     first-dense outputs equal the contextual ones in every layer (matrix residual ≈ 0), and the
@@ -68,10 +73,14 @@ def test_one_query_reproduces_contextual_mlp_inputs(load, name, dtype, setting):
     the vector; so the dense outputs are checked layer by layer, not only the logits.
     In float64 the logits are checked on the residual stream entering the final norm
     (≤ 1e-9): HF's Gemma 3 RMSNorm upcasts to float32 internally even in a float64 model.
+    A parallel block's MLP reads N(r), which the previous layer's vector already restores:
+    its matrix target A − a is rounding noise, so its relative matrix residual is not checked
+    (the dense outputs still are).
     """
     model = load(name, dtype)
-    patch = thought_patch(model, INSTRUCTION, ["q"], **setting)
-    assert float(patch.matrix_residual.max()) <= TOL[dtype]
+    patch = thought_patch(model, INSTRUCTION, ["q"], **SETTINGS[setting])
+    if not block_family(model).parallel:
+        assert float(patch.matrix_residual.max()) <= TOL[dtype]
     plain_ids = patch.prompt_ids("q")
     ctx_ids = with_bos(model, text_ids(model, INSTRUCTION) + text_ids(model, "q"))
     contextual_dense = _dense_outputs(model, ctx_ids)
@@ -106,7 +115,7 @@ def test_a_wrong_matrix_fails_the_dense_output_check(load):
     assert max(_rel(got[h], w) for h, w in ctx.items()) > 1e-3
 
 
-@pytest.mark.parametrize("setting", SETTINGS, ids=["both", "both+down-prefix"])
+@pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("name", ["gemma-3-270m", "smollm2-135m"])
 def test_one_query_reproduces_contextual_logits_embedded(load, name, setting):
     model = load(name)
@@ -114,7 +123,7 @@ def test_one_query_reproduces_contextual_logits_embedded(load, name, setting):
     query = "Italy:"
     ids = text_ids(model, query)
     query = model.tokenizer.decode(ids[-1:]) if len(ids) > 1 else query  # one token, as in the identity
-    patch = thought_patch(model, instruction, [query], **setting)
+    patch = thought_patch(model, instruction, [query], **SETTINGS[setting])
     contextual = _logits(model, instruction, query)
     with patch.applied():
         patched = last_logits(model, [patch.prompt_ids(query)])[0]
@@ -132,16 +141,28 @@ def test_gated_mlps_get_separate_fits_and_gemma_uses_the_gain(load):
     assert float(pg.maps[0].abs().max()) == 0.0 and float(pg.vectors[2].abs().max()) == 0.0
 
 
-@pytest.mark.parametrize("kind", ["both", "both+down"])
-@pytest.mark.parametrize("name", TINY)
-def test_export_reloads_in_plain_transformers(load, name, kind, tmp_path):
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_export_reloads_in_plain_transformers(load, name, tmp_path):
+    """Every family: the export of a default (``both+down``) patch reloads as the same HF class and gives the
+    hook-patched logits. A family whose HF class has no slot for the vector (block_family.vector_export None)
+    refuses a patch with a vector before writing anything, and exports the matrix part."""
     from transformers import AutoModelForCausalLM
 
+    from icl_lens.thought.export import VectorNotExportableError
+
     model = load(name)
-    patch = thought_patch(model, INSTRUCTION, ["dog ->", "house ->", "tree ->"], kind=kind)
+    queries = ["dog ->", "house ->", "tree ->"]
+    kind = "both+down"
+    if block_family(model).vector_export is None:
+        with pytest.raises(VectorNotExportableError, match="kind='matrix'"):
+            thought_patch(model, INSTRUCTION, queries).save_pretrained(tmp_path / "refused")
+        assert not (tmp_path / "refused").exists()
+        kind = "matrix"
+    patch = thought_patch(model, INSTRUCTION, queries, kind=kind)
     assert (float(patch.down_norms().max()) > 0) == (kind == "both+down")
     patch.save_pretrained(tmp_path)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert type(hf) is type(model.original_model)
     prompts = [with_bos(model, text_ids(model, q)) for q in ("sun ->", "a much longer test query ->")]
     for prompt in prompts:
         ids = torch.tensor([prompt])

@@ -156,7 +156,8 @@ def test_locality_file_is_validated(tmp_path):
 # --- intervals --------------------------------------------------------------------------------------
 
 def test_wilson_interval_known_values():
-    from icl_lens.evals.intervals import bootstrap_ratio, percentile_interval, wilson_interval
+    from icl_lens.core.bootstrap import bootstrap_ratio, percentile_interval
+    from icl_lens.evals.intervals import wilson_interval
 
     # p = 1/2, n = 24, z = 1.96: centre (p + z²/2n)/(1 + z²/n) = 0.5, half 1.96·sqrt(1/96 + z²/2304)/1.16007 = 0.18573
     low, high = wilson_interval(12, 24)

@@ -14,9 +14,11 @@ from icl_lens import (
     verify_trajectory,
 )
 from icl_lens.core.power_law import power_law_fit
+from icl_lens.model.block_family import block_family
 
-TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
-TINY_PROMPT = "ab=1;cd=2;ef=3;ab=1;cd="  # longer than tiny-gemma3's window of 6
+from icl_lens.model.tiny_models import TINY_NAMES
+
+TINY_PROMPT = "ab=1;cd=2;ef=3;ab=1;cd="  # longer than the tiny models' windows of 6
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -24,24 +26,26 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / scale)
 
 
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("name", TINY_NAMES)
 def test_each_step_reproduces_prefix_forward_float64(load, name):
     model = load(name, torch.float64)
     traj = trajectory(model, TINY_PROMPT)
     n = traj.n_context
     check = verify_trajectory(model, TINY_PROMPT, traj, steps=[0, 1, 2, n // 2, n - 1, n])
     assert check.relative_error <= 1e-9, check.to_frame()
-    # Every step genuinely changes something (the identity is not trivially satisfied).
-    assert float(traj.cumulative_norms()[:, -1].max()) > 1e-3
+    # Every step genuinely changes something (the identity is not trivially satisfied); a
+    # parallel block's patch is zero by definition and its correction carries the context.
+    changed = traj.correction[:, -1].norm(dim=-1) if block_family(model).parallel else traj.cumulative_norms()[:, -1]
+    assert float(changed.max()) > 1e-3
 
 
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("name", TINY_NAMES)
 def test_last_step_is_the_token_patch(load, name):
     model = load(name, torch.float64)
     traj = trajectory(model, TINY_PROMPT, query=-3)
     patches = token_patches(model, TINY_PROMPT)
     t, n = traj.query, traj.n_context
-    assert t == len(patches.tokens) - 3 and traj.context_positions == tuple(range(1, t))
+    assert t == len(patches.tokens) - 3 and traj.context_positions == tuple(range(int(patches.kept_bos), t))
     for field in ("u_in", "u_gate", "v", "correction"):
         mine, theirs = getattr(traj, field), getattr(patches, field)
         if theirs is None:
@@ -149,7 +153,7 @@ def test_bad_queries(load):
     assert issubclass(QueryPositionError, ValueError) and issubclass(NoContextError, ValueError)
 
 
-@pytest.mark.parametrize("name", ("tiny-gpt2", "tiny-gemma3"))
+@pytest.mark.parametrize("name", ("tiny-gpt2", "tiny-gemma3", "tiny-mistral"))
 def test_batched_equals_naive_prefix_forwards(load, name):
     from icl_lens.model.trajectory_capture import trajectory_naive
 
@@ -167,3 +171,57 @@ def test_prompt_without_bos_starts_context_at_zero(load):
     assert verify_trajectory(model, ids, traj, steps=[0, 1, traj.n_context]).relative_error <= 1e-9
     with pytest.raises(NoContextError):
         trajectory(model, ids, query=0)
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_absorb_order_identity_and_shared_endpoint_float64(load, name):
+    """The paper's order: [BOS, c_{i+1}..cₙ, x_t] with Wᵢ (kept tokens patched likewise) gives the
+    full-context logits; both orders start at 0 and end at the same token patch."""
+    model = load(name, torch.float64)
+    prefix = trajectory(model, TINY_PROMPT)
+    absorb = trajectory(model, TINY_PROMPT, order="absorb")
+    n = absorb.n_context
+    assert absorb.order == "absorb" and prefix.order == "prefix" and n == prefix.n_context
+    check = verify_trajectory(model, TINY_PROMPT, absorb, steps=[0, 1, n // 2, n - 1, n])
+    assert check.relative_error <= 1e-9, check.to_frame()
+    for field in ("u_in", "u_gate", "v", "correction"):
+        a, p = getattr(absorb, field), getattr(prefix, field)
+        if a is None:
+            assert p is None
+            continue
+        assert _rel(a[:, n], p[:, n]) <= 1e-9, field
+    assert float(absorb.u_in[:, 0].abs().max()) == 0.0 and float(absorb.correction[:, 0].abs().max()) == 0.0
+    # The orders differ in between (otherwise the test above could not tell them apart). Not at
+    # every step: with a sliding window c₁ may be out of the query's sight, and a parallel block's
+    # W_in patch is zero (the whole effect is the correction), so compare all intermediate steps.
+    mid = slice(1, n)
+    both = lambda t: torch.cat([t.u_in[:, mid].flatten(), t.correction[:, mid].flatten()])  # noqa: E731
+    assert _rel(both(absorb), both(prefix)) > 1e-3
+    # Wrong patches break the identity: the prefix-order steps do not satisfy the absorb identity.
+    from dataclasses import replace
+    wrong = replace(absorb, u_in=prefix.u_in, v=prefix.v, u_gate=prefix.u_gate, correction=prefix.correction)
+    assert verify_trajectory(model, TINY_PROMPT, wrong, steps=list(range(1, n))).relative_error > 1e-3
+
+
+def test_absorb_step_is_the_token_patch_of_its_kept_set(load):
+    model = load("tiny-llama", torch.float64)
+    absorb = trajectory(model, TINY_PROMPT, order="absorb", query=-2)
+    t, b = absorb.query, 1
+    for i in (1, 4, absorb.n_context):
+        patches = token_patches(model, model.to_tokens(TINY_PROMPT)[0][: t + 1], remove=range(b, b + i))
+        assert patches.kept_positions(t) == [0] + list(range(b + i, t + 1))
+        for field in ("u_in", "u_gate", "v", "correction"):
+            assert _rel(getattr(absorb, field)[:, i], getattr(patches, field)[:, t]) <= 1e-12, (field, i)
+
+
+def test_gemma_float32_absorb_steps_are_exact(gemma):
+    prompt = "red -> rouge, blue -> bleu, green ->"
+    traj = trajectory(gemma, prompt, order="absorb")
+    n = traj.n_context
+    check = verify_trajectory(gemma, prompt, traj, steps=[1, n // 2, n])
+    assert check.relative_error <= 1e-4, check.to_frame()
+
+
+def test_unknown_order_fails_fast(load):
+    with pytest.raises(ValueError, match="order"):
+        trajectory(load("tiny-gpt2", torch.float64), TINY_PROMPT, order="suffix")

@@ -22,7 +22,7 @@ HEADERS = {
               "each section names its command and machine. Ratios are against a baseline measured in the "
               "same run. Rebuild this file with `python tools/assemble_reports.py`.\n"),
 }
-ORDER = ["patches", "trajectory", "dashboard", "thought", "spikes", "finetune_alignment", "lab"]
+ORDER = ["patches", "gpu", "trajectory", "dashboard", "thought", "spikes", "finetune_alignment", "lab"]
 
 
 def _key(path: Path) -> tuple[int, str]:

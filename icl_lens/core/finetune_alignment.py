@@ -17,6 +17,15 @@ sum of rank-1 terms, one per input row r (BOS and query):
 so step s adds ``−lr Σ_r g_{s,r} x_{s,r}ᵀ`` and the cumulative update after s steps is
 ``E_s = Σ_{j<s} Σ_r U_{j,r} V_{j,r}ᵀ`` with ``U = −lr [g_gate; g_in]``, ``V = x``. All
 inner products use ``⟨u₁v₁ᵀ, u₂v₂ᵀ⟩ = (u₁·u₂)(v₁·v₂)``; no dense matrix is formed.
+
+*The paper's protocol* (:func:`trajectory_sgd_cosines`): one SGD step per context
+example ``cⱼ``, in the order the context is read, compared with the implicit trajectory
+``W₀..Wₙ`` (either order of docs/design.md §3) after each example:
+
+    cumulative(i) = cos(Wᵢ − W₀,  Σ_{j≤i} Eⱼ)          per step(i) = cos(Wᵢ − Wᵢ₋₁,  Eᵢ)
+
+with ``Eⱼ = Σ_r U_{j,r} V_{j,r}ᵀ`` the SGD step on example ``j``. From one Gram matrix per
+layer: ``⟨Pᵢ, Eⱼ⟩ = Σ_r (uᵢ·U_{j,r})(vᵢ·V_{j,r})`` and ``‖Σ_{j≤i} Eⱼ‖² = Σ_{j,k≤i} ⟨Eⱼ, E_k⟩``.
 """
 from __future__ import annotations
 
@@ -27,7 +36,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.factored import safe_divide, patch_norm, stack_outputs
+from icl_lens.core.bootstrap import MeanCI, bootstrap_mean
+from icl_lens.core.factored import diff_norm, patch_norm, safe_divide, stack_outputs
 from icl_lens.core.trajectory import Trajectory
 
 
@@ -51,6 +61,127 @@ def cumulative_sum_norms(term_u: Float[Tensor, "layer m d_u"], term_v: Float[Ten
     m = gram.shape[-1]
     ends = range(group, m + 1, group)
     return torch.stack([gram[:, :e, :e].sum((-2, -1)) for e in ends], dim=-1).clamp_min(0).sqrt()
+
+
+def step_gram(exp_u: Float[Tensor, "*b n row d_u"], exp_v: Float[Tensor, "*b n row d_in"]) -> Float[Tensor, "*b n n"]:
+    """``⟨Eⱼ, E_k⟩`` of SGD steps made of rank-1 rows: ``Σ_{r,s} (U_{j,r}·U_{k,s})(V_{j,r}·V_{k,s})`` (float64)."""
+    eu, ev = exp_u.to(torch.float64), exp_v.to(torch.float64)
+    return (torch.einsum("...ard,...bsd->...arbs", eu, eu) * torch.einsum("...ard,...bsd->...arbs", ev, ev)).sum((-1, -3))
+
+
+def trajectory_sgd_cosines(
+    imp_u: Float[Tensor, "*b step d_u"], imp_v: Float[Tensor, "*b step d_in"],
+    exp_u: Float[Tensor, "*b n row d_u"], exp_v: Float[Tensor, "*b n row d_in"],
+    gram: Float[Tensor, "*b n n"] | None = None,
+) -> tuple[Float[Tensor, "*b n"], Float[Tensor, "*b n"]]:
+    """Cumulative and per-step cosines of an implicit trajectory with one SGD step per example.
+
+    ``imp_u``/``imp_v``: the trajectory's factors ``Pᵢ = uᵢ vᵢᵀ = Wᵢ − W₀`` for steps
+    i = 0..n (``P₀`` is normally 0). ``exp_u``/``exp_v``: SGD step ``j = 1..n`` is
+    ``Σ_row exp_u[j, row] exp_v[j, row]ᵀ`` (already carrying ``−lr``). Column ``i − 1`` of
+    the results is ``cos(Pᵢ, Σ_{j≤i} Eⱼ)`` and ``cos(Pᵢ − Pᵢ₋₁, Eᵢ)``; 0 where a side is 0.
+    Any leading dimensions (layer, prompt) broadcast. Float64. ``gram``: the steps'
+    :func:`step_gram`, when already computed (it depends on the SGD run only).
+    """
+    iu, iv, eu, ev = (x.to(torch.float64) for x in (imp_u, imp_v, exp_u, exp_v))
+    n = eu.shape[-3]
+    if iu.shape[-2] != n + 1:
+        raise ValueError(f"the trajectory has {iu.shape[-2]} steps, the SGD run {n} (need n + 1 and n)")
+    # inner[i, j] = ⟨Pᵢ, Eⱼ⟩
+    inner = (torch.einsum("...id,...jrd->...ijr", iu, eu) * torch.einsum("...id,...jrd->...ijr", iv, ev)).sum(-1)
+    gram = step_gram(eu, ev) if gram is None else gram.to(torch.float64)
+    cum_gram = gram.cumsum(-1).cumsum(-2)
+    exp_cum_norm = torch.diagonal(cum_gram, dim1=-2, dim2=-1).clamp_min(0).sqrt()  # ‖Σ_{j≤i} Eⱼ‖
+    exp_step_norm = torch.diagonal(gram, dim1=-2, dim2=-1).clamp_min(0).sqrt()
+    imp_norm = patch_norm(iu[..., 1:, :], iv[..., 1:, :])
+    cum_inner = torch.diagonal(inner[..., 1:, :].cumsum(-1), dim1=-2, dim2=-1)  # Σ_{j≤i} ⟨Pᵢ, Eⱼ⟩
+    cumulative = safe_divide(cum_inner, imp_norm * exp_cum_norm)
+    step_inner = torch.diagonal(inner[..., 1:, :], dim1=-2, dim2=-1) - torch.diagonal(inner[..., :-1, :], dim1=-2, dim2=-1)
+    step_norm = diff_norm(iu[..., 1:, :], iv[..., 1:, :], iu[..., :-1, :], iv[..., :-1, :])
+    return cumulative, safe_divide(step_inner, step_norm * exp_step_norm)
+
+
+def patches_vs_update(
+    imp_u: Float[Tensor, "*b step d_u"], imp_v: Float[Tensor, "*b step d_in"],
+    exp_u: Float[Tensor, "*b m d_u"], exp_v: Float[Tensor, "*b m d_in"],
+) -> Float[Tensor, "*b step"]:
+    """``cos(uᵢ vᵢᵀ, Σ_m exp_u[m] exp_v[m]ᵀ)`` for every implicit patch ``i``: each against one fixed update."""
+    iu, iv, eu, ev = (x.to(torch.float64) for x in (imp_u, imp_v, exp_u, exp_v))
+    inner = (torch.einsum("...id,...md->...im", iu, eu) * torch.einsum("...id,...md->...im", iv, ev)).sum(-1)
+    gram = torch.einsum("...ad,...bd->...ab", eu, eu) * torch.einsum("...ad,...bd->...ab", ev, ev)
+    return safe_divide(inner, patch_norm(iu, iv) * gram.sum((-1, -2)).clamp_min(0).sqrt()[..., None])
+
+
+def random_direction_cosines(dim: int, shape: tuple[int, ...], *, generator: torch.Generator | None = None
+                             ) -> Float[Tensor, "..."]:
+    """Cosines of a fixed direction with independent uniformly random directions in ``R^dim``.
+
+    The baseline for an alignment cosine between two updates of a ``dim``-dimensional
+    weight space (``dim = d_u · d_in``): ``cos = z / sqrt(z² + χ²_{dim−1})`` with
+    ``z ~ N(0, 1)``, so the mean is 0 and the typical size ``|cos| ≈ sqrt(2/(π dim))``. The
+    χ² draw is exact up to ``dim = 512`` and uses the Wilson–Hilferty cube above.
+    """
+    if dim < 2:
+        raise ValueError(f"dim must be ≥ 2, got {dim}")
+    z = torch.randn(shape, generator=generator, dtype=torch.float64)
+    k = dim - 1
+    if k <= 511:
+        rest = torch.randn(*shape, k, generator=generator, dtype=torch.float64).pow(2).sum(-1)
+    else:
+        c = 2.0 / (9.0 * k)
+        rest = k * (1 - c + torch.randn(shape, generator=generator, dtype=torch.float64) * c ** 0.5).pow(3)
+    return z / (z.pow(2) + rest).sqrt()
+
+
+@dataclass(frozen=True, eq=False)
+class AlignmentTable:
+    """Alignment cosines of many prompts: ``per_prompt[key][prompt, layer]`` = the mean over steps ``i``.
+
+    Keys read ``"<comparison>:<order>:<kind>"`` (e.g. ``"sgd:absorb:step"``); ``dim`` is the
+    dimension of one layer's weight space (``d_u · d_in``), the scale of the random baseline.
+    Means over prompts come with 95% percentile-bootstrap intervals (:mod:`icl_lens.core.bootstrap`).
+    """
+
+    name: str
+    dim: int
+    per_prompt: dict[str, Float[Tensor, "prompt layer"]]
+
+    @property
+    def n_layers(self) -> int:
+        return next(iter(self.per_prompt.values())).shape[1]
+
+    def ci(self, key: str, layer: int | None = None) -> MeanCI:
+        """Signed mean over prompts (each prompt's mean over layers, or one layer) with its 95% interval."""
+        c = self.per_prompt[key].double()
+        return bootstrap_mean((c.mean(1) if layer is None else c[:, layer]).cpu().numpy())
+
+    def summary(self) -> pd.DataFrame:
+        """One row per key: signed mean, 95% interval and mean |cos| (of the per-prompt, per-layer values)."""
+        rows = []
+        for key, c in self.per_prompt.items():
+            comparison, order, kind = key.split(":")
+            ci = self.ci(key)
+            rows.append({"comparison": comparison, "order": order, "kind": kind, "mean": ci.mean, "low": ci.low,
+                         "high": ci.high, "mean_abs": float(c.abs().double().mean()), "prompts": ci.n})
+        return pd.DataFrame(rows)
+
+    def per_layer(self, keys=None) -> pd.DataFrame:
+        """Per layer and key: signed mean over prompts with its 95% interval."""
+        rows = []
+        for key in keys or self.per_prompt:
+            for layer in range(self.n_layers):
+                ci = self.ci(key, layer)
+                rows.append({"key": key, "layer": layer, "mean": ci.mean, "low": ci.low, "high": ci.high})
+        return pd.DataFrame(rows)
+
+    def to_frame(self) -> pd.DataFrame:
+        frames = []
+        for key, c in self.per_prompt.items():
+            P, L = c.shape
+            frames.append(pd.DataFrame({"key": key, "prompt": torch.arange(P).repeat_interleave(L).numpy(),
+                                        "layer": torch.arange(L).repeat(P).numpy(),
+                                        "cosine": c.flatten().double().cpu().numpy()}))
+        return pd.concat(frames, ignore_index=True)
 
 
 @dataclass(frozen=True, eq=False)

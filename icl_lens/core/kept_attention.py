@@ -19,52 +19,60 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 
-def _head_values(values: Float[Tensor, "key kv_head d_head"], n_heads: int) -> Float[Tensor, "key head d_head"]:
+def _head_values(values: Float[Tensor, "*batch key kv_head d_head"], n_heads: int) -> Float[Tensor, "*batch key head d_head"]:
     """Expand grouped-query values to one per query head (head ``h`` reads kv head ``h // group``)."""
-    groups = n_heads // values.shape[1]
-    return values.repeat_interleave(groups, dim=1) if groups > 1 else values
+    groups = n_heads // values.shape[-2]
+    return values.repeat_interleave(groups, dim=-2) if groups > 1 else values
 
 
 def bos_and_self_output(
-    scores: Float[Tensor, "head query key"],
-    values: Float[Tensor, "query kv_head d_head"],
+    scores: Float[Tensor, "*batch head query key"],
+    values: Float[Tensor, "*batch query kv_head d_head"],
     *,
-    keep_bos: bool,
+    keep_bos: bool | Bool[Tensor, "*batch"],
     offset: int = 0,
-    bos_value: Float[Tensor, "kv_head d_head"] | None = None,
-) -> Float[Tensor, "query head d_head"]:
+    bos_value: Float[Tensor, "*batch kv_head d_head"] | None = None,
+) -> Float[Tensor, "*batch query head d_head"]:
     """``z⁰_t`` for the default kept set ``{0, t}`` (or ``{t}`` when ``keep_bos`` is False).
 
     ``scores`` rows are queries ``offset, offset+1, …`` (keys from 0), ``values`` holds
     those queries' own value rows, and ``bos_value`` the value of key 0 (default:
-    ``values[0]``, right when ``offset`` is 0). The offset form serves cached decoding.
+    ``values[..., 0, :, :]``, right when ``offset`` is 0). The offset form serves cached
+    decoding. Leading batch dimensions are allowed; ``keep_bos`` may then differ per row
+    (a boolean tensor over the batch).
     """
-    n_heads = scores.shape[0]
-    self_vals = _head_values(values, n_heads)  # query head d
-    if not keep_bos:
+    n_heads = scores.shape[-3]
+    self_vals = _head_values(values, n_heads)  # *batch query head d
+    if keep_bos is False:
         return self_vals.clone()
-    first_val = _head_values((values[0] if bos_value is None else bos_value)[None], n_heads)[0]  # head d
-    diag = torch.diagonal(scores, offset=offset, dim1=-2, dim2=-1)  # head query
-    first = scores[:, :, 0]
-    w_bos = torch.sigmoid(first - diag)
-    w_self = torch.sigmoid(diag - first)
+    first = values[..., 0, :, :] if bos_value is None else bos_value
+    first_val = _head_values(first[..., None, :, :], n_heads)[..., 0, :, :]  # *batch head d
+    diag = torch.diagonal(scores, offset=offset, dim1=-2, dim2=-1)  # *batch head query
+    first_score = scores[..., 0]
+    w_bos = torch.sigmoid(first_score - diag)
+    w_self = torch.sigmoid(diag - first_score)
     if offset == 0:  # query 0 *is* the BOS: one key, weight 1
-        w_bos[:, 0] = 0.0
-        w_self[:, 0] = 1.0
-    return w_bos.T[..., None] * first_val[None] + w_self.T[..., None] * self_vals
+        w_bos[..., 0] = 0.0
+        w_self[..., 0] = 1.0
+    if isinstance(keep_bos, Tensor):  # rows without a kept BOS keep only themselves
+        keep = keep_bos.to(w_bos.device)[..., None, None]
+        w_bos = torch.where(keep, w_bos, torch.zeros_like(w_bos))
+        w_self = torch.where(keep, w_self, torch.ones_like(w_self))
+    return (w_bos.transpose(-1, -2)[..., None] * first_val[..., None, :, :]
+            + w_self.transpose(-1, -2)[..., None] * self_vals)
 
 
 def kept_set_output(
-    scores: Float[Tensor, "head query key"],
-    values: Float[Tensor, "key kv_head d_head"],
-    kept: Bool[Tensor, "query key"],
-) -> Float[Tensor, "query head d_head"]:
+    scores: Float[Tensor, "*batch head query key"],
+    values: Float[Tensor, "*batch key kv_head d_head"],
+    kept: Bool[Tensor, "*batch query key"],
+) -> Float[Tensor, "*batch query head d_head"]:
     """``z⁰_t`` for an arbitrary kept set per query (``kept[t, t]`` must be True)."""
-    n_heads = scores.shape[0]
+    n_heads = scores.shape[-3]
     vals = _head_values(values, n_heads)
-    masked = scores.masked_fill(~kept[None], float("-inf"))
+    masked = scores.masked_fill(~kept[..., None, :, :], float("-inf"))
     weights = torch.softmax(masked.float() if masked.dtype in (torch.float16, torch.bfloat16) else masked, dim=-1)
-    return torch.einsum("hqk,khd->qhd", weights.to(vals.dtype), vals)
+    return torch.einsum("...hqk,...khd->...qhd", weights.to(vals.dtype), vals)
 
 
 def default_kept_mask(n: int, *, keep_bos: bool, device: torch.device | str = "cpu") -> Bool[Tensor, "query key"]:
@@ -83,10 +91,10 @@ def removal_kept_mask(
     return (causal & ~removed[None, :]) | torch.eye(n, dtype=torch.bool, device=removed.device)
 
 
-def removes_nothing(kept: Bool[Tensor, "query key"], *, offset: int = 0) -> Bool[Tensor, " query"]:
+def removes_nothing(kept: Bool[Tensor, "*batch query key"], *, offset: int = 0) -> Bool[Tensor, "*batch query"]:
     """Rows whose kept set is the whole causal prefix: nothing is removed, the patch is zero.
 
     Row ``i`` is query position ``offset + i`` (``offset`` > 0 for cached decoding).
     """
-    causal = torch.ones(kept.shape, dtype=torch.bool, device=kept.device).tril(diagonal=offset)
+    causal = torch.ones(kept.shape[-2:], dtype=torch.bool, device=kept.device).tril(diagonal=offset)
     return (kept == causal).all(-1)

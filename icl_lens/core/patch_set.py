@@ -8,17 +8,40 @@ For layer ``l`` and position ``t`` (docs/design.md §2; Dherin et al. 2025, arXi
 
 with ``u = W δ``, ``v = a/‖a‖²``, ``δ = A − a``. The patch norm plotted everywhere is
 ``‖ΔW‖_F = sqrt(‖u_gate‖² + ‖u_in‖²)·‖v‖``; the correction norm stands beside it.
+
+**File format** (``save``/``load``, one format for the CLI's ``--out`` and sweep shards):
+one safetensors file holding one or more patch sets. Entry ``i`` stores the tensors
+``{i}.u_in``, ``{i}.u_gate`` (gated only), ``{i}.v``, ``{i}.correction``, ``{i}.token_ids``,
+``{i}.zero_input`` and ``{i}.kept`` (only when the kept sets are not the default
+``{BOS, t}``), in their own dtype; the safetensors metadata key ``icl_lens`` holds a small
+JSON header: ``{"format": "icl_lens.token_patches", "version": 1, "entries": [{"key",
+"model", "tokens", "kept_bos", "default_kept"}]}``. Loading gives back equal tensors.
 """
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from icl_lens.core.factored import patch_norm, stack_outputs
+from icl_lens.core.kept_attention import default_kept_mask
+
+FILE_FORMAT = "icl_lens.token_patches"
+FILE_VERSION = 1
+_TENSORS = ("u_in", "u_gate", "v", "correction", "token_ids", "zero_input")
+
+
+class PatchFileError(ValueError):
+    """A file is not an icl_lens token-patch file, or does not hold the entry asked for."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +91,13 @@ class TokenPatches:
         """Positions the context-free input of ``query`` keeps (sorted)."""
         return torch.nonzero(self.kept[query]).flatten().tolist()
 
+    def keep_parts(self, *, w_in: bool = True, correction: bool = True) -> "TokenPatches":
+        """The same patches with the weight part (``u_in``, ``u_gate``) and/or the skip correction zeroed."""
+        zero = lambda t: None if t is None else torch.zeros_like(t)  # noqa: E731
+        return replace(self, u_in=self.u_in if w_in else zero(self.u_in),
+                       u_gate=self.u_gate if w_in else zero(self.u_gate),
+                       correction=self.correction if correction else zero(self.correction))
+
     def to(self, device: torch.device | str) -> "TokenPatches":
         """A copy with every tensor on ``device``."""
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
@@ -84,17 +114,95 @@ class TokenPatches:
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy table: one row per (layer, position) with token, norm and correction norm."""
-        norms = self.norms().detach().cpu().double()
-        corr = self.correction_norms().detach().cpu().double()
-        rows = [
-            {
-                "layer": layer,
-                "position": pos,
-                "token": self.tokens[pos],
-                "norm": float(norms[layer, pos]),
-                "correction_norm": float(corr[layer, pos]),
-            }
-            for layer in range(self.n_layers)
-            for pos in range(self.n_positions)
-        ]
-        return pd.DataFrame(rows, columns=["layer", "position", "token", "norm", "correction_norm"])
+        norms = self.norms().detach().cpu().double().numpy()
+        corr = self.correction_norms().detach().cpu().double().numpy()
+        layers, n = self.n_layers, self.n_positions
+        return pd.DataFrame({
+            "layer": np.repeat(np.arange(layers), n),
+            "position": np.tile(np.arange(n), layers),
+            "token": np.asarray(self.tokens, dtype=object)[np.tile(np.arange(n), layers)] if n else [],
+            "norm": norms.reshape(-1),
+            "correction_norm": corr.reshape(-1),
+        }, columns=["layer", "position", "token", "norm", "correction_norm"])
+
+    def has_default_kept(self) -> bool:
+        """Whether every query keeps ``{t}`` plus a kept BOS (the default removal)."""
+        default = default_kept_mask(self.n_positions, keep_bos=self.kept_bos, device=self.kept.device)
+        return bool(torch.equal(self.kept, default))
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write this patch set to ``path`` (safetensors + JSON header, see the module doc)."""
+        return TokenPatches.save_many({"0": self}, path)
+
+    @staticmethod
+    def save_many(patches: Mapping[str, "TokenPatches"], path: str | os.PathLike) -> Path:
+        """Write several patch sets (key → patches) to one file, atomically (temp file, then rename)."""
+        from safetensors.torch import save_file
+
+        tensors, entries = {}, []
+        for i, (key, p) in enumerate(patches.items()):
+            default = p.has_default_kept()
+            for name in _TENSORS + (() if default else ("kept",)):
+                value = getattr(p, name)
+                if value is not None:
+                    tensors[f"{i}.{name}"] = value.detach().cpu().contiguous()
+            entries.append({"key": str(key), "model": p.model_name, "tokens": list(p.tokens),
+                            "kept_bos": p.kept_bos, "default_kept": default})
+        header = {"format": FILE_FORMAT, "version": FILE_VERSION, "entries": entries}
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file(tensors, tmp, metadata={"icl_lens": json.dumps(header)})
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        return path
+
+    @staticmethod
+    def load_many(path: str | os.PathLike, device: torch.device | str = "cpu") -> dict[str, "TokenPatches"]:
+        """Every patch set in ``path``, by key (a sweep shard maps prompt ids to patches)."""
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no token-patch file at {path}")
+        try:
+            with safe_open(str(path), framework="pt", device=str(device)) as f:
+                meta = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as err:  # safetensors raises its own error types for a non-safetensors file
+            raise PatchFileError(f"{path} is not a safetensors file: {err}") from None
+        try:
+            header = json.loads(meta["icl_lens"])
+        except (KeyError, json.JSONDecodeError):
+            raise PatchFileError(f"{path} has no icl_lens header; it was not written by TokenPatches.save") from None
+        if header.get("format") != FILE_FORMAT or header.get("version") != FILE_VERSION:
+            raise PatchFileError(f"{path}: unsupported format {header.get('format')!r} version {header.get('version')!r}")
+        out = {}
+        for i, entry in enumerate(header["entries"]):
+            get = lambda name, i=i: tensors.get(f"{i}.{name}")  # noqa: E731
+            ids = get("token_ids")
+            kept = (default_kept_mask(ids.numel(), keep_bos=entry["kept_bos"], device=ids.device)
+                    if entry["default_kept"] else get("kept"))
+            out[entry["key"]] = TokenPatches(
+                model_name=entry["model"], tokens=tuple(entry["tokens"]), token_ids=ids,
+                u_in=get("u_in"), u_gate=get("u_gate"), v=get("v"), correction=get("correction"),
+                kept=kept, kept_bos=bool(entry["kept_bos"]), zero_input=get("zero_input"))
+        return out
+
+    @staticmethod
+    def load(path: str | os.PathLike, key: str | None = None, device: torch.device | str = "cpu") -> "TokenPatches":
+        """The patch set saved at ``path`` (``key`` picks one from a file holding several)."""
+        entries = TokenPatches.load_many(path, device=device)
+        if key is None:
+            if len(entries) != 1:
+                raise PatchFileError(f"{path} holds {len(entries)} patch sets; pass key= (one of "
+                                     f"{', '.join(list(entries)[:5])}{', …' if len(entries) > 5 else ''}) "
+                                     f"or use TokenPatches.load_many")
+            return next(iter(entries.values()))
+        if str(key) not in entries:
+            raise PatchFileError(f"{path} holds no patch set {key!r}")
+        return entries[str(key)]

@@ -12,6 +12,13 @@ sequence over a shared key/value prefix:
 
 while the prefix rows stay plainly causal. Its cost is one forward over about
 ``t + n + 1 ≈ 2t`` tokens, never n forwards over the prompt.
+
+The "absorb" order (docs/design.md §3) needs no copies: step i keeps
+``K_i = {0..b−1} ∪ {b+i, …, t}`` (``c₁..cᵢ`` absorbed into the weights, ``c_{i+1}..cₙ`` and
+the query kept), and with every earlier layer patched the query's residual and the kept
+keys and values are the contextual ones, so every step is the contextual pass's
+attention row of ``t`` renormalised over ``K_i`` (:func:`absorb_layout`): one forward
+over the ``t + 1`` prompt tokens.
 """
 from __future__ import annotations
 
@@ -24,7 +31,11 @@ from torch import Tensor
 
 @dataclass(frozen=True, eq=False)
 class PrefixVariantLayout:
-    """Token sources, position ids and visibility of the shared-prefix sequence of query ``t``."""
+    """Token sources, position ids and visibility of the shared-prefix sequence of query ``t``.
+
+    ``kept`` (absorb order only): step i's kept keys of the query row; the sequence is then
+    the plain causal prompt ``x₀..x_t``.
+    """
 
     query: int
     first_context: int
@@ -33,11 +44,15 @@ class PrefixVariantLayout:
 
     @property
     def n_steps(self) -> int:
-        """Number of variants, n+1 (prefix lengths 0..n)."""
-        return self.positions.numel() - self.query
+        """Number of variants, n+1 (prefix lengths 0..n, or absorbed-token counts 0..n)."""
+        return self.kept.shape[0] if self.kept is not None else self.positions.numel() - self.query
 
-    def copy_rows(self) -> slice:
-        """Sequence rows of the query copies; row ``query + i`` sees context prefix length i."""
+    kept: Bool[Tensor, "step seq"] | None = None
+
+    def copy_rows(self) -> slice | Int[Tensor, " step"]:
+        """Sequence rows holding step i's query (a copy per prefix; the query row itself for every absorb step)."""
+        if self.kept is not None:
+            return torch.full((self.n_steps,), self.query, dtype=torch.long, device=self.positions.device)
         return slice(self.query, self.query + self.n_steps)
 
 
@@ -53,3 +68,16 @@ def prefix_variant_layout(query: int, first_context: int, *, device: torch.devic
     prefix_end = first_context + torch.arange(n + 1, device=device)  # copy i sees keys < first_context + i
     visible[query:, :query] = torch.arange(query, device=device)[None, :] < prefix_end[:, None]
     return PrefixVariantLayout(query=query, first_context=first_context, positions=positions, visible=visible)
+
+
+def absorb_layout(query: int, first_context: int, *, device: torch.device | str = "cpu") -> PrefixVariantLayout:
+    """Layout of the absorb order: the causal prompt ``x₀..x_t`` and, per step i = 0..n, the kept set
+    ``K_i = {0..first_context−1} ∪ {first_context+i, …, t}`` of the query row."""
+    n = query - first_context
+    if n < 1:
+        raise ValueError(f"query {query} has no context positions (first context position {first_context})")
+    keys = torch.arange(query + 1, device=device)
+    start = first_context + torch.arange(n + 1, device=device)
+    kept = (keys[None, :] < first_context) | (keys[None, :] >= start[:, None])
+    visible = torch.ones(query + 1, query + 1, dtype=torch.bool, device=device).tril()
+    return PrefixVariantLayout(query=query, first_context=first_context, positions=keys, visible=visible, kept=kept)

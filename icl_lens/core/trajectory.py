@@ -11,8 +11,12 @@ at its original position) reproduce the output the model gives with context
     W_gate,i = W_gate + u_gate[l,i] v[l,i]ᵀ     (gated MLPs)
     b_out,i  = b_out  + correction[l,i]         (skip-connection term)
 
-``W₀`` is the unpatched weight (``u = 0``, ``correction = 0``). The meta-gradient of
-token ``cᵢ`` is ``Wᵢ − Wᵢ₋₁``; all metrics are closed-form in the factors
+``W₀`` is the unpatched weight (``u = 0``, ``correction = 0``). That is the *prefix*
+order. In the *absorb* order (the paper's) ``Wᵢ`` is the patch for the kept set
+``{BOS, c_{i+1}..cₙ, t}``: ``c₁..cᵢ`` are absorbed into the weights while ``c_{i+1}..cₙ`` stay
+in context, and the input ``[BOS, c_{i+1}..cₙ, x_t]`` (kept context tokens patched likewise)
+reproduces the full-context output. Both orders start at ``W₀ = W`` and end at the same
+``Wₙ``, the query's token patch. The meta-gradient of token ``cᵢ`` is ``Wᵢ − Wᵢ₋₁``; all metrics are closed-form in the factors
 (:mod:`icl_lens.core.trajectory_metrics`), never dense matrices.
 """
 from __future__ import annotations
@@ -78,6 +82,7 @@ class Trajectory:
     correction: Float[Tensor, "layer step d_model"]
     model_name: str = ""
     kept_bos: bool = True
+    order: str = "prefix"
 
     @property
     def n_context(self) -> int:

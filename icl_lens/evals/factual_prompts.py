@@ -1,19 +1,24 @@
 """The labelled factual-question set and its answer key (``icl_lens/data/factual_prompts.jsonl``).
 
-Each line: ``{"prompt": question, "answers": [aliases...], "kind": ...}``. Kinds:
-capital, chemical_symbol, author, year, general, and ``invented`` (questions about
-entities that do not exist; their answer list is empty, so every completion is
-incorrect). Questions are asked after a fixed few-shot preamble (:data:`FEW_SHOT`,
-whose four examples are not in the set) so a base model answers in one short line.
+Each line: ``{"prompt": question, "answers": [aliases...], "kind": ..., "subject": ...}``,
+written by ``python -m icl_lens.evals.build_questions`` (which lists the kinds) from the
+facts in that script. ``invented`` questions ask about entities that do not exist; their
+answer list is empty, so every completion is incorrect. ``subject`` names the entity asked
+about (several questions can share one). Questions are asked after a fixed few-shot
+preamble (:data:`FEW_SHOT`, whose four examples are not in the set) so a base model
+answers in one short line.
 
 Labelling: the completion is the generated text up to the first newline, stripped of
-whitespace and leading quotes; it is correct when, case-insensitively, it starts with
-one of the aliases at a word boundary (the next character, if any, is not a letter or
-digit, so "He" does not match the alias "H").
+whitespace and leading quotes. Completion and aliases are compared case-insensitively,
+with accents removed (NFKD, combining marks dropped) and one leading article ("the ",
+"a ", "an ") dropped from each; the completion is correct when it starts with an alias at
+a word boundary (the next character, if any, is not a letter or digit, so "He" does not
+match the alias "H").
 """
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +38,7 @@ class FactualPrompt:
     prompt: str
     answers: tuple[str, ...]
     kind: str
+    subject: str = ""
 
     @property
     def text(self) -> str:
@@ -51,7 +57,7 @@ def load_factual_prompts(path: Path | str = DATA_FILE) -> list[FactualPrompt]:
             answers = [answers] if isinstance(answers, str) else list(answers)
             if not row.get("prompt") or (row.get("kind") != "invented" and not answers):
                 raise ValueError(f"{path}:{line_no}: every non-invented prompt needs a question and answers")
-            rows.append(FactualPrompt(row["prompt"], tuple(answers), row["kind"]))
+            rows.append(FactualPrompt(row["prompt"], tuple(answers), row["kind"], row.get("subject", row["prompt"])))
     return rows
 
 
@@ -60,11 +66,24 @@ def completion_answer(generated_text: str) -> str:
     return generated_text.split("\n", 1)[0].strip().strip("\"'“”‘’").strip()
 
 
+ARTICLES = ("the ", "a ", "an ")
+
+
+def normalise(text: str) -> str:
+    """Casefolded, accents removed, one leading article dropped (module docstring)."""
+    text = unicodedata.normalize("NFKD", text.strip().casefold())
+    text = "".join(c for c in text if not unicodedata.combining(c))
+    for article in ARTICLES:
+        if text.startswith(article):
+            return text[len(article):].lstrip()
+    return text
+
+
 def is_correct(generated_text: str, answers: tuple[str, ...] | list[str]) -> bool:
-    """Case-insensitive starts-with match at a word boundary against any alias (module docstring)."""
-    answer = completion_answer(generated_text).casefold()
+    """Starts-with match at a word boundary against any alias, after :func:`normalise` (module docstring)."""
+    answer = normalise(completion_answer(generated_text))
     for alias in answers:
-        a = alias.strip().casefold()
+        a = normalise(alias)
         if a and answer.startswith(a) and (len(answer) == len(a) or not answer[len(a)].isalnum()):
             return True
     return False

@@ -11,33 +11,20 @@ import time
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
-from icl_lens.evals.report import load_average, machine, write_fragment
+from icl_lens.evals.report import load_average, machine, markdown_table, write_fragment
 from icl_lens.lab.checkpoints import training_record
 from icl_lens.lab.experiments.attention_regression import attention_as_regression
 from icl_lens.lab.experiments.convergence import convergence_by_architecture
 from icl_lens.lab.experiments.equivalence import numerical_equivalence
-from icl_lens.lab.experiments.implicit_explicit import implicit_vs_explicit
 from icl_lens.lab.experiments.memory_cost import memory_and_cost
 from icl_lens.lab.experiments.thought_patch import static_thought_patch
 from icl_lens.lab.mixers import ARCHITECTURES
 
 
-def markdown_table(df: pd.DataFrame, digits: int = 4) -> str:
-    """A GitHub table; floats in ``digits`` significant digits (scientific when small)."""
-    def fmt(x):
-        if isinstance(x, float):
-            return f"{x:.{digits}g}" if x == 0 or 1e-3 <= abs(x) < 1e5 else f"{x:.2e}"
-        return str(x)
-    head = "| " + " | ".join(map(str, df.columns)) + " |"
-    sep = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([head, sep, *body])
-
-
 # Reading rules: each finding says on which side of these thresholds the measured numbers fall.
 EXACT = {"float64": 1e-10, "float32": 1e-4}  # relative error under which an identity counts as holding
-ALIGNED = 0.5  # mean cumulative cosine from which implicit and explicit updates count as aligned
 CONVERGES, FLAT = 0.8, 0.3  # decay exponent α: ≥ CONVERGES converges (≈ 1/i), < FLAT flat, between: slowly
 
 
@@ -46,13 +33,11 @@ def _decay_class(alpha: float) -> str:
     return "converges" if alpha >= CONVERGES else "flat" if alpha < FLAT else "converges slowly"
 
 
-def findings(eq, align_rows, conv, tp, mc, rv) -> list[str]:
+def findings(eq, conv, tp, mc, rv) -> list[str]:
     """Short statements, each computed from the results it summarises with the rules above."""
     e = eq.to_frame()
     worst = lambda d: e[e.dtype == d][["rel_error_prediction", "rel_error_residual"]].to_numpy().max()  # noqa: E731
     exact = worst("float64") < EXACT["float64"] and worst("float32") < EXACT["float32"]
-    al = pd.DataFrame(align_rows)
-    aligned = list(al.arch[al.cumulative_cosine >= ALIGNED])
     c = conv.summary().set_index("arch")
     classes = {a: _decay_class(c.loc[a, "alpha_mean_curve"]) for a in c.index}
     by_class = "; ".join(f"{k}: {', '.join(a for a in c.index if classes[a] == k)}"
@@ -73,17 +58,13 @@ def findings(eq, align_rows, conv, tp, mc, rv) -> list[str]:
     identity = max(r["max_rel_error"] for r in rv.rows)
     return [
         f"Rules: an identity holds when its relative error is below {EXACT['float64']:.0e} (float64) / "
-        f"{EXACT['float32']:.0e} (float32); updates are aligned from a mean cosine of {ALIGNED}; a decay exponent "
+        f"{EXACT['float32']:.0e} (float32); a decay exponent "
         f"α ≥ {CONVERGES} converges (≈ 1/i), α < {FLAT} is flat, in between converges slowly.", "",
         f"- 1: the patched context-free forward {'reproduces' if exact else '**does not** reproduce'} the contextual "
         f"one for the {e.arch.nunique()} contextual layers: worst relative error {worst('float64'):.1e} at float64, "
         f"{worst('float32'):.1e} at float32.",
-        f"- 2: implicit updates vs explicit SGD on the same pairs, in weight space: mean cosine "
-        f"{al.cumulative_cosine.min():.3f}..{al.cumulative_cosine.max():.3f} across architectures, different-prompt "
-        f"control {al.control_cosine.min():.3f}..{al.control_cosine.max():.3f}; against one SGD step on the query's "
-        f"own label {al.query_gradient_cosine.min():.3f}..{al.query_gradient_cosine.max():.3f}. Aligned: "
-        f"{', '.join(aligned) or 'none'}, so the papers' high alignment is "
-        f"{'reproduced for ' + ', '.join(aligned) if aligned else '**not** reproduced'} with this protocol.",
+        "- 2: implicit vs explicit finetuning is measured with the paper's protocol in its own section "
+        "(`python -m icl_lens.evals.finetune_alignment`).",
         f"- 3: decay exponents α of the meta-gradient norm up to {conv.n_max} pairs (trained on {conv.n_train}): "
         f"{alphas} ({by_class}; late/early {c.loc['gru', 'late_over_early']:.2f} for the GRU vs "
         f"{c.loc['softmax', 'late_over_early']:.2f} for softmax). The papers' attention-vs-RNN claim (attention's "
@@ -102,8 +83,19 @@ def findings(eq, align_rows, conv, tp, mc, rv) -> list[str]:
     ]
 
 
-def run(quick: bool = False, out: str = "reports/eval_lab.md") -> str:
+STAGES = ("equivalence", "convergence", "thought patch", "memory and cost", "attention as regression")
+
+
+def run(quick: bool = False, out: str = "reports/eval_lab.md", progress: bool = True) -> str:
     s = (lambda full, small: small if quick else full)  # noqa: E731
+    bar = tqdm(total=len(STAGES), desc="lab eval", unit="experiment", disable=not progress)
+
+    def stage(name, experiment):
+        bar.set_postfix_str(name)
+        result = experiment()
+        bar.update()
+        return result
+
     t0, load_before = time.perf_counter(), load_average()
     parts = ["## ICL lab: linear-regression experiments (attention vs parametric and recurrent layers)", "",
              f"Command: `python -m icl_lens.evals.lab{' --quick' if quick else ''}` (shipped checkpoints, no training).",
@@ -117,34 +109,18 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md") -> str:
               "MSE at the query with 16 pairs (0 = least squares, 1 = ignoring the context).", "",
               markdown_table(rec), ""]
 
-    eq = numerical_equivalence(n_prompts=s(64, 8))
+    eq = stage("equivalence", lambda: numerical_equivalence(n_prompts=s(64, 8)))
     parts += ["### 1. Numerical equivalence (contextual vs patched context-free forward)",
               "Every token run alone with its per-layer rank-1 patch of W_in plus the skip-connection bias; "
               "relative error = max |difference| / max |contextual| over all prompts × 17 positions.", "",
               markdown_table(eq.to_frame()), ""]
 
-    frames = []
-    for arch in ARCHITECTURES:
-        al = implicit_vs_explicit(arch, n_prompts=s(8, 2))
-        summ = al.summary()
-        frames.append({"arch": arch, "cumulative_cosine": float(summ.cumulative_cosine.mean()),
-                       "cumulative_cosine_at_n": float(summ.cumulative_cosine_at_n.mean()),
-                       "step_cosine": float(summ.step_cosine.mean()),
-                       "control_cosine": float(summ.control_cosine.mean()),
-                       "query_gradient_cosine": float(summ.query_gradient_cosine.mean()),
-                       "best_layer": int(summ.cumulative_cosine.idxmax()),
-                       "best_layer_cosine": float(summ.cumulative_cosine.max())})
-        if arch == "softmax":
-            soft = summ
     parts += ["### 2. Implicit trajectory vs explicit SGD on the same examples",
-              "Normalised Frobenius inner product (closed form) between the implicit patch ΔW_l(i) and the sum of the "
-              "first i SGD steps (lr 1e-2, one pair per step, all layers' W_in), averaged over steps i = 1..16, "
-              "layers and prompts; `step_cosine` compares the i-th steps; `control_cosine` uses SGD on another "
-              "prompt's pairs (different w); `query_gradient_cosine` compares ΔW_l(16) with one SGD step on the query's own "
-              "held-out label.", "",
-              markdown_table(pd.DataFrame(frames)), "", "Softmax model, per layer:", "", markdown_table(soft), ""]
+              "Measured with the paper's protocol (loss curves, cumulative and per-step alignment in both orders, "
+              "controls, where the context effect lives) by `python -m icl_lens.evals.finetune_alignment`: see the "
+              "section *Implicit vs explicit finetuning (the paper's protocol)*.", ""]
 
-    conv = convergence_by_architecture(n_prompts=s(16, 3), n_max=s(64, 32))
+    conv = stage("convergence", lambda: convergence_by_architecture(n_prompts=s(16, 3), n_max=s(64, 32)))
     parts += ["### 3. Convergence by architecture (meta-gradient norm vs context length)",
               f"Whole-model meta-gradient norm of pair i, i = 1..{conv.n_max} (trained up to {conv.n_train}); "
               f"power-law fit g(i) ≈ c·i^(−α) from i = {conv.fit_from} (and from i = {conv.n_train}); late/early = mean "
@@ -152,14 +128,14 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md") -> str:
               "normalised MSE of the query prediction at n_train and n_max pairs.", "",
               markdown_table(conv.summary()), ""]
 
-    tp = static_thought_patch(n_prompts=s(8, 2), ks=s((1, 2, 4, 8, 16, 32, 64), (1, 8, 64)))
+    tp = stage("thought patch", lambda: static_thought_patch(n_prompts=s(8, 2), ks=s((1, 2, 4, 8, 16, 32, 64), (1, 8, 64))))
     parts += ["### 4. Static thought patch (softmax model)",
               "One (Δ_l, b_l) per layer from K calibration queries (Algorithm 1 of arXiv 2510.08734, ridge 1e-2), "
               "then the query alone: normalised MSE to y on the calibration queries (train) and 256 fresh queries "
               "(test), and to the contextual model's predictions (fidelity); mean over prompts.", "",
               markdown_table(tp.summary()), ""]
 
-    mc = memory_and_cost(lengths=s((32, 128, 512, 2048), (32, 64, 256)))
+    mc = stage("memory and cost", lambda: memory_and_cost(lengths=s((32, 128, 512, 2048), (32, 64, 256))))
     parts += ["### 5. Memory and time per token (token-by-token decoding, batch 1, float32)",
               "State bytes measured from the tensors held after T tokens (KV cache for softmax, fixed state otherwise); "
               "time per token = minimum (and, in the frame, median) wall time over the 32 tokens before T.", "",
@@ -170,10 +146,11 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md") -> str:
               markdown_table(mc.to_frame().pivot(index="context_length", columns="arch", values="us_per_token_min")
                              .reset_index().rename_axis(None, axis=1)), ""]
 
-    rv = attention_as_regression(n_prompts=s(8, 2))
+    rv = stage("attention as regression", lambda: attention_as_regression(n_prompts=s(8, 2)))
     parts += ["### 6. Attention as regression (float64, every layer and head)", "",
               markdown_table(rv.to_frame().fillna("")), ""]
-    parts += ["### Findings (numbers from the tables above)", "", *findings(eq, frames, conv, tp, mc, rv), ""]
+    parts += ["### Findings (numbers from the tables above)", "", *findings(eq, conv, tp, mc, rv), ""]
+    bar.close()
     parts += [f"Total run time: {time.perf_counter() - t0:.0f} s.", ""]
     return write_fragment(out, parts)
 
@@ -182,10 +159,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     ap.add_argument("--out", default="reports/eval_lab.md")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these tiny models)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    sys.stdout.write(run(args.quick, args.out))
+    sys.stdout.write(run(args.quick, args.out, progress=not args.no_progress))
 
 
 if __name__ == "__main__":

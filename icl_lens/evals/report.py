@@ -11,6 +11,7 @@ import platform
 import sys
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 
@@ -58,3 +59,15 @@ def write_fragment(path, lines: list[str]) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return text
+
+
+def markdown_table(df: pd.DataFrame, digits: int = 4) -> str:
+    """A GitHub table; floats in ``digits`` significant digits (scientific when small)."""
+    def fmt(x):
+        if isinstance(x, float):
+            return f"{x:.{digits}g}" if x == 0 or 1e-3 <= abs(x) < 1e5 else f"{x:.2e}"
+        return str(x)
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    sep = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, sep, *body])

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from icl_lens.evals.intervals import bootstrap_ratio, wilson_interval
+from icl_lens.core.bootstrap import bootstrap_ratio
+from icl_lens.evals.intervals import wilson_interval
 from icl_lens.evals.report import command, machine, write_fragment
 from icl_lens.model.loading import EMBEDDED_MODELS
 from icl_lens.thought.tasks import SHIPPED_TASKS, load_task

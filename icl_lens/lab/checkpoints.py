@@ -1,8 +1,24 @@
-"""Shipped checkpoints of the lab models: ``icl_lens/lab/checkpoints/<arch>.pt``.
+"""Shipped checkpoints of the lab models: ``icl_lens/lab/checkpoints/<name>.pt``.
 
 Each file holds the :class:`~icl_lens.lab.model.LabConfig`, the float32 state dict and
 the training record (steps, seed, final loss, seconds). Load without training with
-:func:`load_lab_model`; retrain with ``python -m icl_lens.lab.train --arch ARCH``.
+:func:`load_lab_model`; retrain with ``python -m icl_lens.lab.train --model NAME``.
+
+Named models (:data:`LAB_MODELS`):
+
+- ``softmax``, ``linear``, ``delta``, ``gru``: 10 Pre-LN blocks (d_model 32), one per
+  contextual layer (:mod:`icl_lens.lab.mixers`);
+- ``single_block``: the first experiment of Dherin et al. 2025 (arXiv 2507.16003): one
+  softmax-attention block with no skip connection, no LayerNorm, no embedding and no
+  positional encoding, tokens ``[x, y]`` with ``x ∈ R²``, MLP 3 → 128 → 3, the prediction
+  read from the last coordinate, trained on up to 50 pairs;
+- ``one_block``, ``one_block_skip``, ``one_block_ln``, ``one_block_preln``: ONE block of the
+  ``softmax`` model's width (d_model 32, embedding, query flag, up to 16 pairs) without
+  skip connection or LayerNorm, with the skip connections only, with the LayerNorms
+  only, and with both (a one-block Pre-LN model): the ablations of the Pre-LN block;
+- ``skip_only``: the 10-layer ``softmax`` model without its LayerNorms. (Ten blocks with
+  LayerNorms but no skip connections did not train with the same recipe, so the
+  LayerNorm-only ablation is the one-block model.)
 """
 from __future__ import annotations
 
@@ -16,19 +32,40 @@ from icl_lens.lab.model import LabConfig, RegressionModel
 
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 
+LAB_MODELS: dict[str, LabConfig] = {
+    **{arch: LabConfig(arch=arch) for arch in ARCHITECTURES},
+    "single_block": LabConfig(arch="softmax", d_x=2, d_model=3, d_mlp=128, n_layers=1, n_heads=1, n_context_train=50,
+                              skip=False, layer_norm=False, embed=False, query_flag=False),
+    "one_block": LabConfig(arch="softmax", n_layers=1, skip=False, layer_norm=False),
+    "one_block_skip": LabConfig(arch="softmax", n_layers=1, layer_norm=False),
+    "one_block_ln": LabConfig(arch="softmax", n_layers=1, skip=False),
+    "one_block_preln": LabConfig(arch="softmax", n_layers=1),
+    "skip_only": LabConfig(arch="softmax", layer_norm=False),
+}
+
+# Training recipe per model (python -m icl_lens.lab.train uses it unless told otherwise).
+RECIPES: dict[str, dict] = {
+    **{arch: {"steps": 3000, "lr": 2e-3} for arch in ARCHITECTURES},
+    "single_block": {"steps": 4000, "lr": 1e-2},
+    **{name: {"steps": 3000, "lr": 2e-3} for name in ("one_block", "one_block_skip", "one_block_ln", "one_block_preln")},
+    "skip_only": {"steps": 3000, "lr": 2e-3},
+}
+
 
 class CheckpointNotFoundError(FileNotFoundError):
-    """No shipped checkpoint for this architecture (retrain with ``python -m icl_lens.lab.train``)."""
+    """No shipped checkpoint for this model (retrain with ``python -m icl_lens.lab.train``)."""
 
 
-def checkpoint_path(arch: str, directory: Path | str | None = None) -> Path:
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHITECTURES}")
-    return Path(directory or CHECKPOINT_DIR) / f"{arch}.pt"
+def checkpoint_path(name: str, directory: Path | str | None = None) -> Path:
+    if name not in LAB_MODELS:
+        raise ValueError(f"unknown lab model {name!r}; choose one of {tuple(LAB_MODELS)}")
+    return Path(directory or CHECKPOINT_DIR) / f"{name}.pt"
 
 
-def save_checkpoint(model: RegressionModel, record: dict, directory: Path | str | None = None) -> Path:
-    path = checkpoint_path(model.cfg.arch, directory)
+def save_checkpoint(model: RegressionModel, record: dict, name: str | None = None,
+                    directory: Path | str | None = None) -> Path:
+    """Save ``model`` as ``<name>.pt`` (default name: its architecture)."""
+    path = checkpoint_path(name or model.cfg.arch, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.float32).clone() for k, v in model.state_dict().items()}
     torch.save({"config": model.cfg.to_dict(), "state_dict": state, "record": record}, path)
@@ -36,24 +73,28 @@ def save_checkpoint(model: RegressionModel, record: dict, directory: Path | str 
 
 
 @functools.lru_cache(maxsize=16)
-def _load_file(path: str) -> dict:
+def _load_file(path: str, mtime: float) -> dict:
     from torch.torch_version import TorchVersion
 
     with torch.serialization.safe_globals([TorchVersion]):  # a version string in the training record
         return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def load_lab_model(arch: str, dtype: torch.dtype = torch.float32, directory: Path | str | None = None) -> RegressionModel:
-    """The trained ``arch`` model (``softmax``, ``linear``, ``delta``, ``gru``) in ``dtype``, in eval mode."""
-    path = checkpoint_path(arch, directory)
+def _blob(name: str, directory) -> dict:
+    path = checkpoint_path(name, directory)
     if not path.exists():
-        raise CheckpointNotFoundError(f"no checkpoint at {path}; run `python -m icl_lens.lab.train --arch {arch}`")
-    blob = _load_file(str(path))
+        raise CheckpointNotFoundError(f"no checkpoint at {path}; run `python -m icl_lens.lab.train --model {name}`")
+    return _load_file(str(path), path.stat().st_mtime)
+
+
+def load_lab_model(name: str, dtype: torch.dtype = torch.float32, directory: Path | str | None = None) -> RegressionModel:
+    """The trained model ``name`` (see :data:`LAB_MODELS`) in ``dtype``, in eval mode."""
+    blob = _blob(name, directory)
     model = RegressionModel(LabConfig(**blob["config"]))
     model.load_state_dict(blob["state_dict"])
     return model.to(dtype).eval().requires_grad_(False)
 
 
-def training_record(arch: str, directory: Path | str | None = None) -> dict:
+def training_record(name: str, directory: Path | str | None = None) -> dict:
     """What the shipped checkpoint's training run recorded (steps, loss, seconds, seed)."""
-    return dict(_load_file(str(checkpoint_path(arch, directory)))["record"])
+    return dict(_blob(name, directory)["record"])

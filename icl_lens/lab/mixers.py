@@ -42,10 +42,14 @@ def _causal_fill(scores: Tensor) -> Tensor:
 
 
 class _Mixer(nn.Module):
-    def context_free(self, h: Float[Tensor, "batch pos d_model"], cached: dict[str, Tensor]) -> Tensor:
-        """Output at every position when the position sees only itself (default: rerun on length-1 sequences)."""
+    def alone(self, h: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """Output at every position when the position sees only itself (length-1 sequences)."""
         b, t, d = h.shape
         return self(h.reshape(b * t, 1, d)).reshape(b, t, d)
+
+    def context_free(self, h: Float[Tensor, "batch pos d_model"], cached: dict[str, Tensor]) -> Tensor:
+        """:meth:`alone`, or the same from the contextual pass's cache where the layer can."""
+        return self.alone(h)
 
     def state_bytes(self, state) -> int:
         tensors = state if isinstance(state, (tuple, list)) else (state,)

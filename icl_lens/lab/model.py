@@ -7,6 +7,14 @@ One block (Dherin et al. 2025, arXiv 2507.16003: contextual layer, then MLP):
 ``M`` is the contextual layer (softmax attention, linear attention, delta rule or GRU;
 :mod:`icl_lens.lab.mixers`). Tokens ``[x, y, is_query]`` are embedded linearly, the
 prediction is ``ŷ_t = w_uᵀ LN_f(r_t) + b_u`` at every position (trained at the query).
+
+Ablations are configuration flags (:class:`LabConfig`): ``skip=False`` drops both skip
+connections (``r' = M(h)``, ``out = W_out σ(…)``), ``layer_norm=False`` replaces every
+LayerNorm by the identity, ``embed=False`` feeds the tokens themselves as the residual
+stream (``d_model`` = token size) and reads the prediction from the label slot of the
+last residual, and ``query_flag=False`` drops the query flag from the tokens. The
+paper's first experiment is the single block with all four off:
+``out = W_out σ(W_in M(C, x) + b_in) + b_out``, ``ŷ`` = its last coordinate.
 Hook names per layer ``l``: ``blocks.l.hook_resid_pre``, ``blocks.l.hook_mix_in``,
 ``blocks.l.mix.hook_*``, ``blocks.l.hook_mix_out``, ``blocks.l.hook_resid_mid``,
 ``blocks.l.hook_mlp_in``, ``blocks.l.mlp.hook_pre``, ``blocks.l.mlp.hook_post``,
@@ -24,7 +32,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from icl_lens.lab.mixers import ARCHITECTURES, MIXERS
-from icl_lens.lab.tasks import token_dim
+from icl_lens.lab.tasks import query_tokens, token_dim
 from icl_lens.model.block_family import BlockFamily
 
 # Where the shared weight-edit mechanism (icl_lens.model.weight_edits) reads and edits a lab block.
@@ -43,12 +51,23 @@ class LabConfig:
     n_layers: int = 10
     n_heads: int = 4
     n_context_train: int = 16
+    skip: bool = True
+    layer_norm: bool = True
+    embed: bool = True
+    query_flag: bool = True
 
     def __post_init__(self):
         if self.arch not in ARCHITECTURES:
             raise ValueError(f"unknown arch {self.arch!r}; choose one of {ARCHITECTURES}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if not self.embed and self.d_model != self.token_dim:
+            raise ValueError(f"without an embedding d_model must equal the token size {self.token_dim}, "
+                             f"got {self.d_model}")
+
+    @property
+    def token_dim(self) -> int:
+        return token_dim(self.d_x, self.query_flag)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -67,26 +86,36 @@ class MLP(nn.Module):
         return self.W_out(self.hook_post(F.gelu(self.hook_pre(self.W_in(a)))))
 
 
+def _norm(cfg: LabConfig) -> nn.Module:
+    return nn.LayerNorm(cfg.d_model) if cfg.layer_norm else nn.Identity()
+
+
 class Block(nn.Module):
     def __init__(self, cfg: LabConfig):
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.ln1, self.ln2 = _norm(cfg), _norm(cfg)
+        self.skip = cfg.skip
         self.mix = MIXERS[cfg.arch](cfg.d_model, cfg.n_heads)
         self.mlp = MLP(cfg.d_model, cfg.d_mlp)
         self.hook_resid_pre, self.hook_mix_in, self.hook_mix_out = HookPoint(), HookPoint(), HookPoint()
         self.hook_resid_mid, self.hook_mlp_in, self.hook_mlp_out = HookPoint(), HookPoint(), HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, r: Tensor) -> Tensor:
+    def residual(self, r: Tensor, branch: Tensor) -> Tensor:
+        """``r + branch`` with skip connections, ``branch`` without."""
+        return r + branch if self.skip else branch
+
+    def forward(self, r: Tensor, alone: bool = False) -> Tensor:
         r = self.hook_resid_pre(r)
-        mid = self.hook_resid_mid(r + self.hook_mix_out(self.mix(self.hook_mix_in(self.ln1(r)))))
-        return self.hook_resid_post(mid + self.hook_mlp_out(self.mlp(self.hook_mlp_in(self.ln2(mid)))))
+        h = self.hook_mix_in(self.ln1(r))
+        mid = self.hook_resid_mid(self.residual(r, self.hook_mix_out(self.mix.alone(h) if alone else self.mix(h))))
+        return self.hook_resid_post(self.residual(mid, self.hook_mlp_out(self.mlp(self.hook_mlp_in(self.ln2(mid))))))
 
     def step(self, r: Tensor, state):
         """One token (``batch × d_model``) through the block with a decoding state."""
         mixed, state = self.mix.step(self.ln1(r), state)
-        mid = r + mixed
-        return mid + self.mlp(self.ln2(mid)), state
+        mid = self.residual(r, mixed)
+        return self.residual(mid, self.mlp(self.ln2(mid))), state
 
 
 class RegressionModel(HookedRootModule):
@@ -97,30 +126,40 @@ class RegressionModel(HookedRootModule):
     def __init__(self, cfg: LabConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Linear(token_dim(cfg.d_x), cfg.d_model)
+        self.embed = nn.Linear(cfg.token_dim, cfg.d_model) if cfg.embed else nn.Identity()
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
-        self.ln_final = nn.LayerNorm(cfg.d_model)
-        self.unembed = nn.Linear(cfg.d_model, 1)
+        self.ln_final = _norm(cfg) if cfg.embed else nn.Identity()
+        self.unembed = nn.Linear(cfg.d_model, 1) if cfg.embed else None
         self.hook_embed = HookPoint()
         self.setup()
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
+        return self.blocks[0].mlp.W_in.weight.dtype
 
     def check_tokens(self, tokens: Tensor) -> Tensor:
-        d_tok = token_dim(self.cfg.d_x)
+        d_tok = self.cfg.token_dim
         if tokens.ndim != 3 or tokens.shape[-1] != d_tok or tokens.shape[1] == 0:
             raise ValueError(f"tokens must be batch × pos × {d_tok} with pos ≥ 1, got {tuple(tokens.shape)}")
         if not torch.isfinite(tokens).all():
             raise ValueError("tokens contain NaN or inf")
         return tokens.to(self.dtype)
 
-    def forward(self, tokens: Float[Tensor, "batch pos d_token"]) -> Float[Tensor, "batch pos"]:
+    def query_tokens(self, x: Float[Tensor, "*batch d_x"]) -> Float[Tensor, "*batch d_token"]:
+        """Query tokens in this model's layout (``[x, 0, 1]`` or ``[x, 0]``)."""
+        return query_tokens(x.to(self.dtype), query_flag=self.cfg.query_flag)
+
+    def read_out(self, r: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos"]:
+        """The prediction from the last residual: ``w_uᵀ LN_f(r) + b_u``, or its label slot without an embedding."""
+        return self.unembed(self.ln_final(r))[..., 0] if self.unembed is not None else r[..., self.cfg.d_x]
+
+    def forward(self, tokens: Float[Tensor, "batch pos d_token"], alone: bool = False) -> Float[Tensor, "batch pos"]:
+        """Predictions at every position; ``alone=True`` runs every position with its context removed
+        (the contextual layer sees only the position itself; the rest of a block is position-wise)."""
         r = self.hook_embed(self.embed(self.check_tokens(tokens)))
         for block in self.blocks:
-            r = block(r)
-        return self.unembed(self.ln_final(r))[..., 0]
+            r = block(r, alone)
+        return self.read_out(r)
 
     def init_state(self, batch: int, max_len: int):
         return [b.mix.init_state(batch, max_len, self.dtype) for b in self.blocks]
@@ -132,7 +171,7 @@ class RegressionModel(HookedRootModule):
         for block, st in zip(self.blocks, states):
             r, st = block.step(r, st)
             new.append(st)
-        return self.unembed(self.ln_final(r))[..., 0], new
+        return self.read_out(r[:, None])[:, 0], new
 
     def state_bytes(self, states) -> int:
         return sum(b.mix.state_bytes(s) for b, s in zip(self.blocks, states))

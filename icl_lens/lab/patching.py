@@ -4,18 +4,23 @@ For every layer ``l`` and position ``t`` of a batch of prompts, from ONE context
 (Dherin et al. 2025, arXiv 2507.16003, Theorem 2.2, which holds for any contextual layer):
 
     r = resid_pre,  attn_C = M(C, LN₁ r)                   (what the contextual layer adds)
-    attn_0 = M({t}, LN₁ r)                                  (position t with its context removed)
+    attn_0 = M(K_t, LN₁ r)                                  (position t seeing only its kept set K_t)
     A = LN₂(r + attn_C),  a = LN₂(r + attn_0),  δ = A − a
     ΔW_in = u vᵀ,  u = W_in δ,  v = a/‖a‖²,  correction = attn_C − attn_0   (MLP-output bias)
 
-For softmax attention ``attn_0`` is the cached scores renormalised over ``{t}``
-(:mod:`icl_lens.core.kept_attention`); for linear attention, the delta rule and the GRU
-it is the layer run on the token alone. Running each token alone with every layer's
-patch applied reproduces the contextual forward exactly (:func:`patched_context_free`).
+Without skip connections (``cfg.skip=False``) ``A = LN₂(attn_C)``, ``a = LN₂(attn_0)`` and
+there is no correction: the MLP input carries the whole context effect. The kept set
+is ``K_t = {t}`` (context removed), or, with ``removed_prefix = k``, the positions
+``k..t`` for ``t ≥ k`` (the first ``k`` tokens removed, the rest kept: the "absorb"
+order of docs/design.md §3). For softmax attention and ``K_t = {t}``, ``attn_0`` is the
+cached scores renormalised (:mod:`icl_lens.core.kept_attention`); otherwise it is the
+layer run on the kept positions' inputs, which equal the contextual ones because every
+earlier layer is patched. Running the kept tokens with every layer's patch applied
+reproduces the contextual forward exactly (:func:`patched_forward`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import torch
@@ -61,11 +66,18 @@ class LabPatches:
             correction=self.correction[:, b], kept=default_kept_mask(n, keep_bos=False), kept_bos=False,
             zero_input=self.zero_input[:, b])
 
-    def edits(self) -> dict[int, MLPEdit]:
-        """One edit per (prompt, position) sequence, for the context-free forward on single tokens."""
+    def keep_parts(self, *, w_in: bool = True, correction: bool = True) -> "LabPatches":
+        """The same patches with the ``W_in`` part and/or the skip correction zeroed (to see where the effect lives)."""
+        return replace(self, u=self.u if w_in else torch.zeros_like(self.u),
+                       correction=self.correction if correction else torch.zeros_like(self.correction))
+
+    def edits(self, per_prompt: bool = False) -> dict[int, MLPEdit]:
+        """Per-position edits: for single tokens run alone (``batch·pos`` sequences of length 1), or,
+        with ``per_prompt=True``, for the prompts run as ``batch`` sequences."""
         L, B, T = self.u.shape[:3]
-        return {l: MLPEdit(v=self.v[l].reshape(B * T, 1, 1, -1), u_in=self.u[l].reshape(B * T, 1, 1, -1),
-                           bias=self.correction[l].reshape(B * T, 1, -1)) for l in range(L)}
+        shape = (B, T) if per_prompt else (B * T, 1)
+        return {l: MLPEdit(v=self.v[l].reshape(*shape, 1, -1), u_in=self.u[l].reshape(*shape, 1, -1),
+                           bias=self.correction[l].reshape(*shape, -1)) for l in range(L)}
 
     def to_frame(self) -> pd.DataFrame:
         norms = self.norms().detach().double()
@@ -84,38 +96,84 @@ def _hook_names(model: RegressionModel) -> set[str]:
     return names
 
 
+def _kept_output(block, h: Tensor, cached: dict[str, Tensor], removed_prefix: int | None) -> Tensor:
+    """``attn_0`` at every position: the contextual layer over each position's kept set."""
+    if removed_prefix is None:
+        return block.mix.context_free(h, cached)
+    k = removed_prefix
+    return torch.cat([block.mix.alone(h[:, :k]), block.mix(h[:, k:])], dim=1) if k else block.mix(h)
+
+
 @torch.no_grad()
-def lab_token_patches(model: RegressionModel, tokens: Float[Tensor, "batch pos d_token"]) -> LabPatches:
-    """Token patches of every layer and position from one contextual pass (context removed = ``{t}`` kept)."""
+def lab_token_patches(model: RegressionModel, tokens: Float[Tensor, "batch pos d_token"], *,
+                      removed_prefix: int | None = None) -> LabPatches:
+    """Token patches of every layer and position from one contextual pass.
+
+    ``removed_prefix=None``: each position's context is removed (kept set ``{t}``).
+    ``removed_prefix=k``: the first ``k`` tokens are removed for every position (later
+    positions keep ``k..t``; ``k = 0`` removes nothing and gives zero patches).
+    """
+    return patches_by_removed_prefix(model, tokens, (removed_prefix,))[0]
+
+
+@torch.no_grad()
+def patches_by_removed_prefix(model: RegressionModel, tokens: Float[Tensor, "batch pos d_token"],
+                              removed_prefixes) -> list[LabPatches]:
+    """:func:`lab_token_patches` for several ``removed_prefix`` values from ONE contextual pass."""
+    tokens = model.check_tokens(tokens)
+    for k in removed_prefixes:
+        if k is not None and not 0 <= k <= tokens.shape[1]:
+            raise ValueError(f"removed_prefix must lie in 0..{tokens.shape[1]}, got {k}")
     names = _hook_names(model)
-    _, cache = model.run_with_cache(model.check_tokens(tokens), names_filter=lambda n: n in names)
-    out = {k: [] for k in ("u", "v", "correction", "A", "a", "zero")}
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    outs = [{k: [] for k in ("u", "v", "correction", "A", "a", "zero")} for _ in removed_prefixes]
     for l, block in enumerate(model.blocks):
         r, h = cache[f"blocks.{l}.hook_resid_pre"], cache[f"blocks.{l}.hook_mix_in"]
         attn_C, A = cache[f"blocks.{l}.hook_mix_out"], cache[f"blocks.{l}.hook_mlp_in"]
         cached = {k: cache[f"blocks.{l}.mix.{k}"] for k in _MIXER_CACHE if f"blocks.{l}.mix.{k}" in cache}
-        attn_0 = block.mix.context_free(h, cached)
-        a = block.ln2(r + attn_0)
-        for name, x in (("A", A), ("a", a)):
-            if not torch.isfinite(x).all():
-                raise FloatingPointError(f"non-finite MLP input ({name}) at layer {l}")
-        u, v, zero = token_patch(block.mlp.W_in.weight, A, a)
-        for k, x in (("u", u), ("v", v), ("correction", attn_C - attn_0), ("A", A), ("a", a), ("zero", zero)):
-            out[k].append(x)
-    st = {k: torch.stack(x) for k, x in out.items()}
-    return LabPatches(model.cfg.arch, st["u"], st["v"], st["correction"], st["A"], st["a"], st["zero"])
+        if not torch.isfinite(A).all():
+            raise FloatingPointError(f"non-finite MLP input (A) at layer {l}")
+        for removed, out in zip(removed_prefixes, outs):
+            attn_0 = _kept_output(block, h, cached, removed)
+            a = block.ln2(block.residual(r, attn_0))
+            if not torch.isfinite(a).all():
+                raise FloatingPointError(f"non-finite MLP input (a) at layer {l}")
+            u, v, zero = token_patch(block.mlp.W_in.weight, A, a)
+            correction = attn_C - attn_0 if block.skip else torch.zeros_like(attn_C)
+            if removed == 0:  # nothing removed: the patch is zero by definition
+                u, correction = torch.zeros_like(u), torch.zeros_like(correction)
+            for k, x in (("u", u), ("v", v), ("correction", correction), ("A", A), ("a", a), ("zero", zero)):
+                out[k].append(x)
+    results = []
+    for out in outs:
+        st = {k: torch.stack(x) for k, x in out.items()}
+        results.append(LabPatches(model.cfg.arch, st["u"], st["v"], st["correction"], st["A"], st["a"], st["zero"]))
+    return results
 
 
 @torch.no_grad()
-def patched_context_free(model: RegressionModel, tokens: Float[Tensor, "batch pos d_token"],
-                         patches: LabPatches, extra_hooks: list | None = None) -> Float[Tensor, "batch pos"]:
-    """Each token run ALONE (no context) with its patches applied in every layer: predictions per position.
+def patched_forward(model: RegressionModel, tokens: Float[Tensor, "batch pos d_token"], patches: LabPatches, *,
+                    removed_prefix: int | None = None, extra_hooks: list | None = None) -> Float[Tensor, "batch pos"]:
+    """The kept tokens run with their patches applied in every layer: predictions per position.
 
-    ``extra_hooks`` run after the patches (on sequences of length 1, ``batch·pos`` of them).
+    ``removed_prefix=None``: each token runs ALONE (``batch × pos`` sequences of length 1);
+    ``removed_prefix=k``: tokens ``k..`` run as one sequence per prompt and the first ``k``
+    positions are dropped from the output. ``extra_hooks`` run after the patches.
     """
     tokens = model.check_tokens(tokens)
     B, T, d = tokens.shape
     if patches.u.shape[1:3] != (B, T):
         raise ValueError(f"patches are for {tuple(patches.u.shape[1:3])} prompts × positions, tokens are {(B, T)}")
-    with edits_applied(model, patches.edits(), extra_hooks=extra_hooks or ()):
-        return model(tokens.reshape(B * T, 1, d)).reshape(B, T)
+    if removed_prefix is None:
+        with edits_applied(model, patches.edits(), extra_hooks=extra_hooks or ()):
+            return model(tokens.reshape(B * T, 1, d)).reshape(B, T)
+    k = removed_prefix
+    edits = {l: MLPEdit(v=e.v[:, k:], u_in=e.u_in[:, k:], bias=e.bias[:, k:]) for l, e in patches.edits(per_prompt=True).items()}
+    with edits_applied(model, edits, extra_hooks=extra_hooks or ()):
+        return model(tokens[:, k:])
+
+
+def patched_context_free(model: RegressionModel, tokens: Float[Tensor, "batch pos d_token"],
+                         patches: LabPatches, extra_hooks: list | None = None) -> Float[Tensor, "batch pos"]:
+    """Each token run ALONE (no context) with its patches applied in every layer: predictions per position."""
+    return patched_forward(model, tokens, patches, extra_hooks=extra_hooks)

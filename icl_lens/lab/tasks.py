@@ -7,7 +7,9 @@ A prompt holds ``n`` context pairs ``(xᵢ, yᵢ)`` from one random linear map a
 
 and the model must predict ``y_q = wᵀx_q`` at the query position. The last coordinate
 flags the query (there are no positional embeddings: the causal mask alone orders
-tokens). The least-squares solution is exact once ``n ≥ d``.
+tokens). With ``query_flag=False`` (the paper's single-block setting) the flag is
+dropped: ``eᵢ = [xᵢ, yᵢ]``, ``e_q = [x_q, 0]``. The least-squares solution is exact once
+``n ≥ d``.
 """
 from __future__ import annotations
 
@@ -46,20 +48,22 @@ class RegressionPrompts:
         return RegressionPrompts(self.tokens.to(dtype), self.targets.to(dtype), self.weights.to(dtype))
 
 
-def token_dim(d_x: int) -> int:
-    """Size of one token vector ``[x, y, is_query]``."""
-    return d_x + 2
+def token_dim(d_x: int, query_flag: bool = True) -> int:
+    """Size of one token vector ``[x, y, is_query]`` (``[x, y]`` without the flag)."""
+    return d_x + 1 + int(query_flag)
 
 
-def context_tokens(x: Float[Tensor, "*batch n d_x"], y: Float[Tensor, "*batch n"]) -> Float[Tensor, "*batch n d_token"]:
-    """Context tokens ``[x, y, 0]``."""
-    return torch.cat([x, y[..., None], torch.zeros_like(y[..., None])], dim=-1)
+def context_tokens(x: Float[Tensor, "*batch n d_x"], y: Float[Tensor, "*batch n"], *,
+                   query_flag: bool = True) -> Float[Tensor, "*batch n d_token"]:
+    """Context tokens ``[x, y, 0]`` (``[x, y]`` without the flag)."""
+    parts = [x, y[..., None]] + ([torch.zeros_like(y[..., None])] if query_flag else [])
+    return torch.cat(parts, dim=-1)
 
 
-def query_tokens(x: Float[Tensor, "*batch d_x"]) -> Float[Tensor, "*batch d_token"]:
-    """Query tokens ``[x, 0, 1]`` (the label slot is empty)."""
+def query_tokens(x: Float[Tensor, "*batch d_x"], *, query_flag: bool = True) -> Float[Tensor, "*batch d_token"]:
+    """Query tokens ``[x, 0, 1]`` (``[x, 0]`` without the flag): the label slot is empty."""
     zero = torch.zeros_like(x[..., :1])
-    return torch.cat([x, zero, torch.ones_like(zero)], dim=-1)
+    return torch.cat([x, zero] + ([torch.ones_like(zero)] if query_flag else []), dim=-1)
 
 
 def sample_prompts(
@@ -70,8 +74,11 @@ def sample_prompts(
     generator: torch.Generator | None = None,
     dtype: torch.dtype = torch.float32,
     weights: Float[Tensor, "batch d_x"] | None = None,
+    query_flag: bool = True,
 ) -> RegressionPrompts:
-    """``batch`` prompts with ``n_context`` pairs each (a fresh ``w`` per prompt unless given)."""
+    """``batch`` prompts with ``n_context`` pairs each (a fresh ``w`` per prompt unless given).
+
+    ``query_flag``: token layout of the model (``model.cfg.query_flag``)."""
     if batch < 1 or n_context < 0 or d_x < 1:
         raise ValueError(f"need batch ≥ 1, n_context ≥ 0, d_x ≥ 1 (got {batch}, {n_context}, {d_x})")
     g = generator
@@ -80,7 +87,8 @@ def sample_prompts(
         raise ValueError(f"weights must have shape ({batch}, {d_x}), got {tuple(w.shape)}")
     x = torch.randn(batch, n_context + 1, d_x, generator=g, dtype=dtype)
     y = torch.einsum("bnd,bd->bn", x, w)
-    tokens = torch.cat([context_tokens(x[:, :-1], y[:, :-1]), query_tokens(x[:, -1])[:, None]], dim=1)
+    tokens = torch.cat([context_tokens(x[:, :-1], y[:, :-1], query_flag=query_flag),
+                        query_tokens(x[:, -1], query_flag=query_flag)[:, None]], dim=1)
     return RegressionPrompts(tokens=tokens, targets=y[:, -1], weights=w)
 
 

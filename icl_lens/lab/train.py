@@ -3,6 +3,7 @@
 Loss: mean squared error of the query prediction, normalised by ``d_x`` (the variance of
 ``y = wᵀx``), so a model that ignores the context scores about 1 and least squares 0.
 Each step draws a fresh batch with a context length uniform in ``1..n_context_train``.
+The named models and their recipes are in :mod:`icl_lens.lab.checkpoints`.
 """
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import argparse
 import time
 
 import torch
+from tqdm.auto import tqdm
 
-from icl_lens.lab.checkpoints import CHECKPOINT_DIR, save_checkpoint
-from icl_lens.lab.mixers import ARCHITECTURES
+from icl_lens.lab.checkpoints import CHECKPOINT_DIR, LAB_MODELS, RECIPES, save_checkpoint
 from icl_lens.lab.model import LabConfig, RegressionModel, build_model
 from icl_lens.lab.tasks import sample_prompts
 
@@ -23,8 +24,8 @@ def query_loss(model: RegressionModel, tokens: torch.Tensor, targets: torch.Tens
 
 
 def train(cfg: LabConfig, *, steps: int = 3000, batch: int = 64, lr: float = 2e-3, seed: int = 0,
-          log_every: int = 250, verbose: bool = True) -> tuple[RegressionModel, dict]:
-    """Adam with linear warm-up and cosine decay; returns the model and a training record."""
+          progress: bool = True, desc: str | None = None) -> tuple[RegressionModel, dict]:
+    """AdamW with linear warm-up and cosine decay; returns the model and a training record."""
     if steps < 1:
         raise ValueError("steps must be ≥ 1")
     model = build_model(cfg, seed=seed)
@@ -34,9 +35,10 @@ def train(cfg: LabConfig, *, steps: int = 3000, batch: int = 64, lr: float = 2e-
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * s / steps)).item()))
     g = torch.Generator().manual_seed(seed + 1)
     start, recent = time.perf_counter(), []
-    for step in range(steps):
+    bar = tqdm(range(steps), desc=desc or cfg.arch, disable=not progress, mininterval=1.0)
+    for step in bar:
         n = int(torch.randint(1, cfg.n_context_train + 1, (1,), generator=g))
-        p = sample_prompts(batch, n, cfg.d_x, generator=g)
+        p = sample_prompts(batch, n, cfg.d_x, generator=g, query_flag=cfg.query_flag)
         loss = query_loss(model, p.tokens, p.targets)
         opt.zero_grad()
         loss.backward()
@@ -44,12 +46,11 @@ def train(cfg: LabConfig, *, steps: int = 3000, batch: int = 64, lr: float = 2e-
         opt.step()
         sched.step()
         recent = (recent + [loss.item()])[-100:]
-        if verbose and (step + 1) % log_every == 0:
-            print(f"[{cfg.arch}] step {step + 1}/{steps} loss {sum(recent) / len(recent):.4f} "
-                  f"({time.perf_counter() - start:.0f}s)", flush=True)
+        if step % 50 == 0:
+            bar.set_postfix(loss=f"{sum(recent) / len(recent):.4f}")
     model.eval().requires_grad_(False)
     gen = torch.Generator().manual_seed(10_000 + seed)
-    p = sample_prompts(1024, cfg.n_context_train, cfg.d_x, generator=gen)
+    p = sample_prompts(1024, cfg.n_context_train, cfg.d_x, generator=gen, query_flag=cfg.query_flag)
     with torch.no_grad():
         final = query_loss(model, p.tokens, p.targets).item()
     record = {"steps": steps, "batch": batch, "lr": lr, "seed": seed, "seconds": time.perf_counter() - start,
@@ -60,22 +61,22 @@ def train(cfg: LabConfig, *, steps: int = 3000, batch: int = 64, lr: float = 2e-
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", choices=[*ARCHITECTURES, "all"], default="all")
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--model", "--arch", dest="model", choices=[*LAB_MODELS, "all"], default="all",
+                    help="named lab model (icl_lens.lab.checkpoints.LAB_MODELS)")
+    ap.add_argument("--steps", type=int, default=None, help="default: the model's recipe")
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=None, help="default: the model's recipe")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--n-layers", type=int, default=10)
-    ap.add_argument("--d-model", type=int, default=32)
     ap.add_argument("--out", default=str(CHECKPOINT_DIR), help="checkpoint folder (default: the shipped one)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these tiny models)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    for arch in ARCHITECTURES if args.arch == "all" else (args.arch,):
-        cfg = LabConfig(arch=arch, n_layers=args.n_layers, d_model=args.d_model, d_mlp=4 * args.d_model)
-        model, record = train(cfg, steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed)
-        path = save_checkpoint(model, record, args.out)
-        print(f"[{arch}] saved {path} ({path.stat().st_size / 1024:.0f} KB): {record}", flush=True)
+    for name in LAB_MODELS if args.model == "all" else (args.model,):
+        recipe = RECIPES[name]
+        model, record = train(LAB_MODELS[name], steps=args.steps or recipe["steps"], batch=args.batch,
+                              lr=args.lr or recipe["lr"], seed=args.seed, desc=name)
+        path = save_checkpoint(model, record, name, args.out)
+        print(f"[{name}] saved {path} ({path.stat().st_size / 1024:.0f} KB): {record}", flush=True)
 
 
 if __name__ == "__main__":

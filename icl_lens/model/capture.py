@@ -3,15 +3,20 @@
 docs/design.md §2 (Dherin et al. 2025, arXiv 2507.16003; Goldwaser et al., arXiv 2511.17864
 for gated, sandwich-norm blocks). Per layer ``l``, hooks read during the contextual pass:
 
-    r       = resid_pre                      attn_C = resid_mid − r
+    r       = resid_pre                      attn_C = attention branch output (after any post-attention norm)
     z⁰_t    = cached scores of t renormalised over its kept keys, times cached values
-    attn_0  = post_norm(W_O z⁰ + b_O)        A = ln2(r + attn_C)   (the MLP input)
-    a       = ln2(r + attn_0)                δ = A − a
+    attn_0  = post_norm(W_O z⁰ + b_O)        A = the MLP input, e.g. ln2(r + attn_C)
+    a       = the same with attn_0           δ = A − a
     u_in = W_in δ  (W_up),  u_gate = W_gate δ,  v = a/‖a‖²,  correction = attn_C − attn_0
+
+How ``A`` is formed (pre-MLP norm, raw residual, parallel block) is the block family's
+(:mod:`icl_lens.model.block_family`).
 
 Everything is computed in-flight inside the hooks (memory O(layers·pos·(d_model+d_mlp)),
 no ``pos × pos`` score matrix kept, no dense ``d_mlp × d_model`` per token), and the
-forward stops after the last block's MLP input, so the unembedding never runs.
+forward stops after the last block's MLP input, so the unembedding never runs. The
+capture works on right-padded batches of prompts (one prompt is the batch of one);
+:mod:`icl_lens.model.batches` forms them and adds the norms-only mode.
 """
 from __future__ import annotations
 
@@ -23,17 +28,19 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from icl_lens.core.kept_attention import (
-    bos_and_self_output,
-    default_kept_mask,
-    kept_set_output,
-    removal_kept_mask,
-    removes_nothing,
-)
+from icl_lens.core.kept_attention import bos_and_self_output, kept_set_output, removes_nothing
+from icl_lens.core.factored import patch_norm
 from icl_lens.core.patch_set import TokenPatches
-from icl_lens.core.token_patch import token_patch
-from icl_lens.model.block_family import BlockFamily, block_family, first_dense_weights
-from icl_lens.model.prompts import bos_id, encode_prompt, str_tokens
+from icl_lens.core.token_patch import input_pseudo_inverse, token_patch
+from icl_lens.model.block_family import (
+    BlockFamily,
+    block_family,
+    dense_weight,
+    first_dense_modules,
+    first_dense_weights,
+    original,
+)
+from icl_lens.model.prompts import bos_id
 
 
 class NonFiniteActivationError(FloatingPointError):
@@ -54,14 +61,16 @@ def patch_dtype(model) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _check_finite(x: Tensor, what: str, layer: int, offset: int = 0) -> None:
+def _check_finite(x: Tensor, what: str, layer: int, offset: int | Tensor = 0) -> None:
+    """Raise if ``x`` has a NaN/inf; rows are positions ``offset + i`` (or ``offset[i]`` for a tensor)."""
     bad = ~torch.isfinite(x)
     if bad.any():
-        pos = int(torch.nonzero(bad.reshape(x.shape[0], -1).any(-1))[0]) + offset
+        row = int(torch.nonzero(bad.reshape(x.shape[0], -1).any(-1))[0])
+        pos = int(offset[row]) if isinstance(offset, Tensor) else row + offset
         raise NonFiniteActivationError(f"non-finite {what} at layer {layer}, position {pos}")
 
 
-def _removed_mask(remove: Iterable[int] | slice | range, n: int, device) -> Tensor:
+def removed_mask(remove: Iterable[int] | slice | range, n: int, device) -> Tensor:
     idx = range(n)[remove] if isinstance(remove, slice) else list(remove)
     removed = torch.zeros(n, dtype=torch.bool, device=device)
     for i in idx:
@@ -71,29 +80,53 @@ def _removed_mask(remove: Iterable[int] | slice | range, n: int, device) -> Tens
     return removed
 
 
-def _kept_sets(n: int, remove, keep_bos: bool, device) -> tuple[Tensor, bool]:
-    """Kept mask [query, key] and whether it is the default ``{BOS, t}`` set."""
-    if remove is None:
-        return default_kept_mask(n, keep_bos=keep_bos, device=device), True
-    return removal_kept_mask(n, _removed_mask(remove, n, device)), False
-
-
 class LayerCapture:
     """Hook callbacks that compute one layer's patch factors while the forward runs.
 
-    Queries are the positions ``offset .. offset+q-1`` of the forward's input (``offset``
-    > 0 when earlier positions sit in a key/value cache); ``kept`` has one row per query.
+    Works on a batch of ``B`` right-padded rows; queries are the positions
+    ``offset .. offset+q-1`` of the forward's input (``offset`` > 0 when earlier positions
+    sit in a key/value cache). ``kept`` is ``[B, q, key]`` (or ``[q, key]`` for one row)
+    and is read only when ``default_kept`` is False; ``keep_bos`` is a bool or one per
+    row; ``lengths`` the real length of each row (padding after it is never computed).
+    ``out`` holds ``[layers, B, q, …]`` buffers, on any device (each layer's result is
+    moved there). ``norm_weights`` switches to norms only: ``out`` then holds ``norm`` and
+    ``correction_norm`` and the patch factors are never formed (see :mod:`icl_lens.model.batches`).
     """
 
-    def __init__(self, model, family: BlockFamily, kept: Tensor, default_kept: bool, keep_bos: bool,
-                 out: dict[str, Tensor], *, offset: int = 0, bos_values: dict[int, Tensor] | None = None,
-                 stop_after_last: bool = True):
-        self.model, self.family, self.kept = model, family, kept
-        self.default_kept, self.keep_bos, self.out = default_kept, keep_bos, out
-        self.offset, self.stop_after_last = offset, stop_after_last
+    def __init__(self, model, family: BlockFamily, kept: Tensor | None, default_kept: bool,
+                 keep_bos: bool | Tensor, out: dict[str, Tensor | None], *, offset: int = 0,
+                 bos_values: dict[int, Tensor] | None = None, stop_after_last: bool = True,
+                 q: int | None = None, lengths: Tensor | None = None, layers: Sequence[int] | None = None,
+                 norm_weights=None):
+        self.model, self.family, self.out = model, family, out
+        self.default_kept, self.offset, self.stop_after_last = default_kept, offset, stop_after_last
         self.bos_values = {} if bos_values is None else bos_values
         self.dtype = patch_dtype(model)
-        self.unchanged = removes_nothing(kept, offset=offset)  # zero patch on these rows
+        self.norm_weights = norm_weights
+        if kept is not None and kept.ndim == 2:
+            kept = kept[None]
+        self.kept = kept
+        batch = int(kept.shape[0]) if kept is not None else int(torch.as_tensor(keep_bos).numel())
+        q = int(kept.shape[1]) if kept is not None else int(q)
+        self.keep_bos = keep_bos if isinstance(keep_bos, bool) else torch.as_tensor(keep_bos, dtype=torch.bool)
+        positions = offset + torch.arange(q)
+        real = (torch.ones(batch, q, dtype=torch.bool) if lengths is None
+                else positions[None] < torch.as_tensor(lengths).cpu()[:, None])
+        if default_kept:  # {BOS, t} (or {t}) is the whole prefix only for t <= 1 (t = 0)
+            bos = torch.full((batch,), keep_bos) if isinstance(keep_bos, bool) else self.keep_bos.cpu()
+            unchanged = positions[None] <= bos[:, None].long()
+        else:
+            unchanged = removes_nothing(kept.cpu(), offset=offset)
+        self.real, self.unchanged, self.compute = real, unchanged & real, real & ~unchanged
+        self.positions = positions[None].expand(batch, q)
+        # One prompt whose computed rows are a tail of it: slice (views) instead of gathering rows.
+        first = int(torch.argmax(self.compute[0].long()))
+        self.tail = (slice(first, q) if batch == 1 and bool(self.compute.any()) and bool(self.compute[0, first:].all())
+                     else None)
+        self.layers = tuple(range(model.cfg.n_layers)) if layers is None else tuple(layers)
+        self.slot = {layer: i for i, layer in enumerate(self.layers)}
+        self.last_layer = max(self.layers)
+        self._on: dict[str, dict[str, Tensor]] = {}
         self.state: dict[str, Tensor] = {}
         self.reentered = False
 
@@ -103,92 +136,170 @@ class LayerCapture:
             (f.resid_pre(layer), self._store("r")),
             (f.values(layer), lambda x, hook, layer=layer: self._values(x, layer)),
             (f.scores(layer), lambda x, hook, layer=layer: self._attend(x, layer)),
-            (f.resid_mid(layer), self._store("resid_mid")),
+            (f.attn_out(layer), self._store("attn_C")),
             (f.mlp_input(layer), lambda x, hook, layer=layer: self._patch(x, layer)),
         ]
 
+    def all_hooks(self) -> list[tuple[str, object]]:
+        """Hooks of every captured layer."""
+        return [h for layer in self.layers for h in self.hooks(layer)]
+
+    def _masks(self, device) -> dict[str, Tensor]:
+        key = str(device)
+        if key not in self._on:
+            self._on[key] = {name: getattr(self, name).to(device)
+                             for name in ("real", "unchanged", "compute", "positions")}
+            if not isinstance(self.keep_bos, bool):
+                self._on[key]["keep_bos"] = self.keep_bos.to(device)
+        return self._on[key]
+
     def _store(self, key: str):
         def hook(x, hook):
-            self.state[key] = x[0].detach()
+            self.state[key] = x.detach()
         return hook
 
     def _values(self, x: Tensor, layer: int) -> None:
-        values = x[0].detach()
+        values = x.detach()
         if self.offset == 0:
-            self.bos_values[layer] = values[0]
+            self.bos_values[layer] = values[:, 0]
         self.state["values"] = values
 
     def _attend(self, scores: Tensor, layer: int) -> None:
-        s, values = scores[0].detach(), self.state.pop("values")
+        s, values = scores.detach(), self.state.pop("values")
         if self.default_kept:
-            z0 = bos_and_self_output(s, values, keep_bos=self.keep_bos, offset=self.offset,
+            keep_bos = self.keep_bos if isinstance(self.keep_bos, bool) else self._masks(s.device)["keep_bos"]
+            z0 = bos_and_self_output(s, values, keep_bos=keep_bos, offset=self.offset,
                                      bos_value=self.bos_values.get(layer))
         else:
-            z0 = kept_set_output(s, values, self.kept)
+            z0 = kept_set_output(s, values, self.kept.to(s.device))
         self.state["z0"] = z0
+
+    def _rows(self, x: Tensor, mask: Tensor) -> Tensor:
+        return x[0, self.tail] if self.tail is not None else x[mask]
 
     @torch.no_grad()
     def _patch(self, mlp_in: Tensor, layer: int) -> None:
         if self.reentered:  # layer_factors' own call of ln2 fires this hook point again
             return
-        r, resid_mid, z0 = self.state.pop("r"), self.state.pop("resid_mid"), self.state.pop("z0")
-        f = layer_factors(self, layer, r, resid_mid, z0, mlp_in[0].detach(), "MLP input (contextual)", self.offset)
-        keep = (~self.unchanged)[:, None].to(self.dtype)
-        self.out["u_in"][layer] = f["u_in"] * keep
-        if f["u_gate"] is not None:
-            self.out["u_gate"][layer] = f["u_gate"] * keep
-        self.out["v"][layer] = f["v"]
-        self.out["correction"][layer] = f["correction"] * keep
-        self.out["zero_input"][layer] = f["zero"] & ~self.unchanged
-        if self.stop_after_last and layer == self.model.cfg.n_layers - 1:
+        r, attn_C, z0 = self.state.pop("r"), self.state.pop("attn_C"), self.state.pop("z0")
+        A = mlp_in.detach()
+        m = self._masks(A.device)
+        bad = ~torch.isfinite(A).all(-1) & m["real"]
+        if bad.any():
+            b, t = (int(i) for i in torch.nonzero(bad)[0])
+            where = f" of prompt {b}" if bad.shape[0] > 1 else ""
+            raise NonFiniteActivationError(
+                f"non-finite MLP input (contextual) at layer {layer}, position {t + self.offset}{where}")
+        k, compute = self.slot[layer], m["compute"]
+        if self.tail is not None or bool(compute.any()):
+            rows = lambda x: self._rows(x, compute)  # noqa: E731
+            weights = None if self.norm_weights is None else self.norm_weights(layer)
+            if weights is None:
+                weights = materialised_dense_weights(self.model, layer)
+            f = layer_factors(self, layer, rows(r), rows(attn_C), rows(z0), rows(A), "MLP input (contextual)",
+                              rows(m["positions"]), weights=weights)
+            if self.norm_weights is not None:
+                self._put("norm", k, patch_norm(f["u_in"], f["v"]))
+                self._put("correction_norm", k, torch.linalg.vector_norm(f["correction"], dim=-1))
+            else:
+                for key in ("u_in", "u_gate", "v", "correction"):
+                    if f[key] is not None:
+                        self._put(key, k, f[key])
+            self._put("zero_input", k, f["zero"])
+        if self.norm_weights is None:
+            self._zero_rest(k)
+            if bool(m["unchanged"].any()):  # nothing removed: u = 0, v = A/‖A‖²
+                buf = self.out["v"][k]
+                buf[self.unchanged.to(buf.device)] = input_pseudo_inverse(A[m["unchanged"]].to(self.dtype))[0].to(buf.device)
+        if self.stop_after_last and layer == self.last_layer:
             raise StopForward
 
+    def _zero_rest(self, k: int) -> None:
+        """Zero the rows not computed (nothing removed, or padding): buffers may come uninitialised."""
+        for key in ("u_in", "u_gate", "v", "correction"):
+            buf = self.out.get(key)
+            if buf is None:
+                continue
+            if self.tail is not None:
+                buf[k][0, : self.tail.start] = 0
+            else:
+                buf[k][~self.compute.to(buf.device)] = 0
 
-def layer_factors(capture, layer: int, r: Tensor, resid_mid: Tensor, z0: Tensor, A: Tensor,
-                  what: str, offset: int = 0) -> dict[str, Tensor | None]:
-    """Patch factors of one layer for rows with residual ``r``, kept-key attention ``z0`` and MLP input ``A``.
+    def _put(self, key: str, k: int, value: Tensor) -> None:
+        buf = self.out[key][k]
+        if self.tail is not None:
+            buf[0, self.tail] = value.to(buf.device)
+        else:
+            buf[self.compute.to(buf.device)] = value.to(buf.device)
 
-    ``attn_0 = post_norm(W_O z0)`` and ``a = ln2(r + attn_0)`` go through the bridge's own
+
+def materialised_dense_weights(model, layer: int) -> dict[str, Tensor]:
+    """The layer's first dense weights, materialised where accelerate offloads them (CPU/disk device maps)."""
+    modules = first_dense_modules(model, layer)
+    if not any(hasattr(original(m), "_hf_hook") for m in modules.values()):
+        return first_dense_weights(model, layer)
+    from accelerate.utils import align_module_device
+
+    weights = {}
+    for name, module in modules.items():
+        with align_module_device(original(module)):
+            weights[name] = dense_weight(module).detach().clone()
+    return weights
+
+
+def layer_factors(capture, layer: int, r: Tensor, attn_C: Tensor, z0: Tensor, A: Tensor,
+                  what: str, offset: int | Tensor = 0, weights: dict[str, Tensor] | None = None) -> dict[str, Tensor | None]:
+    """Patch factors of one layer for rows with residual ``r``, attention output ``attn_C``,
+    kept-key attention ``z0`` and MLP input ``A``.
+
+    ``attn_0`` and ``a`` are formed by the block family and go through the bridge's own
     components, so they are rounded exactly as the kept-only forward will round them.
-    ``capture.reentered`` is set meanwhile: the ln2 call fires the MLP-input hook again.
+    ``capture.reentered`` is set meanwhile: a pre-MLP norm call fires the MLP-input hook again.
+    ``offset``: position of row 0, or each row's position (messages only). ``weights``:
+    the dense weights to multiply ``δ`` by (default: the layer's own first dense weights).
     """
     model, family, dtype = capture.model, capture.family, capture.dtype
     block = model.blocks[layer]
     capture.reentered = True
     try:
-        attn_0 = block.attn.o(z0.reshape(1, z0.shape[0], -1).to(r.dtype))
-        if family.post_attention_norm:
-            attn_0 = block.ln1_post(attn_0)
-        a = block.ln2(r[None] + attn_0)[0]
-        attn_0 = attn_0[0]
+        attn_0 = family.kept_attention_output(block, z0.to(r.dtype))
+        a = family.context_free_mlp_input(block, r, attn_0, A)
     finally:
         capture.reentered = False
     _check_finite(A, what, layer, offset)
     _check_finite(a, "MLP input (context removed)", layer, offset)
     A, a = A.to(dtype), a.to(dtype)
-    weights = first_dense_weights(model, layer)
+    weights = first_dense_weights(model, layer) if weights is None else weights
     u_in, v, zero = token_patch(weights["in"].to(dtype), A, a)
     u_gate = (A - a) @ weights["gate"].to(dtype).T if "gate" in weights else None
-    correction = (resid_mid - r).to(dtype) - attn_0.to(dtype)
+    correction = attn_C.to(dtype) - attn_0.to(dtype)
     return {"u_in": u_in, "u_gate": u_gate, "v": v, "correction": correction, "zero": zero}
 
 
-def empty_factors(model, n: int, device) -> dict[str, Tensor | None]:
-    """Zeroed factor buffers for ``n`` positions of every layer."""
+def empty_factors(model, n: int, device, *, batch: int | None = None,
+                  layers: Sequence[int] | None = None, zeroed: bool = True) -> dict[str, Tensor | None]:
+    """Factor buffers for ``n`` positions of every layer (``[layers, batch, n, …]`` with ``batch``).
+
+    ``zeroed=False`` leaves the float buffers uninitialised for a :class:`LayerCapture` that
+    writes every row of every layer (it zeroes the rows it does not compute).
+    """
     cfg, dtype, gated = model.cfg, patch_dtype(model), block_family(model).gated
+    lead = (cfg.n_layers if layers is None else len(layers),) + (() if batch is None else (batch,)) + (n,)
+    new = torch.zeros if zeroed else torch.empty
     return {
-        "u_in": torch.zeros(cfg.n_layers, n, cfg.d_mlp, dtype=dtype, device=device),
-        "u_gate": torch.zeros(cfg.n_layers, n, cfg.d_mlp, dtype=dtype, device=device) if gated else None,
-        "v": torch.zeros(cfg.n_layers, n, cfg.d_model, dtype=dtype, device=device),
-        "correction": torch.zeros(cfg.n_layers, n, cfg.d_model, dtype=dtype, device=device),
-        "zero_input": torch.zeros(cfg.n_layers, n, dtype=torch.bool, device=device),
+        "u_in": new(*lead, cfg.d_mlp, dtype=dtype, device=device),
+        "u_gate": new(*lead, cfg.d_mlp, dtype=dtype, device=device) if gated else None,
+        "v": new(*lead, cfg.d_model, dtype=dtype, device=device),
+        "correction": new(*lead, cfg.d_model, dtype=dtype, device=device),
+        "zero_input": torch.zeros(*lead, dtype=torch.bool, device=device),
     }
 
 
-def warn_zero_inputs(zero: Tensor, offset: int = 0) -> None:
+def warn_zero_inputs(zero: Tensor, offset: int = 0, prompt: int | None = None) -> None:
     if zero.any():
         where = ", ".join(f"layer {int(l)} position {int(p) + offset}" for l, p in torch.nonzero(zero)[:10])
-        warnings.warn(f"kept-only MLP input has zero norm at {where}; those patches are set to zero "
+        of = "" if prompt is None else f" of prompt {prompt}"
+        warnings.warn(f"kept-only MLP input has zero norm at {where}{of}; those patches are set to zero "
                       f"(pseudo-inverse convention) and are not exact", ZeroNormWarning, stacklevel=3)
 
 
@@ -196,41 +307,43 @@ def is_bos_kept(model, ids: Tensor, keep_bos: bool) -> bool:
     return bool(keep_bos and bos_id(model) is not None and int(ids[0]) == bos_id(model))
 
 
+def run_capture(model, capture: LayerCapture, ids: Tensor, attention_mask: Tensor | None = None) -> None:
+    """One hooked forward of ``ids`` ``[B, n]`` that fills ``capture.out`` and stops after its last layer."""
+    with torch.no_grad(), model.hooks(fwd_hooks=capture.all_hooks()):
+        try:
+            if attention_mask is None:
+                model(ids, return_type=None)
+            else:
+                model(ids, return_type=None, attention_mask=attention_mask)
+        except StopForward:
+            pass
+
+
 def token_patches(
     model,
-    prompt: str | Sequence[int] | Int[Tensor, " pos"],
+    prompt: str | Sequence[int] | Int[Tensor, " pos"] | Sequence[str | Sequence[int] | Int[Tensor, " pos"]],
     *,
     remove: Iterable[int] | slice | None = None,
     keep_bos: bool = True,
-) -> TokenPatches:
+    batch_size: int = 16,
+    progress: bool = False,
+) -> TokenPatches | list[TokenPatches]:
     """Token patches (docs/design.md §2) of every layer and position of ``prompt``, from one forward.
 
-    ``remove``: context positions that count as removed for every query (default: all
-    earlier positions except a leading BOS). ``keep_bos``: keep the first token when it
-    is the tokenizer's BOS (attention sink), so the context-free input stays in
-    distribution.
+    ``prompt``: text, token ids, or a list of those; a list gives a list of
+    :class:`TokenPatches`, one per prompt, computed in right-padded batches of
+    ``batch_size`` (each row with its own kept sets and position ids, padded keys masked;
+    every row equals its single-prompt result up to rounding). ``remove``: context
+    positions that count as removed for every query (default: all earlier positions
+    except a leading BOS). ``keep_bos``: keep the first token when it is the tokenizer's
+    BOS (attention sink), so the context-free input stays in distribution.
     """
-    family = block_family(model)
-    ids = encode_prompt(model, prompt)
-    n, device = ids.numel(), ids.device
-    kept_bos = is_bos_kept(model, ids, keep_bos)
-    kept, default_kept = _kept_sets(n, remove, kept_bos, device)
-    out = empty_factors(model, n, device)
-    capture = LayerCapture(model, family, kept, default_kept, kept_bos, out)
-    fwd_hooks = [h for layer in range(model.cfg.n_layers) for h in capture.hooks(layer)]
-    with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
-        try:
-            model(ids[None], return_type=None)
-        except StopForward:
-            pass
-    warn_zero_inputs(out["zero_input"])
-    return TokenPatches(
-        model_name=getattr(model, "icl_lens_name", model.cfg.model_name),
-        tokens=str_tokens(model, ids),
-        token_ids=ids.cpu(),
-        u_in=out["u_in"], u_gate=out["u_gate"], v=out["v"], correction=out["correction"],
-        kept=kept, kept_bos=kept_bos, zero_input=out["zero_input"],
-    )
+    from icl_lens.model.batches import batched_token_patches, is_prompt_list
+
+    if is_prompt_list(prompt):
+        return batched_token_patches(model, prompt, remove=remove, keep_bos=keep_bos,
+                                     batch_size=batch_size, progress=progress)
+    return batched_token_patches(model, [prompt], remove=remove, keep_bos=keep_bos, batch_size=1)[0]
 
 
 @torch.no_grad()
@@ -253,7 +366,7 @@ def token_patches_naive(model, prompt: str | Sequence[int] | Int[Tensor, " pos"]
         zeros["u_gate"] = torch.zeros_like(fast.u_gate)
     acc = replace(fast, **zeros)
     names = {family.mlp_input(l) for l in range(model.cfg.n_layers)}
-    names |= {family.resid_mid(l) for l in range(model.cfg.n_layers)} | {family.resid_pre(l) for l in range(model.cfg.n_layers)}
+    names |= {family.attn_out(l) for l in range(model.cfg.n_layers)}
     _, cache = model.run_with_cache(ids[None], names_filter=lambda h: h in names)
     dtype = acc.v.dtype
     for t in range(ids.numel()):
@@ -262,7 +375,7 @@ def token_patches_naive(model, prompt: str | Sequence[int] | Int[Tensor, " pos"]
         pos = torch.tensor([fast.kept_positions(t)], device=ids.device)
         for layer in range(model.cfg.n_layers):
             got: dict[str, Tensor] = {}
-            reads = [family.mlp_input(layer), family.resid_mid(layer), family.resid_pre(layer)]
+            reads = [family.mlp_input(layer), family.attn_out(layer)]
             hooks = [(name, lambda x, hook, name=name: got.__setitem__(name, x[0, -1].detach())) for name in reads]
             with patches_applied(model, acc, pos), model.hooks(fwd_hooks=hooks):
                 model(ids[pos], position_ids=pos, attention_mask=kept_only_masks(model, pos), stop_at_layer=layer + 1)
@@ -272,6 +385,6 @@ def token_patches_naive(model, prompt: str | Sequence[int] | Int[Tensor, " pos"]
             acc.u_in[layer, t], acc.v[layer, t], _ = token_patch(weights["in"].to(dtype), A, a)
             if acc.u_gate is not None:
                 acc.u_gate[layer, t] = (A - a) @ weights["gate"].to(dtype).T
-            attn_c = cache[family.resid_mid(layer)][0, t] - cache[family.resid_pre(layer)][0, t]
-            acc.correction[layer, t] = (attn_c - (got[family.resid_mid(layer)] - got[family.resid_pre(layer)])).to(dtype)
+            attn_c = cache[family.attn_out(layer)][0, t]
+            acc.correction[layer, t] = (attn_c - got[family.attn_out(layer)]).to(dtype)
     return acc

@@ -6,7 +6,10 @@ record holds (docs/design.md §2; Dherin et al. 2025, arXiv 2507.16003):
 * its token patch norms ``‖ΔW[l, t]‖_F`` for every layer ``l`` (the patch of ``g_k`` read
   as the query, with its context {prompt, g_0..g_{k-1}} removed),
 * its spike score and flag (:func:`icl_lens.spike_scores` over the whole sequence; the
-  score is causal, so it equals the score computed online at step ``k``),
+  score is causal, so it equals the score computed online at step ``k``); by default the
+  flag threshold is the model's calibrated one (:mod:`icl_lens.model.spike_thresholds`:
+  at most 5% of the answer tokens of correct answers flagged), 3.5 for models, statistics
+  or windows without a calibration,
 * ``logprob_k = log p(g_k | prefix)`` and the predictive entropy
   ``H_k = −Σ_v p(v | prefix) log p(v | prefix)`` (nats) of the distribution ``g_k`` was
   drawn from, both under the model's own distribution (temperature 1, whatever the
@@ -31,6 +34,7 @@ from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.spike_scores import SpikeFlags, spike_scores
 from icl_lens.model.incremental import PatchSession
 from icl_lens.model.prompts import PromptError, context_limit, encode_prompt, str_tokens
+from icl_lens.model.spike_thresholds import SpikeThreshold, spike_threshold
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,6 +43,8 @@ class GenerationPatches:
 
     ``recomputed``: positions computed by each session update (the prompt's first, then
     one per generated token); 1 per step shows the key/value cache was reused.
+    ``threshold``: the flag threshold used and whether it was calibrated for this model
+    (``spikes.threshold`` holds the same number).
     """
 
     model_name: str
@@ -54,6 +60,7 @@ class GenerationPatches:
     seed: int | None
     stop_reason: str
     recomputed: tuple[int, ...] = ()
+    threshold: SpikeThreshold | None = None
 
     @property
     def n_new(self) -> int:
@@ -155,7 +162,7 @@ def generate_with_patches(
     temperature: float = 1.0,
     seed: int | None = None,
     window: int = 16,
-    threshold: float = 3.5,
+    threshold: float | None = None,
     layers: Sequence[int] | range | None = None,
     statistic: str = "mean",
     stop: Sequence[str] = (),
@@ -168,8 +175,11 @@ def generate_with_patches(
     a ``torch.Generator`` seeded by ``seed``. Generation stops early after an EOS token
     (``stop_at_eos``) or once the generated text contains one of the strings in ``stop``
     (the stopping token is kept). ``window``, ``threshold``, ``layers``, ``statistic``:
-    as in :func:`icl_lens.spike_scores`. ``session``: a :class:`PatchSession` of this
-    model to reuse (its cached prefix is reused where the new prompt shares it).
+    as in :func:`icl_lens.spike_scores`, except that ``threshold=None`` (the default) takes
+    the model's calibrated threshold for this statistic and window over all layers
+    (:func:`icl_lens.spike_threshold`), or 3.5 where there is none. ``session``: a
+    :class:`PatchSession` of this model to reuse (its cached prefix is reused where the new
+    prompt shares it).
     """
     _validate(max_new_tokens, greedy, temperature)
     ids = encode_prompt(model, prompt)
@@ -212,9 +222,14 @@ def generate_with_patches(
             if stop and any(s in model.tokenizer.decode(ids[prompt_length:].tolist()) for s in stop):
                 stop_reason = "stop"
                 break
+    name = getattr(model, "icl_lens_name", model.cfg.model_name)
+    chosen = None
+    if threshold is None:
+        chosen = spike_threshold(name, statistic=statistic, window=window, layers=layers)
+        threshold = chosen.value
     flags = spike_scores(patches, window=window, threshold=threshold, layers=layers, statistic=statistic)
     return GenerationPatches(
-        model_name=getattr(model, "icl_lens_name", model.cfg.model_name),
+        model_name=name,
         prompt_length=prompt_length,
         token_ids=ids.cpu(),
         tokens=str_tokens(model, ids),
@@ -227,4 +242,5 @@ def generate_with_patches(
         seed=seed,
         stop_reason=stop_reason,
         recomputed=tuple(recomputed),
+        threshold=chosen,
     )

@@ -87,11 +87,10 @@ class PatchSession:
             cache = self._cache
             cache.crop(-(len(self._ids) - p))  # HF's crop takes the number of tokens to drop
         kept = default_kept_mask(n, keep_bos=kept_bos, device=device)
-        new = empty_factors(self.model, n - p, device)
+        new = empty_factors(self.model, n - p, device, batch=1)
         capture = LayerCapture(self.model, self.family, kept[p:], True, kept_bos, new, offset=p,
                                 bos_values=self._bos_values, stop_after_last=not self.logits)
-        hooks = [h for layer in range(self.model.cfg.n_layers) for h in capture.hooks(layer)]
-        with self.model.hooks(fwd_hooks=hooks):
+        with self.model.hooks(fwd_hooks=capture.all_hooks()):
             # A plain DynamicCache keeps every layer's full history (HF's default cache for
             # sliding-window models drops old keys and then cannot be cropped on edits).
             cache = DynamicCache() if cache is None else cache
@@ -104,6 +103,7 @@ class PatchSession:
                 except StopForward:
                     pass
                 logits, self._cache = None, cache  # the attention layers filled the cache in place
+        new = {k: None if v is None else v[:, 0] for k, v in new.items()}
         warn_zero_inputs(new["zero_input"], offset=p)
         if self._factors is None:
             self._factors = new

@@ -22,6 +22,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from icl_lens.core.patch_set import TokenPatches
+from icl_lens.model.block_family import block_family
 from icl_lens.model.prompts import encode_prompt
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
 
@@ -62,43 +63,70 @@ def kept_only_masks(model, positions: Int[Tensor, "batch pos"]):
     """Attention masks for inputs whose tokens sit at arbitrary (sorted) position ids.
 
     Plain causal masking over the kept tokens is right for global attention; a sliding
-    window must be measured in original positions, so sliding-window models get a
-    per-layer-type 4D mask (``key visible iff 0 ≤ q_pos − k_pos < window``).
+    window must be measured in original positions (``key visible iff 0 ≤ q_pos − k_pos <
+    window``). Returns None without sliding layers, one 4D mask when every layer slides
+    (Mistral, Phi-3), or one mask per layer kind (Gemma 2/3, Qwen2 with sliding layers):
+    what the block family's Hugging Face model takes.
     """
-    hf_cfg = model.original_model.config
-    layer_types = getattr(hf_cfg, "layer_types", None) or []
-    if "sliding_attention" not in layer_types:
+    layout = block_family(model).sliding_layout(model)
+    if layout is None:
         return None
+    kinds, window = layout
     dist = positions[:, :, None] - positions[:, None, :]  # q - k
     zero = torch.zeros((), dtype=model.cfg.dtype, device=positions.device)
     neg = torch.full((), torch.finfo(model.cfg.dtype).min, dtype=model.cfg.dtype, device=positions.device)
-    masks = {}
-    for kind in set(layer_types):
-        allowed = dist >= 0
-        if kind == "sliding_attention":
-            allowed &= dist < hf_cfg.sliding_window
-        masks[kind] = torch.where(allowed, zero, neg)[:, None]
-    return masks
+
+    def mask(sliding: bool) -> Tensor:
+        allowed = (dist >= 0) & (dist < window) if sliding else dist >= 0
+        return torch.where(allowed, zero, neg)[:, None]
+
+    if kinds is None:
+        return mask(True)
+    return {kind: mask(kind == "sliding_attention") for kind in set(kinds)}
 
 
 def kept_only_logits(
     model, ids: Int[Tensor, " pos"], patches: TokenPatches, queries: Sequence[int], *, batch_size: int = 16
 ) -> Float[Tensor, "query vocab"]:
     """Logits of each query from the patched kept-only forward, batched by kept-set size."""
+    return kept_only_logits_many(model, [(ids, patches, t) for t in queries], batch_size=batch_size)
+
+
+def kept_only_logits_many(
+    model, requests: Sequence[tuple[Int[Tensor, " pos"], TokenPatches, int]], *, batch_size: int = 16
+) -> Float[Tensor, "request vocab"]:
+    """:func:`kept_only_logits` for ``(ids, patches, query)`` requests of any prompts, batched together.
+
+    Requests whose kept sets have the same size share a forward (each row with its own
+    token ids, position ids and per-position patches), so the unembedding runs once per
+    batch, on the last row only, instead of once per prompt.
+    """
     results: dict[int, Tensor] = {}
     groups: dict[int, list[int]] = {}
-    for t in queries:
-        groups.setdefault(len(patches.kept_positions(t)), []).append(t)
-    for _, ts in sorted(groups.items()):
-        for start in range(0, len(ts), batch_size):
-            chunk = ts[start : start + batch_size]
-            pos = torch.tensor([patches.kept_positions(t) for t in chunk], device=ids.device)
-            inputs = ids[pos]
-            with torch.no_grad(), patches_applied(model, patches, pos):
-                logits = model(inputs, position_ids=pos, attention_mask=kept_only_masks(model, pos))
-            for row, t in enumerate(chunk):
-                results[t] = logits[row, -1]
-    return torch.stack([results[t] for t in queries])
+    for r, (_, patches, t) in enumerate(requests):
+        groups.setdefault(len(patches.kept_positions(t)), []).append(r)
+    for _, rs in sorted(groups.items()):
+        for start in range(0, len(rs), batch_size):
+            chunk = rs[start : start + batch_size]
+            pos = [torch.tensor([requests[r][1].kept_positions(requests[r][2])], device=requests[r][0].device)
+                   for r in chunk]
+            inputs = torch.cat([requests[r][0][p] for r, p in zip(chunk, pos)])
+            edits = _concat_edits([token_patch_edits(requests[r][1], p, requests[r][1].v.dtype) for r, p in zip(chunk, pos)])
+            pos = torch.cat(pos)
+            with torch.no_grad(), edits_applied(model, edits):
+                logits = model(inputs, position_ids=pos, attention_mask=kept_only_masks(model, pos),
+                               logits_to_keep=1)  # the query's logits only
+            for row, r in enumerate(chunk):
+                results[r] = logits[row, -1]
+    return torch.stack([results[r] for r in range(len(requests))])
+
+
+def _concat_edits(parts: Sequence[dict[int, MLPEdit]]) -> dict[int, MLPEdit]:
+    """Per-row edits of several inputs stacked along the batch dimension."""
+    cat = lambda xs: None if xs[0] is None else torch.cat(xs)  # noqa: E731
+    return {layer: MLPEdit(v=cat([p[layer].v for p in parts]), u_in=cat([p[layer].u_in for p in parts]),
+                           u_gate=cat([p[layer].u_gate for p in parts]), bias=cat([p[layer].bias for p in parts]))
+            for layer in parts[0]}
 
 
 @dataclass(frozen=True, eq=False)
@@ -136,3 +164,16 @@ def verify_equivalence(model, prompt, patches: TokenPatches | None = None, *, ba
     err = (kept - contextual).abs().amax(-1)
     return EquivalenceReport(tokens=patches.tokens, max_abs_err=err.cpu(),
                              max_abs_logit=float(contextual.abs().max()))
+
+
+@torch.no_grad()
+def noise_floor(model, reference, prompt) -> float:
+    """Max |logit difference| between ``model`` (half precision) and ``reference`` (float32) on ``prompt``.
+
+    Half-precision exactness is measured against this floor: the patched kept-only
+    forward must stay within twice the half model's own distance from float32.
+    """
+    ids = encode_prompt(model, prompt)
+    half = model(ids[None])[0].float()
+    full = reference(ids.to(reference.cfg.device)[None])[0].float().to(half.device)
+    return float((half - full).abs().max())

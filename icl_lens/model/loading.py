@@ -19,12 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from icl_lens.model.block_family import (
-    FAMILY_OF_ARCHITECTURE,
-    UnsupportedArchitectureError,
-    block_family,
-    supported_families_text,
-)
+from icl_lens.model.block_family import block_family, family_of_architectures, text_tower
 from icl_lens.model.byte_tokenizer import save_byte_tokenizer
 from icl_lens.model.tiny_models import TINY_NAMES, build_tiny_model
 
@@ -41,6 +36,43 @@ _CACHE_FORMAT = "v1"
 
 class ModelNotFoundError(ValueError):
     """The model name is neither embedded, tiny, a local directory, nor reachable on the hub."""
+
+
+class DeviceError(ValueError):
+    """The requested device or dtype is not available here; the message says what is."""
+
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A torch dtype from a dtype or its name (``"bfloat16"``, ``"float16"``, ``"float32"``, ``"float64"``)."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
+        return DTYPES[dtype.removeprefix("torch.")]
+    raise DeviceError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch device, or a one-line error when this machine does not have it."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise DeviceError(f"unknown device {device!r}: {err}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA (CPU build)"
+            raise DeviceError(f"device {str(device)!r} requested but CUDA is not available on this machine "
+                              f"(torch {torch.__version__}, {build}); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DeviceError(f"device {str(device)!r} requested but this machine has "
+                              f"{torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError("device 'mps' requested but MPS is not available on this machine")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise DeviceError(f"device {str(device)!r} is not supported; use cpu or cuda")
+    return dev
 
 
 def known_model_names() -> list[str]:
@@ -114,13 +146,8 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def _check_architecture(config, name: str) -> None:
-    archs = list(getattr(config, "architectures", None) or [])
-    if not any(a in FAMILY_OF_ARCHITECTURE for a in archs):
-        raise UnsupportedArchitectureError(
-            f"{name!r} has architecture {archs or config.model_type!r}, which icl_lens cannot patch exactly "
-            f"(encoder-only, mixture-of-experts, recurrent and parallel-block models are not supported). "
-            f"Supported block families: {supported_families_text()}."
-        )
+    archs = list(getattr(config, "architectures", None) or [config.model_type])
+    family_of_architectures(archs, repr(name))
 
 
 def _resolve_hf(name: str):
@@ -142,12 +169,24 @@ def _resolve_hf(name: str):
     return name
 
 
-def _load_hf(source: str, dtype: torch.dtype):
+def _load_hf(source: str, dtype: torch.dtype, placement: dict | None = None):
     config = AutoConfig.from_pretrained(source)
     _check_architecture(config, source)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager", **(placement or {}))
     return model, tokenizer
+
+
+def _dispatch(hf_model, device_map, max_memory, offload_folder):
+    """Place an in-memory model's modules with accelerate (tiny models; HF loads place themselves)."""
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    if isinstance(device_map, str):
+        device_map = infer_auto_device_map(hf_model, max_memory=max_memory,
+                                           no_split_module_classes=getattr(hf_model, "_no_split_modules", None))
+    if "disk" in {str(v) for v in device_map.values()} and offload_folder is None:
+        offload_folder = tempfile.mkdtemp(prefix="icl_lens-offload-")
+    return dispatch_model(hf_model, device_map=device_map, offload_dir=offload_folder)
 
 
 def _softmax_in_float64(bridge) -> None:
@@ -171,31 +210,67 @@ def load_model(
     name: str = DEFAULT_MODEL,
     *,
     device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
 ):
     """Load ``name`` as a TransformerLens ``TransformerBridge`` (with ``.tokenizer``).
 
     ``name`` is an embedded model (``"gemma-3-270m"``, ``"smollm2-135m"``), a tiny
-    random model (``"tiny-gpt2"``, ``"tiny-llama"``, ``"tiny-gemma3"``), a local
-    directory holding a saved causal LM and its tokenizer, or a Hugging Face id.
-    """
-    from transformer_lens.model_bridge import TransformerBridge
+    random model (``"tiny-gpt2"``, ``"tiny-llama"``, … one per block family), a local
+    directory holding a saved causal LM and its tokenizer, or a Hugging Face id. A
+    multimodal checkpoint of a supported family (Gemma 3 4B–27B) boots its text tower.
 
+    ``dtype``: float32 (default), float64, or bfloat16/float16 (patch arithmetic then
+    runs in float32). ``device_map`` (``"auto"``, ``"balanced"`` or a dict of module →
+    device, ``"cpu"`` or ``"disk"``) with ``max_memory`` and ``offload_folder`` spreads a
+    model that does not fit one device through accelerate, instead of ``device``; each
+    layer's patch is then computed on that layer's device and gathered on the CPU.
+    """
     if not isinstance(name, str) or not name.strip():
         raise ModelNotFoundError(f"model name must be a non-empty string; embedded models: {', '.join(known_model_names())}")
     name = name.strip()
+    dtype = resolve_dtype(dtype)
+    if device_map is None:
+        device = check_device(device)
+    else:
+        if str(device) != "cpu":
+            raise DeviceError("pass either device= or device_map=, not both")
+        for target in (device_map.values() if isinstance(device_map, dict) else ()):
+            if str(target) not in ("cpu", "disk"):
+                check_device(f"cuda:{target}" if isinstance(target, int) else target)
+    placement = None if device_map is None else {
+        k: v for k, v in (("device_map", device_map), ("max_memory", max_memory),
+                          ("offload_folder", None if offload_folder is None else str(offload_folder))) if v is not None}
     if name in TINY_NAMES:
         hf_model = build_tiny_model(name).to(dtype)
+        if device_map is not None:
+            hf_model = _dispatch(hf_model, device_map, max_memory, offload_folder)
         tokenizer = save_byte_tokenizer(cache_dir() / "byte-tokenizer")
         boot_name = name
     else:
         source = str(prepare_embedded(name)) if name in EMBEDDED_MODELS else _resolve_hf(name)
-        hf_model, tokenizer = _load_hf(source, dtype)
+        hf_model, tokenizer = _load_hf(source, dtype, placement)
         boot_name = str(getattr(hf_model.config, "name_or_path", "") or name)
+    if device_map is None:
+        hf_model = hf_model.to(device)
+    return bridge_from_hf(hf_model, tokenizer, name=name, boot_name=boot_name, dtype=dtype)
+
+
+def bridge_from_hf(hf_model, tokenizer, *, name: str, boot_name: str | None = None,
+                   dtype: torch.dtype = torch.float32):
+    """A ``TransformerBridge`` around an HF causal LM already placed (one device, or an accelerate device map)."""
+    from transformer_lens.model_bridge import TransformerBridge
+
     _check_architecture(hf_model.config, name)
+    placed = getattr(hf_model, "hf_device_map", None)
+    device = None if placed else next(hf_model.parameters()).device
+    hf_model = text_tower(hf_model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        bridge = TransformerBridge.boot_transformers(boot_name, hf_model=hf_model, tokenizer=tokenizer, dtype=dtype, device=device)
+        bridge = TransformerBridge.boot_transformers(boot_name or name, hf_model=hf_model, tokenizer=tokenizer,
+                                                     dtype=dtype, device=device)
     bridge.eval()
     if dtype == torch.float64:
         _softmax_in_float64(bridge)

@@ -49,4 +49,14 @@ def encode_prompt(model, prompt: str | Sequence[int] | Tensor) -> Int[Tensor, " 
 def str_tokens(model, ids: Int[Tensor, " pos"]) -> tuple[str, ...]:
     """Readable text of each token (repeated tokens stay separate entries)."""
     tok = model.tokenizer
-    return tuple(tok.decode([int(i)]) for i in ids.tolist())
+    # Decoding is per-token work on the CPU (~10 µs each); a per-model cache keeps long prompts and
+    # sweeps from paying it again for ids already seen, and unseen ids are decoded in one call.
+    cache = model.__dict__.setdefault("icl_lens_token_text", {})
+    if getattr(model, "icl_lens_token_text_tokenizer", None) is not tok:
+        cache.clear()
+        model.__dict__["icl_lens_token_text_tokenizer"] = tok
+    id_list = ids.tolist()
+    new = sorted({i for i in id_list if i not in cache})
+    if new:
+        cache.update(zip(new, tok.batch_decode([[i] for i in new])))
+    return tuple(cache[i] for i in id_list)

@@ -7,7 +7,7 @@ length i = 0..n, the token patch of every layer is computed for the kept set
     r       = query residual entering the block (depends on i beyond layer 0)
     attn_C  = attention output of the query over keys {BOS, c₁..cᵢ, t}
     attn_0  = the same scores renormalised over {BOS, t}, times the same values
-    A = ln2(r + attn_C),  a = ln2(r + attn_0),  u = W (A − a),  v = a/‖a‖²,
+    A = ln2(r + attn_C),  a = ln2(r + attn_0)  (per block family),  u = W (A − a),  v = a/‖a‖²,
     correction = attn_C − attn_0
 
 All n+1 prefix variants run as n+1 copies of the query appended to the prompt prefix
@@ -23,20 +23,20 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from icl_lens.core.kept_attention import bos_and_self_output
+from icl_lens.core.kept_attention import bos_and_self_output, kept_set_output
 from icl_lens.core.patch_set import TokenPatches
-from icl_lens.core.prefix_variants import PrefixVariantLayout, prefix_variant_layout
+from icl_lens.core.prefix_variants import PrefixVariantLayout, absorb_layout, prefix_variant_layout
 from icl_lens.core.trajectory import Trajectory
 from icl_lens.model.block_family import BlockFamily, block_family
-from icl_lens.model.capture import ZeroNormWarning, StopForward, layer_factors, patch_dtype
-from icl_lens.model.kept_only import kept_only_masks, patches_applied
+from icl_lens.model.capture import ZeroNormWarning, StopForward, layer_factors, patch_dtype, token_patches
+from icl_lens.model.kept_only import kept_only_logits, kept_only_masks, patches_applied
 from icl_lens.model.prompts import bos_id, encode_prompt, str_tokens
 
 
@@ -100,6 +100,8 @@ def variant_attention_mask(model, layout: PrefixVariantLayout):
     windowed = kept_only_masks(model, layout.positions[None])
     if windowed is None:
         return torch.where(visible, zero, neg)
+    if isinstance(windowed, Tensor):
+        return torch.where(visible, windowed, neg)
     return {kind: torch.where(visible, mask, neg) for kind, mask in windowed.items()}
 
 
@@ -109,7 +111,7 @@ class _TrajectoryCapture:
     def __init__(self, model, family: BlockFamily, layout: PrefixVariantLayout, kept_bos: bool,
                  out: dict[str, Tensor], row_of_layer: dict[int, int], last_layer: int, zero_first: bool):
         self.model, self.family, self.kept_bos, self.zero_first = model, family, kept_bos, zero_first
-        self.rows = layout.copy_rows()
+        self.rows, self.kept = layout.copy_rows(), layout.kept
         self.out, self.row_of_layer, self.last_layer = out, row_of_layer, last_layer
         self.dtype = patch_dtype(model)
         self.state: dict[str, Tensor] = {}
@@ -121,27 +123,31 @@ class _TrajectoryCapture:
             (f.resid_pre(layer), self._store("r", copies_only=True)),
             (f.values(layer), self._store("values", copies_only=False)),
             (f.scores(layer), self._attend),
-            (f.resid_mid(layer), self._store("resid_mid", copies_only=True)),
+            (f.attn_out(layer), self._store("attn_C", copies_only=True)),
             (f.mlp_input(layer), lambda x, hook, layer=layer: self._patch(x, layer)),
         ]
 
     def _store(self, key: str, *, copies_only: bool):
         def hook(x, hook):
-            self.state[key] = (x[0, self.rows] if copies_only else x[0]).detach()
+            if not self.reentered:  # layer_factors' own call of ln2 may fire this hook point again
+                self.state[key] = (x[0, self.rows] if copies_only else x[0]).detach()
         return hook
 
     def _attend(self, scores: Tensor, hook) -> None:
+        if self.kept is not None:  # absorb order: the query row renormalised over each step's kept set
+            self.state["z0"] = kept_set_output(scores[0, :, self.rows].detach(), self.state.pop("values"), self.kept)
+            return
         # Kept set {BOS, t} of each copy: its own key (the diagonal) and key 0.
         z0 = bos_and_self_output(scores[0].detach(), self.state.pop("values"), keep_bos=self.kept_bos)
         self.state["z0"] = z0[self.rows]
 
     @torch.no_grad()
     def _patch(self, mlp_in: Tensor, layer: int) -> None:
-        if self.reentered:  # our own call of ln2 below fires this hook point again
+        if self.reentered:  # layer_factors' own call of the pre-MLP norm fires this hook point again
             return
-        r, resid_mid, z0 = self.state.pop("r"), self.state.pop("resid_mid"), self.state.pop("z0")
+        r, attn_C, z0 = self.state.pop("r"), self.state.pop("attn_C"), self.state.pop("z0")
         if layer in self.row_of_layer:
-            f = layer_factors(self, layer, r, resid_mid, z0, mlp_in[0, self.rows].detach(),
+            f = layer_factors(self, layer, r, attn_C, z0, mlp_in[0, self.rows].detach(),
                               "MLP input (context prefix)")
             # Step 0 keeps exactly {BOS, t}: nothing is removed, the patch is zero by definition.
             keep = torch.ones(f["u_in"].shape[0], 1, dtype=self.dtype, device=f["u_in"].device)
@@ -198,7 +204,7 @@ def _capture_layout(model, ids: Tensor, layout: PrefixVariantLayout, kept_bos: b
     return out
 
 
-def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Tensor]) -> Trajectory:
+def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Tensor], order: str = "prefix") -> Trajectory:
     zero = out["zero_input"]
     if zero.any():
         where = ", ".join(f"layer {wanted[int(l)]} step {int(s)}" for l, s in torch.nonzero(zero)[:10])
@@ -208,24 +214,38 @@ def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Te
         tokens=str_tokens(model, setup.ids), query=setup.query, layers=wanted,
         context_positions=setup.context_positions,
         u_in=out["u_in"], u_gate=out["u_gate"], v=out["v"], correction=out["correction"],
-        model_name=getattr(model, "icl_lens_name", model.cfg.model_name), kept_bos=setup.kept_bos,
+        model_name=getattr(model, "icl_lens_name", model.cfg.model_name), kept_bos=setup.kept_bos, order=order,
     )
 
 
-def trajectory(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> Trajectory:
-    """Implicit weights W₀..Wₙ of query ``query`` for every context prefix length (docs/design.md §3).
+ORDERS = ("prefix", "absorb")
+
+
+def trajectory(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None,
+               order: str = "prefix") -> Trajectory:
+    """Implicit weights W₀..Wₙ of query ``query`` as its context is consumed (docs/design.md §3).
 
     ``prompt``: text or token ids. ``query``: position (negative counts from the end).
     The context is every token strictly between the kept BOS (when the prompt starts
     with the tokenizer's BOS) and the query. ``layers``: which layers to return (default
-    all); the forward stops after the last of them. One batched forward over the prompt
-    prefix plus n+1 query copies (see module docstring).
+    all); the forward stops after the last of them.
+
+    ``order="prefix"``: ``Wᵢ`` makes ``[BOS, x_t]`` reproduce the output with context
+    ``c₁..cᵢ``; one batched forward over the prompt prefix plus n+1 query copies.
+    ``order="absorb"`` (the paper's): ``Wᵢ`` absorbs ``c₁..cᵢ`` while ``c_{i+1}..cₙ`` stay in
+    context; it is the query's patch for the kept set ``{BOS, c_{i+1}..cₙ, t}``, and
+    ``[BOS, c_{i+1}..cₙ, x_t]`` with it (and the kept context tokens' own patches for the
+    same removal) reproduces the full-context output. One forward over the prompt up to
+    ``t``. Both orders give ``W₀ = W`` and the same ``Wₙ`` (the query's token patch).
     """
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     setup = resolve_query(model, prompt, query)
     wanted = _resolve_layers(model, layers)
-    layout = prefix_variant_layout(setup.query, setup.first_context, device=setup.ids.device)
+    make = prefix_variant_layout if order == "prefix" else absorb_layout
+    layout = make(setup.query, setup.first_context, device=setup.ids.device)
     out = _capture_layout(model, setup.ids, layout, setup.kept_bos, wanted, zero_first=True)
-    return _finish(model, setup, wanted, out)
+    return _finish(model, setup, wanted, out, order)
 
 
 def trajectory_naive(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> Trajectory:
@@ -283,20 +303,26 @@ class TrajectoryCheck:
 
 @torch.no_grad()
 def verify_trajectory(model, prompt: Prompt, traj: Trajectory | None = None, *, query: int = -1,
-                      steps: Sequence[int] | None = None) -> TrajectoryCheck:
-    """The exactness identity for trajectory steps: patched ``[BOS, x_t]`` vs the forward on ``[BOS, c₁..cᵢ, x_t]``.
+                      steps: Sequence[int] | None = None, order: str = "prefix") -> TrajectoryCheck:
+    """The exactness identity of each trajectory step, in the trajectory's order.
 
-    Each reference forward runs on the prefix tokens only, every token at its original
-    position id (sliding windows measured in original positions).
+    ``prefix``: patched ``[BOS, x_t]`` with ``Wᵢ`` vs the forward on ``[BOS, c₁..cᵢ, x_t]``.
+    ``absorb``: ``[BOS, c_{i+1}..cₙ, x_t]`` with ``Wᵢ`` at the query and every kept context
+    token's own token patch for the removal of ``c₁..cᵢ`` (:func:`~icl_lens.model.capture.token_patches`)
+    vs the full-context forward. Each forward runs on the kept tokens only, every token
+    at its original position id (sliding windows measured in original positions).
+    ``order`` is used only when ``traj`` is None.
     """
     setup = resolve_query(model, prompt, traj.query if traj is not None else query)
     if traj is None:
-        traj = trajectory(model, setup.ids, query=setup.query)
+        traj = trajectory(model, setup.ids, query=setup.query, order=order)
     if traj.query != setup.query or traj.tokens != str_tokens(model, setup.ids):
         raise ValueError("the trajectory was computed for a different prompt or query")
     steps = tuple(range(traj.n_context + 1)) if steps is None else tuple(int(s) for s in steps)
     if any(not 0 <= s <= traj.n_context for s in steps):
         raise ValueError(f"steps must lie in 0..{traj.n_context}")
+    if traj.order == "absorb":
+        return _verify_absorb(model, setup, traj, steps)
     patches = steps_as_patches(traj)
     ids, t = setup.ids, setup.query
     kept = torch.tensor(([0] if setup.kept_bos else []) + [t], device=ids.device)
@@ -311,3 +337,24 @@ def verify_trajectory(model, prompt: Prompt, traj: Trajectory | None = None, *, 
         errs.append((patched[row] - reference).abs().max())
         scales.append(reference.abs().max())
     return TrajectoryCheck(steps=steps, max_abs_err=torch.stack(errs).cpu(), max_abs_logit=torch.stack(scales).cpu())
+
+
+def _verify_absorb(model, setup: QuerySetup, traj: Trajectory, steps: tuple[int, ...]) -> TrajectoryCheck:
+    if traj.layers != tuple(range(model.cfg.n_layers)):
+        raise ValueError("checking a trajectory needs every layer: compute it with layers=None")
+    ids, t, b = setup.ids[: setup.query + 1], setup.query, setup.first_context
+    reference = model(ids[None])[0, -1]
+    errs = []
+    for s in steps:
+        others = token_patches(model, ids, remove=range(b, b + s))
+        factors = {}
+        for name in ("u_in", "u_gate", "v", "correction"):
+            own = getattr(others, name)
+            if own is not None:
+                own = own.clone()
+                own[:, t] = getattr(traj, name)[:, s].to(own.dtype)
+            factors[name] = own
+        patched = kept_only_logits(model, ids, replace(others, **factors), [t])[0]
+        errs.append((patched - reference).abs().max())
+    scale = reference.abs().max()
+    return TrajectoryCheck(steps=steps, max_abs_err=torch.stack(errs).cpu(), max_abs_logit=scale.expand(len(steps)).cpu())

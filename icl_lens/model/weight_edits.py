@@ -23,7 +23,8 @@ matrix is formed per token. A static matrix ``Δ = W M`` (a thought matrix) is t
 
 An :class:`MLPEdit` has leading dimensions ``()`` (one edit for every position) or
 ``(batch, pos)`` (one edit per position of the input, e.g. each query's own token
-patch). Arithmetic runs in the edit's dtype (float32 for half-precision models) and
+patch); a ``pos`` of 1 broadcasts one edit per row over all its positions (e.g. each
+SGD run's weights applied to many probe queries run alone). Arithmetic runs in the edit's dtype (float32 for half-precision models) and
 the result is cast to the activation's dtype. Hooks live only inside
 :func:`edits_applied`.
 """
@@ -77,13 +78,14 @@ class MLPEdit:
 
 def _coefficients(x: Tensor, v: Tensor) -> Tensor:
     """``v[k]·x`` for every position: ``[batch, pos, k]``."""
-    x = x.to(v.dtype)
+    x, v = x.to(v.dtype), v.to(x.device)  # a model split over devices: the edit goes to its layer's device
     return x @ v.T if v.ndim == 2 else torch.einsum("bpd,bpkd->bpk", x, v)
 
 
 def _combine(coef: Tensor, u: Tensor) -> Tensor:
     """``Σ_k coef[k] u[k]`` for every position: ``[batch, pos, d_out]``."""
-    return coef @ u.to(coef.dtype) if u.ndim == 2 else torch.einsum("bpk,bpkd->bpd", coef, u.to(coef.dtype))
+    u = u.to(device=coef.device, dtype=coef.dtype)
+    return coef @ u if u.ndim == 2 else torch.einsum("bpk,bpkd->bpd", coef, u)
 
 
 def edit_hooks(model, edits: dict[int, MLPEdit], family: BlockFamily | None = None) -> list[tuple[str, object]]:
@@ -118,9 +120,9 @@ def edit_hooks(model, edits: dict[int, MLPEdit], family: BlockFamily | None = No
 
             hooks.append((family.post_norm_input(layer), read_branch))
             hooks.append((family.mlp_branch_out(layer),
-                          lambda out, hook, g=edit.gain, state=state: out + (state["yhat"].to(g.dtype) * g).to(out.dtype)))
+                          lambda out, hook, g=edit.gain, state=state: out + (state["yhat"].to(g.dtype) * g.to(out.device)).to(out.dtype)))
         if edit.bias is not None:
-            hooks.append((family.mlp_branch_out(layer), lambda out, hook, b=edit.bias: out + b.to(out.dtype)))
+            hooks.append((family.mlp_branch_out(layer), lambda out, hook, b=edit.bias: out + b.to(device=out.device, dtype=out.dtype)))
     return hooks
 
 

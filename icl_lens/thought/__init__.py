@@ -13,10 +13,11 @@ layer), :mod:`~icl_lens.thought.batches` (instruction + query token batches) and
 the math core's :mod:`icl_lens.core.least_squares`.
 """
 from icl_lens.thought.evaluate import ThoughtEval, evaluate_thought
+from icl_lens.thought.export import VectorNotExportableError
 from icl_lens.thought.fit import thought_patch
 from icl_lens.thought.result import ThoughtPatch
 from icl_lens.thought.steering import SteeringVector, steering_vector
 from icl_lens.thought.tasks import Task, TaskFormatError, load_task
 
-__all__ = ["SteeringVector", "Task", "TaskFormatError", "ThoughtEval", "ThoughtPatch", "evaluate_thought", "load_task",
-           "steering_vector", "thought_patch"]
+__all__ = ["SteeringVector", "Task", "TaskFormatError", "ThoughtEval", "ThoughtPatch", "VectorNotExportableError",
+           "evaluate_thought", "load_task", "steering_vector", "thought_patch"]

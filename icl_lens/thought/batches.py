@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Int
 from torch import Tensor
 
+from icl_lens.model.batches import pad_id, right_padded
 from icl_lens.model.capture import StopForward
 from icl_lens.model.prompts import PromptError, bos_id, context_limit
 
@@ -75,23 +75,6 @@ def query_batch(model, queries: Sequence[Sequence[int]], prefix: Sequence[int] =
     if longest > limit:
         raise PromptError(f"instruction + query is {longest} tokens; the model handles at most {limit}")
     return QueryBatch(seqs, tuple(len(head) for _ in seqs), tuple(len(q) for q in queries))
-
-
-def right_padded(sequences: Sequence[Sequence[int]], pad: int, device) -> Int[Tensor, "batch pos"]:
-    """Stack ``sequences`` into one tensor, right-padded with ``pad``."""
-    width = max(len(s) for s in sequences)
-    out = torch.full((len(sequences), width), pad, dtype=torch.long)
-    for row, s in enumerate(sequences):
-        out[row, : len(s)] = torch.tensor(list(s), dtype=torch.long)
-    return out.to(device)
-
-
-def pad_id(model) -> int:
-    tok = model.tokenizer
-    for cand in (tok.pad_token_id, tok.eos_token_id, bos_id(model)):
-        if cand is not None:
-            return int(cand)
-    return 0
 
 
 def anchor_positions(batch: QueryBatch, rows: Sequence[int]) -> tuple[Tensor, Tensor]:

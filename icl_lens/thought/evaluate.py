@@ -14,7 +14,7 @@ when the continuation, leading spaces stripped, starts with it):
   added at its best layer (:mod:`icl_lens.thought.steering`).
 
 The result keeps every test query's outcome (front ends turn them into intervals with
-:mod:`icl_lens.evals.intervals`), and for every edit (patched, control, steering) its
+:mod:`icl_lens.evals.intervals` and :mod:`icl_lens.core.bootstrap`), and for every edit (patched, control, steering) its
 locality (:mod:`icl_lens.thought.locality`): the mean next-token KL on fixed unrelated
 texts and the share of the unpatched model's own answers on another task that the
 edited model keeps.

@@ -4,20 +4,27 @@ The written directory loads with ``transformers.AutoModelForCausalLM.from_pretra
 alone (no icl_lens import, no remote code) and computes what the hook-patched bridge
 computes. Edits, per patched layer ``l`` (``Δ = W M``):
 
-- every family: ``W_in ← W_in + W_in M`` (GPT-2 ``c_fc``; Llama/Gemma ``up_proj``) and
-  ``W_gate ← W_gate + W_gate M`` (``gate_proj``);
-- GPT-2 (``mlp`` output has a bias): ``c_proj.bias ← c_proj.bias + c``;
-- Llama (no MLP bias): the config gets ``mlp_bias = True``; ``gate_proj`` and
-  ``up_proj`` get zero biases, ``down_proj.bias = c`` (zero in unpatched layers). Exact:
-  the MLP branch is added to the residual with no norm after it;
-- Gemma 3 (post-FFN RMSNorm, no bias slot anywhere on the residual path: every write to
-  the residual stream ends in an RMSNorm, so no constant offset is representable): the
-  vector is fitted as a gain update, ``post_feedforward_layernorm.weight ← w + g``,
-  which the hooks apply identically (:mod:`icl_lens.core.least_squares`);
-- every family, kind ``"both+down"``: the down projection ``W_out ← W_out + uᵀ v``
-  (GPT-2 ``c_proj``; Llama/Gemma ``down_proj``).
+- the matrix, every family: each stored first dense matrix ``W ← W + W M`` (GPT-2's
+  ``Conv1D`` stores ``Wᵀ``: ``Wᵀ ← Wᵀ + Mᵀ Wᵀ``; a fused ``gate_up`` matrix is one ``W``);
+- the vector, as the block family's ``vector_export`` says
+  (:mod:`icl_lens.model.block_family`):
 
-Weights are written in the model's dtype with the tokenizer beside them.
+  - ``"mlp_out_bias"`` (GPT-2 ``c_proj``, GPT-NeoX ``dense_4h_to_h``): ``bias ← bias + c``;
+  - ``"mlp_bias_config"`` (Llama): the config gets ``mlp_bias = True``; ``gate_proj`` and
+    ``up_proj`` get zero biases, ``down_proj.bias = c`` (zero in unpatched layers). Exact:
+    the MLP branch is added to the residual with no norm after it;
+  - ``"post_norm_gain"`` (Gemma 2/3, OLMo-2: every write to the residual ends in an
+    RMSNorm, so no constant offset is representable): the vector was fitted as a gain
+    update, ``post_feedforward_layernorm.weight ← w + g``, which the hooks apply identically;
+  - ``None`` (Mistral, Qwen2, Qwen3, Phi-3: no bias after the MLP, no norm after it, and
+    no config switch for either): a patch with a vector part cannot be written into
+    that class; export ``kind="matrix"`` patches, or apply the vector through hooks;
+- the down-projection map, kind ``"both+down"``, every family: ``W_out ← W_out + uᵀ v``
+  (GPT-2's ``Conv1D`` stores ``W_outᵀ``: ``+ vᵀ u``).
+
+Weights are written in the model's dtype with the tokenizer beside them. For a
+multimodal checkpoint (Gemma 3 4B–27B) the bridge runs its text tower, and that is
+what is written: a ``Gemma3ForCausalLM`` directory without the vision tower.
 """
 from __future__ import annotations
 
@@ -26,7 +33,11 @@ from pathlib import Path
 
 import torch
 
-from icl_lens.model.block_family import block_family, first_dense_modules, original
+from icl_lens.model.block_family import block_family, original, stored_dense_modules
+
+
+class VectorNotExportableError(ValueError):
+    """The model's Hugging Face class has no parameter that can hold the thought vector."""
 
 
 def _canonical(name: str) -> str:
@@ -50,6 +61,10 @@ def _weight_name(names: dict[int, str], module) -> str:
     return names[id(original(module).weight)]
 
 
+def _bias_name(names: dict[int, str], module) -> str:
+    return _weight_name(names, module)[: -len("weight")] + "bias"
+
+
 def export_thought_model(model, maps: dict, vectors: dict, directory: str | Path, *, downs: dict | None = None) -> Path:
     """Write the patched model and its tokenizer to ``directory``; return the path.
 
@@ -57,8 +72,15 @@ def export_thought_model(model, maps: dict, vectors: dict, directory: str | Path
     """
     family = block_family(model)
     hf = model.original_model
+    has_vector = any(v is not None for v in vectors.values())
+    if has_vector and family.vector_export is None:
+        raise VectorNotExportableError(
+            f"{type(hf).__name__} ({family.name} family) has no parameter that adds a constant after the MLP "
+            f"branch, so this thought patch's vector cannot be written into it. Export a kind='matrix' patch, "
+            f"or apply this one with `with patch.applied(model): ...`."
+        )
     config = copy.deepcopy(hf.config)
-    if family.name == "llama" and any(v is not None for v in vectors.values()):
+    if family.vector_export == "mlp_bias_config" and has_vector:
         config.mlp_bias = True
     with torch.device("meta"):
         fresh = type(hf)(config)
@@ -73,10 +95,10 @@ def export_thought_model(model, maps: dict, vectors: dict, directory: str | Path
     for layer, m in maps.items():
         if m is None:
             continue
-        for module in first_dense_modules(model, layer).values():
+        for module in stored_dense_modules(model, layer):
             key = _weight_name(names, module)
             w = sd[key].to(m.dtype)
-            if family.name == "gpt2":  # Conv1D stores [d_in, d_out] = Wᵀ; (W M)ᵀ = Mᵀ Wᵀ
+            if type(module).__name__ == "Conv1D":  # stores [d_in, d_out] = Wᵀ; (W M)ᵀ = Mᵀ Wᵀ
                 edit(key, w + m.T @ w)
             else:
                 edit(key, w + w @ m)
@@ -84,26 +106,23 @@ def export_thought_model(model, maps: dict, vectors: dict, directory: str | Path
     for layer, (u, v) in (downs or {}).items():
         key = _weight_name(names, model.blocks[layer].mlp.out)
         w = sd[key].to(u.dtype)
-        edit(key, w + (v.T @ u if family.name == "gpt2" else u.T @ v))  # Conv1D stores W_outᵀ
+        conv1d = type(original(model.blocks[layer].mlp.out)).__name__ == "Conv1D"  # stores W_outᵀ
+        edit(key, w + (v.T @ u if conv1d else u.T @ v))
 
     for layer in range(model.cfg.n_layers):
         vec = vectors.get(layer)
         mlp = model.blocks[layer].mlp
-        if family.name == "gpt2":
+        if family.vector_export == "mlp_out_bias" and vec is not None:
+            key = _bias_name(names, mlp.out)
+            edit(key, sd[key].to(vec.dtype) + vec)
+        elif family.vector_export == "mlp_bias_config" and config.mlp_bias:
+            d_mlp, d_model = model.cfg.d_mlp, model.cfg.d_model
+            dtype = sd[_weight_name(names, mlp.out)].dtype
+            for module, size in ((mlp.gate, d_mlp), (mlp.__getattr__("in"), d_mlp), (mlp.out, d_model)):
+                sd[_bias_name(names, module)] = torch.zeros(size, dtype=dtype)
             if vec is not None:
-                key = _weight_name(names, mlp.out)[: -len("weight")] + "bias"
-                edit(key, sd[key].to(vec.dtype) + vec)
-        elif family.name == "llama":
-            if config.mlp_bias:
-                d_mlp, d_model = model.cfg.d_mlp, model.cfg.d_model
-                dtype = sd[_weight_name(names, mlp.out)].dtype
-                for module, size in ((mlp.gate, d_mlp), (mlp.__getattr__("in"), d_mlp), (mlp.out, d_model)):
-                    key = _weight_name(names, module)[: -len("weight")] + "bias"
-                    sd[key] = torch.zeros(size, dtype=dtype)
-                if vec is not None:
-                    key = _weight_name(names, mlp.out)[: -len("weight")] + "bias"
-                    sd[key] = vec.to(dtype).contiguous()
-        elif vec is not None:  # gemma3: post-FFN norm gain
+                sd[_bias_name(names, mlp.out)] = vec.to(dtype).contiguous()
+        elif family.vector_export == "post_norm_gain" and vec is not None:
             key = _weight_name(names, model.blocks[layer].ln2_post)
             edit(key, sd[key].to(vec.dtype) + vec)
 

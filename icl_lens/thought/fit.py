@@ -99,7 +99,7 @@ from icl_lens.model.capture import NonFiniteActivationError, patch_dtype
 from icl_lens.model.prompts import PromptError, bos_id
 from icl_lens.model.weight_edits import edit_hooks
 from icl_lens.thought.batches import prefix_ids, query_batch, read_query_tokens, text_ids
-from icl_lens.thought.result import ThoughtPatch, thought_edits, vector_site
+from icl_lens.thought.result import ThoughtPatch, thought_edits
 
 #: What each ``kind`` fits: the paper's parts (``matrix``, ``vector``) and the down-projection map.
 KIND_PARTS = {
@@ -193,7 +193,7 @@ def thought_patch(
         raise PromptError("preserve must be a list of strings, not one string")
     keep_ids = [text_ids(model, t, what=f"preserve text {i}") for i, t in enumerate(preserve)]
     family = block_family(model)
-    site = vector_site(family)
+    site = family.vector_site
     dtype = patch_dtype(model)
     cfg = model.cfg
     ctx = query_batch(model, query_ids, prefix=instr_ids)

@@ -3,8 +3,9 @@
 Per layer ``l`` it holds the *input map* ``M[l]`` (``d_model × d_model``; the thought
 matrix of each dense layer that reads the MLP input is ``Δ = W M[l]``, so ``W_in``,
 ``W_gate`` and ``W_up`` each get their own least-squares fit), the *vector* ``v[l]``
-(the thought vector: a bias on the MLP branch for GPT-2/Llama, a post-FFN norm gain for
-Gemma 3, see :mod:`icl_lens.core.least_squares`) and, for kind ``"both+down"``, the
+(the thought vector: a bias on the MLP branch, or a post-FFN norm gain where the block
+has that norm (Gemma 2/3, OLMo-2): the block family's ``vector_site``, see
+:mod:`icl_lens.core.least_squares`) and, for kind ``"both+down"``, the
 down-projection map ``ΔW_out[l] = Σ_k down_u[l, k] down_v[l, k]ᵀ`` (factored, rank at
 most the number of fitted rows). Layers that were not patched hold zeros. The patched
 model is prompted as it was fitted: ``[BOS] + query_prefix + query``
@@ -25,13 +26,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from icl_lens.core.factored import sum_norm
-from icl_lens.model.block_family import BlockFamily, first_dense_weights
+from icl_lens.model.block_family import first_dense_weights
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
-
-
-def vector_site(family: BlockFamily) -> str:
-    """Where the thought vector goes: ``"gain"`` after a post-FFN RMSNorm, else ``"bias"``."""
-    return "gain" if family.post_mlp_norm else "bias"
 
 
 def thought_edits(model, maps: dict[int, Tensor], vectors: dict[int, Tensor], site: str,

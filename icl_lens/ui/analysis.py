@@ -23,6 +23,7 @@ from icl_lens.core.trajectory import Trajectory
 from icl_lens.model.attention import attention_pattern
 from icl_lens.model.incremental import PatchSession
 from icl_lens.model.prompts import PromptError, context_limit
+from icl_lens.model.spike_thresholds import spike_threshold
 from icl_lens.model.trajectory_capture import NoContextError, trajectory
 
 DEFAULT_MAX_TOKENS = 1024
@@ -112,22 +113,33 @@ class PromptAnalyzer:
             self.last_patch_stats = "cached"
         return patches, fresh
 
-    def trajectory(self, prompt: EncodedPrompt, query: int) -> tuple[Trajectory | str, bool]:
-        """``icl_lens.trajectory`` of ``query``, or a message saying why there is none."""
+    def trajectory(self, prompt: EncodedPrompt, query: int, order: str = "prefix") -> tuple[Trajectory | str, bool]:
+        """``icl_lens.trajectory`` of ``query`` in ``order`` ("prefix" or the paper's "absorb"), or a
+        message saying why there is none."""
         def make():
             try:
-                return trajectory(self.model, prompt.ids, query=query)
+                return trajectory(self.model, prompt.ids, query=query, order=order)
             except NoContextError as exc:
                 return str(exc)
-        return self._trajectories.get_or((prompt.key, query), make)
+        return self._trajectories.get_or((prompt.key, query, order), make)
 
     def attention(self, prompt: EncodedPrompt, layer: int) -> tuple[Float[Tensor, "head query key"], bool]:
         return self._attention.get_or((prompt.key, layer), lambda: attention_pattern(self.model, prompt.ids, layer))
 
 
 def spike_flags(patches: TokenPatches, threshold: float) -> SpikeFlags:
-    """``icl_lens.spike_scores`` of the patches (default window) at the chosen threshold."""
+    """``icl_lens.spike_scores`` of the patches (default window and statistic) at the chosen threshold."""
     return spike_scores(patches, threshold=threshold)
+
+
+def default_threshold(model_name: str) -> float:
+    """The model's calibrated flag threshold for :func:`spike_flags`' statistic and window, else 3.5."""
+    return spike_threshold(model_name).value
+
+
+def threshold_note(model_name: str) -> str:
+    """Where :func:`default_threshold` comes from, in words: calibrated for this model, or the 3.5 fallback."""
+    return f"default flag threshold {spike_threshold(model_name).describe()}"
 
 
 def alignment_matrix(patches: TokenPatches, layer: int) -> Float[Tensor, "pos pos"]:

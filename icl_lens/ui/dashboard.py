@@ -18,19 +18,25 @@ import html
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import ipywidgets as W
 
 from icl_lens.model.loading import DEFAULT_MODEL, known_model_names, load_model
 from icl_lens.model.prompts import PromptError
-from icl_lens.ui.analysis import DEFAULT_MAX_TOKENS, PromptAnalyzer, alignment_matrix, spike_flags, timed
+from icl_lens.ui.analysis import (
+    DEFAULT_MAX_TOKENS,
+    PromptAnalyzer,
+    alignment_matrix,
+    default_threshold,
+    spike_flags,
+    threshold_note,
+    timed,
+)
 from icl_lens.ui.export import export_csv, export_html, export_png
 from icl_lens.ui.latest_wins import LatestWins
 from icl_lens.ui.panels import AlignmentPanel, AttentionPanel, FigureGrid, HeatmapPanel, StripPanel, TrajectoryPanel
-
-DEFAULT_THRESHOLD = 3.5
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class ViewRequest:
     layer: int
     head: int
     threshold: float
+    order: str = "prefix"  # trajectory order: "prefix" or "absorb" (docs/design.md §3)
 
 
 @dataclass
@@ -75,6 +82,11 @@ def load_quietly(name: str):
         hf_logging.enable_progress_bar()
 
 
+def _row(*children) -> W.HBox:
+    """A row of controls that wraps onto more lines when the output area is narrow."""
+    return W.HBox(list(children), layout=W.Layout(flex_flow="row wrap", align_items="center"))
+
+
 def _ms(seconds: float) -> str:
     return f"{1000 * seconds:.0f} ms"
 
@@ -103,8 +115,10 @@ class Dashboard:
                                     placeholder="embedded name or HF id")
         self.layer = W.IntSlider(value=0, min=0, max=a.n_layers - 1, description="layer", continuous_update=False)
         self.head = W.IntSlider(value=0, min=0, max=a.n_heads - 1, description="head", continuous_update=False)
-        self.threshold = W.FloatSlider(value=DEFAULT_THRESHOLD, min=1.0, max=8.0, step=0.1,
+        # Starts at the model's calibrated threshold (icl_lens.spike_threshold), 3.5 for uncalibrated models.
+        self.threshold = W.FloatSlider(value=default_threshold(a.name), min=0.0, max=8.0, step=0.05,
                                        description="flag at z >", continuous_update=False)
+        self.threshold_note = W.HTML(value=f"<small>{html.escape(threshold_note(a.name))}</small>")
         self.follow_last = W.Checkbox(value=True, description="query = last token", indent=False)
         self.status = W.HTML(value="<i>Type a prompt.</i>")
         self.status.add_class("icl-status")
@@ -116,29 +130,29 @@ class Dashboard:
         self.trajectory_panel = TrajectoryPanel(self.grid)
         self.alignment = AlignmentPanel(self.grid)
         self.attention = AttentionPanel()
-        self.export_buttons = [W.Button(description=d, icon=i) for d, i in
+        self.export_buttons = [W.Button(description=d, icon=i, layout=W.Layout(width="auto")) for d, i in
                                (("figures → HTML", "file-code-o"), ("figures → PNG", "file-image-o"),
                                 ("norms, trajectory → CSV", "table"))]
         for button, fn in zip(self.export_buttons, (self.export_html, self.export_png, self.export_csv)):
             button.on_click(lambda _b, fn=fn: self._export(fn))
 
         self.widget = W.VBox([
-            W.HBox([self.model_box, self.threshold]),
+            _row(self.model_box, self.threshold, self.threshold_note),
             self.text,
             self.notice,
             self.status,
             self.strip.widget,
-            W.HBox([self.heatmap.widget, self.trajectory_panel.widget, self.follow_last]),
-            W.HBox([self.layer, self.head, W.HTML("&nbsp;(layer: alignment matrix and attention)")]),
+            _row(self.heatmap.widget, self.trajectory_panel.widget, self.follow_last),
+            _row(self.layer, self.head, W.HTML("&nbsp;(layer: alignment matrix and attention)")),
             self.grid.fig,
             self.attention.widget,
-            W.HBox(self.export_buttons),
-        ])
+            _row(*self.export_buttons),
+        ], layout=W.Layout(width="100%"))
         self.widget.add_class("icl-dashboard")
 
         self.runner = LatestWins(self._work, self._on_error, debounce_s=debounce_s)
         self.text.observe(lambda _c: self._changed(debounce=True), names="value")
-        for control in (self.model_box, self.layer, self.head, self.threshold):
+        for control in (self.model_box, self.layer, self.head, self.threshold, self.trajectory_panel.order):
             control.observe(lambda _c: self._changed(debounce=False), names="value")
         self.heatmap.kind.observe(lambda _c: self._redraw_heatmap(), names="value")
         self.trajectory_panel.loglog.observe(lambda _c: self.trajectory_panel.apply_scale(), names="value")
@@ -179,7 +193,7 @@ class Dashboard:
     def _request(self) -> ViewRequest:
         return ViewRequest(text=self.text.value, model_name=(self.model_box.value or "").strip(), query=self._query,
                            layer=int(self.layer.value), head=int(self.head.value),
-                           threshold=float(self.threshold.value))
+                           threshold=float(self.threshold.value), order=self.trajectory_panel.order.value)
 
     def _changed(self, debounce: bool) -> None:
         if self._in_worker():  # the dashboard itself moved a control while drawing
@@ -222,12 +236,17 @@ class Dashboard:
                 self.model_box.value = previous
             self.runner.draw(generation, revert)
             return ViewRequest(request.text, previous, request.query, request.layer, request.head,
-                               request.threshold), message
+                               request.threshold, request.order), message
+        previous_default = default_threshold(self.analyzer.name)
         self.analyzer = PromptAnalyzer(model, self.max_tokens)
         a = self.analyzer
+        if abs(request.threshold - previous_default) < 1e-9:  # still at the old model's default: take the new one's
+            request = replace(request, threshold=default_threshold(a.name))
 
         def resize():
             self.layer.max, self.head.max = a.n_layers - 1, a.n_heads - 1
+            self.threshold.value = request.threshold
+            self.threshold_note.value = f"<small>{html.escape(threshold_note(a.name))}</small>"
         self.runner.draw(generation, resize)
         return request, f"loaded {html.escape(name)} ({_ms(seconds)})"
 
@@ -276,13 +295,13 @@ class Dashboard:
         self.timeline.setdefault(generation, {})["phase1"] = time.perf_counter()
         if self.runner.newer_pending(generation):
             return
-        (trajectory, fresh), seconds = timed(a.trajectory, prompt, query)
+        (trajectory, fresh), seconds = timed(a.trajectory, prompt, query, request.order)
         if isinstance(trajectory, str):  # no context before the query
             traj_note, trajectory = trajectory, None
             parts.append(f"no trajectory for query {query}")
         else:
             traj_note = ""
-            parts.append(f"trajectory of query {query}" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
+            parts.append(f"trajectory of query {query}, {request.order} order" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
         if self.runner.newer_pending(generation):
             return
         head = min(request.head, a.n_heads - 1)

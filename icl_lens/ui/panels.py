@@ -16,7 +16,9 @@ import plotly.graph_objects as go
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.ui.token_strip import TokenStrip
 
-MAX_TICKS = 48
+MAX_TICKS = 48  # token ticks along a plot's width (plotly turns crowded labels upright)
+MAX_MATRIX_TICKS = 20  # token ticks on each side of the alignment matrix (half a row wide, at 800 px)
+LABEL_CHARS = 12  # longest tick label; hover shows the whole token
 
 
 def token_label(token: str) -> str:
@@ -24,14 +26,21 @@ def token_label(token: str) -> str:
     return (token.replace("\n", "⏎").replace("\t", "⇥")) or "∅"
 
 
-def token_axis(tokens: tuple[str, ...] | list[str], title: str = "token (position)") -> dict:
-    """Axis keyed by position with token labels (at most ``MAX_TICKS`` ticks shown)."""
+def short_label(token: str) -> str:
+    """:func:`token_label` cut to ``LABEL_CHARS`` characters (tick labels and titles must fit 800 px)."""
+    label = token_label(token)
+    return label if len(label) <= LABEL_CHARS else label[:LABEL_CHARS - 1] + "…"
+
+
+def token_axis(tokens: tuple[str, ...] | list[str], title: str = "token (position)",
+               max_ticks: int = MAX_TICKS) -> dict:
+    """Axis keyed by position with token labels (at most ``max_ticks`` ticks shown)."""
     n = len(tokens)
-    step = max(1, math.ceil(n / MAX_TICKS))
+    step = max(1, math.ceil(n / max_ticks))
     ticks = list(range(0, n, step))
     if n and ticks[-1] != n - 1:
         ticks.append(n - 1)  # the newest token always has its label
-    return dict(tickmode="array", tickvals=ticks, ticktext=[token_label(tokens[p]) for p in ticks], title=title,
+    return dict(tickmode="array", tickvals=ticks, ticktext=[short_label(tokens[p]) for p in ticks], title=title,
                 range=[-0.5, n - 0.5] if n else None)
 
 
@@ -47,47 +56,81 @@ class FigureGrid:
     parsed at once miss on a busy machine (then that plot never updates).
 
     Rows: (1) layer × token heatmap; (2) meta-gradient norm | consecutive-step alignment;
-    (3) token × token alignment matrix | fitted decay exponent per layer.
-    Traces: 0 heatmap, 1 alignment matrix, then per layer the meta-gradient lines, the
-    step-alignment lines, and last the exponent bars.
+    (3) fitted decay exponent per layer | token × token alignment matrix.
+    The figure has no fixed width: it follows its container (JupyterLab's output area, a
+    Voila page), and its titles are short enough for 800 px. There is no legend: the
+    per-layer lines and bars are coloured along Viridis, read off one "layer" colour bar.
+    Each colour bar sits in the right margin beside its own row.
+    Traces: 0 heatmap, 1 alignment matrix, then the layer group: the layer colour bar (no
+    data), per layer the meta-gradient lines, per layer the step-alignment lines, and last
+    the exponent bars.
     """
 
-    TITLES = ("token-patch norm per layer and token", "meta-gradient norm vs context length",
-              "consecutive-step alignment", "patch alignment (cosine), layer 0", "fitted decay exponent α per layer")
+    PANELS = ("heatmap", "norms", "steps", "exponents", "alignment")  # subplot order = title order
+    CELLS = ((1, 1), (2, 1), (2, 2), (3, 1), (3, 2))
+    TITLES = ("token-patch norm ‖ΔW‖ per layer and token", "meta-gradient norm vs context length",
+              "consecutive-step alignment", "fitted decay exponent α per layer", "patch alignment (cosine), layer 0")
 
     def __init__(self, n_layers: int):
         from plotly.subplots import make_subplots
 
         grid = make_subplots(rows=3, cols=2, specs=[[{"colspan": 2}, None], [{}, {}], [{}, {}]],
-                             row_heights=[0.28, 0.3, 0.42], vertical_spacing=0.09, horizontal_spacing=0.12,
+                             row_heights=[0.28, 0.3, 0.42], vertical_spacing=0.11, horizontal_spacing=0.13,
                              subplot_titles=self.TITLES)
-        grid.add_trace(go.Heatmap(z=[], x=[], y=[], colorscale="Viridis",
-                                  colorbar=dict(title=dict(text="‖ΔW‖"), len=0.26, y=0.87),
-                                  hovertemplate="layer %{y}<br>%{text}<br>%{z:.4g}<extra></extra>"), row=1, col=1)
+        self.cell = dict(zip(self.PANELS, self.CELLS))
+        subplots = {name: grid.get_subplot(*cell) for name, cell in self.cell.items()}
+        self.axis_names = {name: (s.xaxis.plotly_name, s.yaxis.plotly_name) for name, s in subplots.items()}
+        self.row_domains = {row: tuple(grid.get_subplot(row, 1).yaxis.domain) for row in (1, 2, 3)}
+        grid.add_trace(go.Heatmap(z=[], x=[], y=[], colorscale="Viridis", colorbar=self.colour_bar(1, "‖ΔW‖"),
+                                  hovertemplate="layer %{y}<br>%{text}<br>%{z:.4g}<extra></extra>"),
+                       *self.cell["heatmap"])
         grid.add_trace(go.Heatmap(z=[], x=[], y=[], zmin=-1, zmax=1, colorscale="RdBu", reversescale=True,
-                                  colorbar=dict(title=dict(text="cos"), len=0.38, y=0.2, x=0.44),
-                                  hovertemplate="%{y} · %{x}<br>cos %{z:.3f}<extra></extra>"), row=3, col=1)
-        for trace in layer_traces(n_layers):
-            grid.add_trace(trace, row=2, col=1)
-        for trace in layer_traces(n_layers, legend=False):
-            grid.add_trace(trace, row=2, col=2)
-        grid.add_trace(exponent_bars(), row=3, col=2)
-        grid.update_layout(meta="icl_lens:figures", height=1250, margin=dict(l=60, r=30, t=40, b=40),
-                           legend=dict(y=0.62, yanchor="top", font=dict(size=10)))
-        grid.update_yaxes(title_text="layer", dtick=1, row=1, col=1)
-        grid.update_xaxes(title_text="context length i", type="log", row=2, col=1)  # log–log by default
-        grid.update_yaxes(title_text="‖W_{i+1} − W_i‖", type="log", row=2, col=1)
-        grid.update_xaxes(title_text="context length i", row=2, col=2)
-        grid.update_yaxes(title_text="cos(G_{i−1}, G_i)", range=[-1.05, 1.05], row=2, col=2)
-        grid.update_yaxes(autorange="reversed", row=3, col=1)
-        grid.update_xaxes(title_text="layer", row=3, col=2)
-        grid.update_yaxes(title_text="α (‖G_i‖ ∝ i^−α)", row=3, col=2)
+                                  colorbar=self.colour_bar(3, "cos"),
+                                  hovertemplate="%{y} · %{x}<br>cos %{z:.3f}<extra></extra>"), *self.cell["alignment"])
+        grid.add_traces(*self.layer_group(n_layers))
+        grid.update_annotations(font_size=13)
+        grid.update_layout(meta="icl_lens:figures", height=1300, showlegend=False, font=dict(size=11),
+                           margin=dict(l=60, r=20, t=40, b=40))
+        axis = lambda name, xy: self.axis(name, xy, grid.layout)  # noqa: E731
+        axis("heatmap", "y").update(title_text="layer", dtick=1)
+        axis("norms", "x").update(title_text="context length i", type="log")  # log–log by default
+        axis("norms", "y").update(title_text="‖W_{i+1} − W_i‖", type="log")
+        axis("steps", "x").update(title_text="context length i")
+        axis("steps", "y").update(title_text="cos(G_{i−1}, G_i)", range=[-1.05, 1.05])
+        axis("exponents", "x").update(title_text="layer")
+        axis("exponents", "y").update(title_text="α (‖G_i‖ ∝ i^−α)")
+        axis("alignment", "y").update(autorange="reversed")
         # Traces and layout go in the constructor: changes made to a FigureWidget before it
         # is displayed never reach the browser (plotly 7 sends them as one-off messages).
         self.fig = go.FigureWidget(grid)
+        # No width in the layout: the figure re-fits its container on every window "resize",
+        # which the token strip also sends when the dashboard's width changes (token_strip.js).
+        self.fig._config = dict(responsive=True)
 
-    def title(self, index: int, text: str) -> None:
-        self.fig.layout.annotations[index].text = text
+    def axis(self, name: str, xy: str, layout=None):
+        """The x or y axis (layout object) of panel ``name`` (in the figure's layout, or in ``layout``)."""
+        return (self.fig.layout if layout is None else layout)[self.axis_names[name]["xy".index(xy)]]
+
+    def title(self, name: str, text: str) -> None:
+        self.fig.layout.annotations[self.PANELS.index(name)].text = text
+
+    def colour_bar(self, row: int, title: str) -> dict:
+        """A slim vertical colour bar in the right margin, as tall as grid row ``row``."""
+        y0, y1 = self.row_domains[row]
+        return dict(title=dict(text=title, side="top"), x=1.01, xanchor="left", xpad=4, thickness=12,
+                    y=(y0 + y1) / 2, yanchor="middle", len=y1 - y0, lenmode="fraction")
+
+    def layer_group(self, n_layers: int) -> tuple[list, list[int], list[int]]:
+        """The per-layer traces (layer colour bar, lines, step lines, exponent bars) with their rows and columns."""
+        top = max(1, n_layers - 1)
+        scale = go.Scatter(x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
+                           marker=dict(color=[0], colorscale="Viridis", cmin=0, cmax=top, showscale=True,
+                                       colorbar=dict(self.colour_bar(2, "layer"), dtick=max(1, round(n_layers / 6)))))
+        bars = go.Bar(x=[], y=[], name="α", marker=dict(color=[], colorscale="Viridis", cmin=0, cmax=top),
+                      hovertemplate="layer %{x}<br>α = %{y:.3f}<br>R² = %{customdata:.2f}<extra></extra>")
+        traces = [scale, *layer_traces(n_layers), *layer_traces(n_layers), bars]
+        cells = [self.cell["norms"]] * (1 + n_layers) + [self.cell["steps"]] * n_layers + [self.cell["exponents"]]
+        return traces, [r for r, _ in cells], [c for _, c in cells]
 
 
 class StripPanel:
@@ -116,7 +159,7 @@ class HeatmapPanel:
     KINDS = ("patch norm ‖ΔW‖", "correction norm ‖attn_C − attn_0‖")
 
     def __init__(self, grid: FigureGrid):
-        self.fig = grid.fig
+        self.grid, self.fig = grid, grid.fig
         self.kind = W.ToggleButtons(options=self.KINDS, value=self.KINDS[0], style=dict(button_width="auto"))
         self.widget = self.kind
 
@@ -133,15 +176,15 @@ class HeatmapPanel:
             trace = self.trace
             if patches is None:
                 trace.z, trace.x, trace.y, trace.text = [], [], [], []
-                self.fig.layout.xaxis.update(token_axis([]))
+                self.grid.axis("heatmap", "x").update(token_axis([]))
                 return
             trace.z = self.values(patches)
             trace.x = patches.positions
             trace.y = list(range(patches.n_layers))
             trace.text = [_labels(patches.tokens)] * patches.n_layers
             trace.colorbar.title.text = "‖ΔW‖" if self.kind.value == self.KINDS[0] else "‖corr‖"
-            self.fig.layout.xaxis.update(token_axis(patches.tokens))
-            self.fig.layout.yaxis.range = [-0.5, patches.n_layers - 0.5]
+            self.grid.axis("heatmap", "x").update(token_axis(patches.tokens))
+            self.grid.axis("heatmap", "y").range = [-0.5, patches.n_layers - 0.5]
 
 
 class AlignmentPanel:
@@ -155,44 +198,49 @@ class AlignmentPanel:
         return self.fig.data[1]
 
     def show(self, patches: TokenPatches | None, matrix, layer: int) -> None:
+        x_axis, y_axis = self.grid.axis("alignment", "x"), self.grid.axis("alignment", "y")
         with self.fig.batch_update():
             trace = self.trace
             if patches is None:
                 trace.z, trace.x, trace.y = [], [], []
-                self.fig.layout.xaxis4.update(token_axis([]))
-                self.fig.layout.yaxis4.update(tickvals=[], ticktext=[])
+                x_axis.update(token_axis([]))
+                y_axis.update(tickvals=[], ticktext=[])
                 return
             trace.z = matrix.detach().cpu().double().numpy()
             trace.x = patches.positions
             trace.y = patches.positions
-            axis = token_axis(patches.tokens)
-            self.fig.layout.xaxis4.update(axis)
-            self.fig.layout.yaxis4.update(tickmode="array", tickvals=axis["tickvals"], ticktext=axis["ticktext"],
-                                          title_text="token (position)")
-            self.grid.title(3, f"patch alignment (cosine of token patches), layer {layer}")
+            axis = token_axis(patches.tokens, max_ticks=MAX_MATRIX_TICKS)
+            x_axis.update(axis)
+            y_axis.update(tickmode="array", tickvals=axis["tickvals"], ticktext=axis["ticktext"])
+            self.grid.title("alignment", f"patch alignment (cosine), layer {layer}")
 
 
 class TrajectoryPanel:
     """Meta-gradient norm vs context length per layer, consecutive-step alignment, and the
-    fitted decay exponent per layer, for the selected query."""
+    fitted decay exponent per layer, for the selected query; ``order`` picks the prefix or the
+    paper's absorb order of consuming the context (docs/design.md §3)."""
 
     def __init__(self, grid: FigureGrid):
         self.grid, self.fig = grid, grid.fig
         self.loglog = W.Checkbox(value=True, description="log–log", indent=False)
+        self.order = W.Dropdown(options=[("prefix", "prefix"), ("absorb (paper)", "absorb")], value="prefix",
+                                description="order", description_tooltip="prefix: the query sees c₁..cᵢ; absorb: "
+                                "c₁..cᵢ are absorbed into the weights, the rest stays in context",
+                                layout=W.Layout(width="200px"))
         self.message = W.HTML()
-        self.widget = W.HBox([self.loglog, self.message])  # the grid starts log–log, like the checkbox
+        self.widget = W.HBox([self.loglog, self.order, self.message])  # the grid starts log–log, like the checkbox
 
     @property
     def n_layers(self) -> int:
-        return (len(self.fig.data) - 3) // 2
+        return (len(self.fig.data) - 4) // 2  # heatmap, matrix, layer colour bar, bars; 2 lines per layer
 
     @property
     def norms(self) -> tuple:
-        return self.fig.data[2: 2 + self.n_layers]
+        return self.fig.data[3: 3 + self.n_layers]
 
     @property
     def steps(self) -> tuple:
-        return self.fig.data[2 + self.n_layers: 2 + 2 * self.n_layers]
+        return self.fig.data[3 + self.n_layers: 3 + 2 * self.n_layers]
 
     @property
     def exponents(self):
@@ -203,15 +251,14 @@ class TrajectoryPanel:
             return
         # only when the model changes: replace the per-layer traces
         self.fig.data = self.fig.data[:2]
-        self.fig.add_traces(layer_traces(n_layers), rows=[2] * n_layers, cols=[1] * n_layers)
-        self.fig.add_traces(layer_traces(n_layers, legend=False), rows=[2] * n_layers, cols=[2] * n_layers)
-        self.fig.add_traces([exponent_bars()], rows=[3], cols=[2])
+        traces, rows, cols = self.grid.layer_group(n_layers)
+        self.fig.add_traces(traces, rows=rows, cols=cols)
 
     def apply_scale(self) -> None:
         kind = "log" if self.loglog.value else "linear"
         with self.fig.batch_update():
-            self.fig.layout.xaxis2.type = kind
-            self.fig.layout.yaxis2.type = kind
+            self.grid.axis("norms", "x").type = kind
+            self.grid.axis("norms", "y").type = kind
 
     def show(self, trajectory, query: int | None, tokens, n_layers: int, message: str = "") -> None:
         self._ensure_traces(n_layers)
@@ -220,8 +267,8 @@ class TrajectoryPanel:
             if trajectory is None:
                 for trace in (*self.norms, *self.steps, self.exponents):
                     trace.x, trace.y = [], []
-                self.grid.title(1, FigureGrid.TITLES[1])
-                self.grid.title(2, FigureGrid.TITLES[2])
+                for name in ("norms", "steps", "exponents"):
+                    self.grid.title(name, FigureGrid.TITLES[FigureGrid.PANELS.index(name)])
                 return
             norms = _np(trajectory.meta_gradient_norms())  # column k: step i = k + 1
             align = _np(trajectory.consecutive_alignment())  # column k: cos(G_{k+1}, G_{k+2}), i = k + 2
@@ -237,10 +284,12 @@ class TrajectoryPanel:
                 step.x, step.y = np.arange(2, align.shape[1] + 2), align[row]
             bars = self.exponents
             bars.x, bars.y = list(trajectory.layers), _np(fit.exponent)
+            bars.marker.color = list(trajectory.layers)
             bars.customdata = _np(fit.r_squared)
-            label = token_label(tokens[query]) if query is not None and 0 <= query < len(tokens) else "?"
-            self.grid.title(1, f"meta-gradient norm vs context length — query {query} ({label!r})")
-            self.grid.title(2, f"consecutive-step alignment — query {query}")
+            label = short_label(tokens[query]) if query is not None and 0 <= query < len(tokens) else "?"
+            self.grid.title("norms", f"meta-gradient norm — query {query} ({label!r})")
+            self.grid.title("steps", f"consecutive-step alignment — query {query}")
+            self.grid.title("exponents", f"fitted decay exponent α per layer — query {query}")
 
 
 class AttentionPanel:
@@ -269,19 +318,61 @@ def _np(t) -> np.ndarray:
     return t.detach().cpu().double().numpy() if hasattr(t, "detach") else np.asarray(t, dtype=float)
 
 
-def layer_traces(n_layers: int, legend: bool = True) -> list[go.Scatter]:
+def layer_traces(n_layers: int) -> list[go.Scatter]:
     """One line per layer (coloured along Viridis), empty until a trajectory is shown."""
     return [go.Scatter(x=[], y=[], mode="lines+markers", marker=dict(size=4), name=f"L{layer}",
-                       legendgroup=f"L{layer}", showlegend=legend,
                        line=dict(color=_layer_colour(layer, n_layers))) for layer in range(n_layers)]
-
-
-def exponent_bars() -> go.Bar:
-    return go.Bar(x=[], y=[], name="α", showlegend=False, marker_color="#555",
-                  hovertemplate="layer %{x}<br>α = %{y:.3f}<br>R² = %{customdata:.2f}<extra></extra>")
 
 
 def _layer_colour(layer: int, n_layers: int) -> str:
     import plotly.colors as pc
 
     return pc.sample_colorscale("Viridis", [layer / max(1, n_layers - 1)])[0]
+
+
+def layer_lines(frame, x: str, y: str, *, layer: str = "layer", hover: str | None = None, log_x: bool = False,
+                log_y: bool = False, x_title: str | None = None, y_title: str | None = None, title: str = "",
+                height: int = 380) -> go.Figure:
+    """One line per layer of a tidy ``frame``, coloured along Viridis with a layer colour bar instead of a legend.
+
+    With 18–30 layers a legend of one entry per layer does not fit a ~900 px notebook output
+    area; the colour bar does (hover a line for its layer). Used by the workshop notebooks.
+    """
+    layers = sorted(frame[layer].unique())
+    top = max(1, len(layers) - 1)
+    fig = go.Figure()
+    for i, value in enumerate(layers):
+        part = frame[frame[layer] == value]
+        text = part[hover].astype(str) if hover else None
+        fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines", text=text, name=f"layer {value}",
+                                 line=dict(color=_layer_colour(i, len(layers)), width=1.5), showlegend=False,
+                                 hovertemplate=f"layer {value}<br>{x} %{{x}}<br>{y} %{{y:.3g}}"
+                                               + ("<br>%{text}" if hover else "") + "<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
+                             marker=dict(color=[0], colorscale="Viridis", cmin=layers[0], cmax=layers[0] + top,
+                                         showscale=True, colorbar=dict(title="layer", thickness=12,
+                                                                        dtick=max(1, round(len(layers) / 6))))))
+    fig.update_layout(title=title, height=height, margin=dict(l=60, r=20, t=50 if title else 20, b=50),
+                      xaxis_title=x_title or x, yaxis_title=y_title or y)
+    fig.update_xaxes(type="log" if log_x else "linear")
+    fig.update_yaxes(type="log" if log_y else "linear")
+    return fig
+
+
+def vertical_marker(fig: go.Figure, x: float, text: str, *, log_x: bool | None = None) -> go.Figure:
+    """A dashed vertical line at data coordinate ``x`` with a label, correct on log x axes.
+
+    ``fig.add_vline(annotation_text=...)`` on a log axis places its label at ``x`` read as a
+    log10 coordinate and stretches the range to ~10^x (a known plotly issue), squeezing the
+    data into a sliver. Here the line is a shape in data coordinates (plotly takes real x
+    for shapes) and the label an annotation at ``log10(x)`` when the axis is logarithmic
+    (annotations take log10 coordinates there).
+    """
+    if log_x is None:
+        log_x = fig.layout.xaxis.type == "log"
+    if log_x and x <= 0:
+        raise ValueError(f"a marker on a log x axis needs x > 0, got {x}")
+    fig.add_shape(type="line", x0=x, x1=x, xref="x", y0=0, y1=1, yref="paper", line=dict(dash="dash", width=1))
+    fig.add_annotation(x=math.log10(x) if log_x else x, xref="x", y=1, yref="paper", text=text, showarrow=False,
+                       xanchor="left", yanchor="bottom")
+    return fig

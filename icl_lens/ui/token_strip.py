@@ -1,4 +1,6 @@
-"""Token strip widget: the anywidget front end in ``widgets/token_strip.js`` (+ ``.css``).
+"""Token strip widget: the anywidget front end in ``widgets/token_strip.js`` (+ ``.css``),
+package data next to this module. The front end also keeps the dashboard's plotly figure
+as wide as the dashboard (it has no width of its own; see ``fitFigures`` there).
 
 Synced traits: ``tokens``, ``values`` (patch norm per position), ``flags`` (spike flags),
 ``selected`` (clicked position, -1 for none), ``vmax`` (colour scale top), ``empty_text``.
@@ -12,12 +14,8 @@ import traitlets
 
 
 def widgets_dir() -> Path:
-    """Folder of the front-end assets: ``icl_lens/widgets`` in a wheel, top-level ``widgets/`` in a checkout."""
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here / "widgets", here.parent / "widgets"):
-        if (candidate / "token_strip.js").is_file():
-            return candidate
-    raise FileNotFoundError("icl_lens front-end assets (token_strip.js) are missing from the installation")
+    """Folder of the front-end assets (``icl_lens/ui/widgets``, shipped as package data)."""
+    return Path(__file__).resolve().with_name("widgets")
 
 
 class TokenStrip(anywidget.AnyWidget):

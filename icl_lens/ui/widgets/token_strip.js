@@ -3,6 +3,9 @@
 // vmax (float), notice (str). One <span class="icl-token"> per POSITION (tokens repeat),
 // coloured by its patch norm; spike-flagged tokens get the "icl-flagged" class; a click
 // sets `selected` to that position (the query of the trajectory panel).
+//
+// The strip also keeps the dashboard's plotly figure as wide as the dashboard (see
+// fitFigures): plotly sizes a figure without a layout width once, when it is drawn.
 
 function colour(value, vmax) {
   const x = vmax > 0 ? Math.max(0, Math.min(1, value / vmax)) : 0;
@@ -13,6 +16,35 @@ function colour(value, vmax) {
 
 function label(token) {
   return token.replace(/\n/g, "⏎").replace(/\t/g, "⇥") || "∅";
+}
+
+// The strip spans the dashboard's width. Whenever that width changes (the output area is
+// laid out, a JupyterLab side panel opens, the window resizes), or a plotly figure inside the
+// dashboard has just been drawn (plotly 7's widget draws it once, often before it has its
+// final width), send a window "resize": figures with config.responsive re-fit on it.
+function fitFigures(el) {
+  let width = -1, timer = null;
+  const refit = () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => window.dispatchEvent(new Event("resize")), 50);
+  };
+  const observer = new ResizeObserver(() => {
+    if (el.clientWidth > 0 && el.clientWidth !== width) {
+      width = el.clientWidth;
+      refit();
+    }
+  });
+  observer.observe(el);
+  const drawn = (event) => {
+    const dashboard = el.closest(".icl-dashboard");
+    if (dashboard && dashboard.contains(event.detail.element)) refit();
+  };
+  document.addEventListener("plotlywidget-after-render", drawn);
+  return () => {
+    observer.disconnect();
+    document.removeEventListener("plotlywidget-after-render", drawn);
+    clearTimeout(timer);
+  };
 }
 
 function render({ model, el }) {
@@ -54,10 +86,12 @@ function render({ model, el }) {
   }
 
   draw();
+  const stopFitting = fitFigures(el);
   for (const name of ["tokens", "values", "flags", "selected", "vmax", "empty_text"]) {
     model.on(`change:${name}`, draw);
   }
   return () => {
+    stopFitting();
     for (const name of ["tokens", "values", "flags", "selected", "vmax", "empty_text"]) {
       model.off(`change:${name}`, draw);
     }

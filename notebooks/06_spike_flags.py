@@ -13,15 +13,27 @@
 # ---
 
 # %% [markdown]
-# # 04 · Spike flags: tokens whose context changes the computation unusually much
+# # 06 · Open exploration: spike flags
+#
+# **Learning objective.** Read a spike score (a robust z-score of patch norms within each layer, so layers with
+# different scales can be aggregated), see how the window and the aggregation change what is flagged, and know what
+# the flags are worth: the evaluation measures whether they spot wrong answers better than the token log-probability.
+#
+# **Time box: 15 minutes**, open exploration (in a 3-hour session, pick 05 or 06; the other is homework); the
+# exercises are a starting point.
 #
 # Every token `t` gets a *token patch* per layer, the rank-1 update `ΔW[l,t]` that makes its context-free input reproduce its contextual output (Dherin et al. 2025, arXiv 2507.16003). Its norm `‖ΔW[l,t]‖_F` says how much the context changes layer `l` at `t`.
 #
 # A **spike** is a token whose patch norm is unusually large compared with the tokens just before it. `icl_lens.spike_scores` turns each layer's norm series into a robust z-score against a trailing window (median and `1.4826·MAD` of the previous `window` tokens), aggregates the layers (`statistic="mean"`, `"max"`, `"median"` of the per-layer z, or `"norm"`: z of the whole patch's norm), and flags tokens whose score passes `threshold`. Tokens with fewer than `window` predecessors are reported as *not enough context*, never flagged.
 
 # %%
-import icl_lens
+import torch
 
+import icl_lens
+from icl_lens.evals.claims import auroc_ci, claim, claims_view, spike_auroc, spike_difference
+from icl_lens.evals.exercise_checks import check_answer, check_choice
+
+torch.set_num_threads(1)
 model = icl_lens.load_model("gemma-3-270m")
 print(model.cfg.n_layers, "layers")
 
@@ -33,9 +45,12 @@ prompt = ("The cat sat on the mat. The dog sat on the rug. The bird sat on the b
           "The fish swam in the bowl. The horse stood in the field. Meanwhile, the Treaty of Westphalia "
           "was signed in 1648.")
 patches = icl_lens.token_patches(model, prompt)
-spikes = icl_lens.spike_scores(patches, window=16, threshold=3.5)
+threshold = icl_lens.spike_threshold("gemma-3-270m", statistic="mean", window=16)  # calibrated per model (EVAL.md)
+print("threshold:", threshold.describe())
+spikes = icl_lens.spike_scores(patches, window=16, threshold=threshold.value)
 print("flagged:", [(t, spikes.tokens[t]) for t in spikes.flagged_positions])
 print("positions without enough context:", int((~spikes.enough_context).sum()))
+assert not (spikes.to_frame().flagged & ~spikes.to_frame().enough_context).any()  # never flagged without context
 spikes.to_frame().tail(12)
 
 # %% [markdown]
@@ -54,7 +69,9 @@ fig.update_layout(xaxis={"tickmode": "array", "tickvals": frame.position, "tickt
 fig
 
 # %% [markdown]
-# The per-layer scores (`layer_scores`, layer × position) show where in depth a spike happens.
+# The per-layer scores (`layer_scores`, layer × position) show where in depth a spike happens. Each layer's
+# score is a z-score against *that layer's* recent history, which is what makes layers comparable here (raw patch
+# norms are not comparable across layers).
 
 # %%
 fig = go.Figure(go.Heatmap(z=spikes.layer_scores.numpy(), x=labels, colorscale="RdBu_r", zmid=0,
@@ -84,20 +101,72 @@ gen.to_frame()
 # %% [markdown]
 # ## Exercises
 #
-# 1. Compare `window=8` with the default 16: how many positions lack enough context in each case, and which tokens are flagged with `statistic="max"`?
-# 2. Sample three continuations (`greedy=False`, `temperature=1.2`, seeds 0, 1, 2, `statistic="max"`). For each, print the text, the number of flagged tokens and the mean log-prob. Are flagged tokens less likely than the others?
+# ### Exercise 1 · Predict, then check: the window (5 min)
+#
+# **Predict**: with `window=8` instead of 16, how many positions of `patches` lack enough context? Put the number
+# into `answer_1`, then compare the tokens flagged with `statistic="max"` for both windows.
+
+# %%
+answer_1 = None
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 for window in (8, 16):
     s = icl_lens.spike_scores(patches, window=window, statistic="max")
     print(f"window {window}: {int((~s.enough_context).sum())} without enough context; flagged",
           [s.tokens[t] for t in s.flagged_positions])
+answer_1 = int((~icl_lens.spike_scores(patches, window=8).enough_context).sum())
+
+# %%
+check_answer(answer_1, int((~icl_lens.spike_scores(patches, window=8).enough_context).sum()),
+             "positions without enough context at window 8",
+             why="A position is scored only once it has `window` predecessors to compare with.")
+
+# %% [markdown]
+# ### Exercise 2 · Are flagged tokens less likely? (10 min, open)
+#
+# Sample three continuations (`greedy=False`, `temperature=1.2`, seeds 0, 1, 2, `statistic="max"`). For each, print
+# the text, the number of flagged tokens and the mean log-prob. Are flagged tokens less likely than the others?
+# Thirty tokens cannot answer that: compare with the evaluation's answer in the table below (893 questions).
+
+# %%
+samples, n_flagged = [], []  # three GenerationPatches, and the number of flagged tokens in each
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
+samples, n_flagged = [], []
 for seed in range(3):
     g = icl_lens.generate_with_patches(model, prompt, max_new_tokens=10, greedy=False, temperature=1.2, seed=seed,
                                         statistic="max")
     f = g.to_frame()
+    samples.append(g)
+    n_flagged.append(int(f.flagged.sum()))
     flagged, other = f[f.flagged].logprob.mean(), f[~f.flagged].logprob.mean()
     print(f"seed {seed}: {g.text!r}: {int(f.flagged.sum())} flagged; mean log-prob {f.logprob.mean():.2f} "
           f"(flagged {flagged:.2f}, others {other:.2f})")
+
+# %%
+check_answer(len(samples), 3, "number of sampled continuations")
+check_answer(n_flagged, [int(g.to_frame().flagged.sum()) for g in samples], "flagged tokens per continuation",
+             why=f"{sum(len(g.to_frame()) for g in samples)} tokens in all: far too few to say whether flagged "
+                 "tokens are less likely; the evaluation below uses 893 questions.")
+
+# %% [markdown]
+# ## Paper says / we measure
+#
+# Spike flags are icl_lens's own hypothesis, not a paper's claim. Their value is measured by
+# `python -m icl_lens.evals.spikes` (`reports/eval_spikes.json`): AUROC for telling wrong answers from right ones,
+# within a kind of question, against the log-probability baseline. A checkout without that report says
+# "not measured in this checkout".
+
+# %%
+rows = []
+for name in ("gemma-3-270m", "smollm2-135m"):
+    patch_row, base_row = spike_auroc(name, "patch, answer + last prompt token"), spike_auroc(name, "−mean log p, answer")
+    diff = spike_difference(name)
+    beats = None if diff is None else diff["low"] > 0
+    rows.append(claim(f"Patch features spot wrong answers better than log-probability ({name})",
+                      "icl_lens hypothesis (no paper claim)",
+                      None if diff is None else f"AUROC {auroc_ci(patch_row)}; paired difference "
+                                                f"{diff['difference']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]",
+                      None if base_row is None else f"log-prob baseline {auroc_ci(base_row)}",
+                      beats, "" if beats is None or beats else "The paired difference's interval includes 0 or lies below it."))
+claims_view(rows)

@@ -1,0 +1,184 @@
+"""Paper claims beside what icl_lens measures: the workshop notebooks' "Paper says / we measure" tables.
+
+Each notebook ends its story with a small table: one row per claim of a paper it touches
+(Dherin et al. 2025, arXiv 2507.16003; Mazzawi, Dherin et al. 2025, arXiv 2510.08734;
+McDermott, Heath, Parhi 2026, arXiv 2606.25342), the number icl_lens measures, the
+baseline or control it must beat, whether the claim is reproduced, and why not where it
+is not. The numbers are computed in the notebook or read from the evaluation reports
+(``reports/eval_*.json``, written by ``python -m icl_lens.evals.<name>``) by the readers
+below. A report or key that is missing (a wheel install ships no reports; an evaluation
+not run yet) reads as :data:`NOT_MEASURED`, never as a number.
+
+Verdicts (:func:`verdict_above`): a measured interval whose lower end lies above the
+control's upper end (and above ``floor``) reproduces an effect; an interval that overlaps
+the control does not.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from icl_lens.evals.intervals import wilson_interval
+
+NOT_MEASURED = "not measured in this checkout"
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
+VERDICTS = ("yes", "no", "partly", "not measured")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One row of a "Paper says / we measure" table."""
+
+    claim: str
+    paper: str
+    measured: str
+    baseline: str
+    reproduced: str
+    why: str = ""
+
+    def __post_init__(self):
+        if self.reproduced not in VERDICTS:
+            raise ValueError(f"reproduced must be one of {VERDICTS}, got {self.reproduced!r}")
+
+
+def claim(claim: str, paper: str, measured: Any, baseline: Any, reproduced: bool | str | None, why: str = "") -> Claim:
+    """A table row. ``measured`` None (a missing report or key) makes the row read "not measured".
+
+    ``reproduced``: True → "yes", False → "no", or one of :data:`VERDICTS`.
+    """
+    if measured is None:
+        return Claim(claim, paper, NOT_MEASURED, _text(baseline), "not measured", why)
+    if reproduced is not None and not isinstance(reproduced, str):
+        reproduced = bool(reproduced)  # numpy and torch booleans too
+    verdict = "yes" if reproduced is True else "no" if reproduced is False else reproduced
+    if verdict is None:
+        raise ValueError("reproduced is None for a measured claim: say yes, no or partly")
+    return Claim(claim, paper, _text(measured), _text(baseline), verdict, why)
+
+
+def claims_table(claims: Iterable[Claim]) -> pd.DataFrame:
+    """The "Paper says / we measure" table, one row per claim."""
+    rows = [asdict(c) for c in claims]
+    if not rows:
+        raise ValueError("a claims table needs at least one claim")
+    return pd.DataFrame(rows)
+
+
+def claims_view(claims: Iterable[Claim]):
+    """The table for a notebook: whole sentences (no ``…`` truncation), left-aligned, wrapped, no index column."""
+    return (claims_table(claims).style.hide(axis="index")
+            .set_properties(**{"text-align": "left", "white-space": "normal", "vertical-align": "top"})
+            .set_table_styles([{"selector": "th", "props": [("text-align", "left")]}]))
+
+
+def _text(x: Any) -> str:
+    if x is None:
+        return NOT_MEASURED
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+# --- intervals written for a table --------------------------------------------------------------------
+
+def rate(correct: int, n: int, level: float = 0.95) -> str:
+    """``"0.75 [0.55, 0.88] (18/24)"``: an accuracy with its Wilson interval (:mod:`icl_lens.evals.intervals`)."""
+    low, high = wilson_interval(correct, n, level)
+    return f"{correct / n:.2f} [{low:.2f}, {high:.2f}] ({correct}/{n})"
+
+
+def mean_ci(row: Mapping[str, float] | None, digits: int = 3) -> str | None:
+    """``"+0.388 [+0.334, +0.440]"`` from a mapping with ``mean``, ``low``, ``high`` (None stays None)."""
+    if row is None:
+        return None
+    return f"{row['mean']:+.{digits}f} [{row['low']:+.{digits}f}, {row['high']:+.{digits}f}]"
+
+
+def verdict_above(measured: Mapping[str, float] | None, control: Mapping[str, float] | None, floor: float = 0.0
+                  ) -> bool | None:
+    """True when ``measured``'s interval lies above the control's interval and above ``floor``; None if missing."""
+    if measured is None or control is None:
+        return None
+    return bool(measured["low"] > control["high"] and measured["low"] > floor)
+
+
+# --- report readers ------------------------------------------------------------------------------------
+
+def read_report(name: str, root: str | Path | None = None) -> dict | None:
+    """``reports/eval_<name>.json`` as a dict, or None when this checkout has no such report."""
+    path = Path(root or REPORTS) / f"eval_{name}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def lookup(data: Any, *keys: str | int) -> Any:
+    """``data[k1][k2]…``, or None as soon as a key is missing."""
+    for key in keys:
+        try:
+            data = data[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+def alignment_row(model: str, comparison: str, order: str, kind: str, *, root: str | Path | None = None
+                  ) -> dict | None:
+    """One summary row (``mean``, ``low``, ``high``, ``prompts``) of ``eval_finetune_alignment.json``.
+
+    ``model``: a lab model (``"softmax"``, ``"single_block"``, …) or a language model
+    (``"gemma-3-270m"``); ``comparison``: ``sgd``, ``control``, ``query_input``, …;
+    ``order``: ``prefix`` or ``absorb``; ``kind``: ``cumulative`` or ``step``.
+    """
+    report = read_report("finetune_alignment", root)
+    rows = lookup(report, "lab", model, "alignment", "summary") or lookup(report, "lm", model, "alignment", "summary")
+    for row in rows or ():
+        if (row.get("comparison"), row.get("order"), row.get("kind")) == (comparison, order, kind):
+            return row
+    return None
+
+
+def thought_counts(model: str, task: str, *, root: str | Path | None = None) -> dict[str, tuple[int, int]] | None:
+    """``{condition: (correct, n)}`` of ``eval_thought.<model>.json``'s table row for ``task`` (None if absent).
+
+    Conditions are whatever the report measured (``none``, ``full``, ``patched``, ``control``,
+    and ``steering`` where the evaluation has it).
+    """
+    row = lookup(read_report(f"thought.{model}", root), f"table/{task}")
+    n = lookup(row, "n_test")
+    accuracy = lookup(row, "accuracy")
+    if not isinstance(n, int) or not isinstance(accuracy, dict):
+        return None
+    correct = lookup(row, "correct") or {}
+    return {c: (int(correct.get(c, round(a * n))), n) for c, a in accuracy.items()}
+
+
+def spike_auroc(model: str, detector: str, split: str = "within kind, grouped", *, root: str | Path | None = None
+                ) -> dict | None:
+    """``{auroc, low, high, …}`` of one detector in ``eval_spikes.json`` (None if the report lacks it)."""
+    row = lookup(read_report("spikes", root), "models", model, "aurocs", detector, "aurocs", split)
+    return row if isinstance(row, dict) and "auroc" in row else None
+
+
+def spike_difference(model: str, comparison: str = "patch vs baseline", split: str = "within_grouped", *,
+                     root: str | Path | None = None) -> dict | None:
+    """``{difference, low, high}`` of a paired AUROC comparison in ``eval_spikes.json`` (None if absent)."""
+    row = lookup(read_report("spikes", root), "models", model, "comparisons", comparison, split)
+    return row if isinstance(row, dict) and "difference" in row else None
+
+
+def auroc_ci(row: Mapping[str, float] | None) -> str | None:
+    """``"0.769 [0.712, 0.819]"`` from an AUROC row (None stays None)."""
+    return None if row is None else f"{row['auroc']:.3f} [{row['low']:.3f}, {row['high']:.3f}]"
+
+
+def count_where(values: Sequence[float], predicate) -> str:
+    """``"17 of 18"``: how many ``values`` satisfy ``predicate``."""
+    values = list(values)
+    return f"{sum(bool(predicate(v)) for v in values)} of {len(values)}"

@@ -1,0 +1,3 @@
+from icl_lens.evals.spikes.run import main
+
+main()

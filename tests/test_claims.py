@@ -1,0 +1,159 @@
+"""The workshop helpers: claims tables and report readers (missing reports read as "not measured"),
+Wilson intervals, exercise checks (a right answer passes, a wrong or missing one fails and says why),
+and the figure helpers for log axes and many layers."""
+import json
+
+import numpy as np
+import pandas as pd
+import plotly.express as px
+import pytest
+
+from icl_lens.evals import claims
+from icl_lens.evals.claims import (
+    NOT_MEASURED, alignment_row, auroc_ci, claim, claims_table, count_where, mean_ci, rate, read_report,
+    spike_auroc, spike_difference, thought_counts, verdict_above,
+)
+from icl_lens.evals.exercise_checks import ExerciseCheckFailed, check_answer, check_below, check_choice
+from icl_lens.evals.intervals import wilson_interval
+from icl_lens.ui.panels import layer_lines, vertical_marker
+
+
+def test_wilson_interval_known_values():
+    # p = 1/2, n = 24, z = 1.96: centre 0.5, half 1.96·sqrt(1/96 + z²/2304)/1.16007 = 0.18573
+    low, high = wilson_interval(12, 24)
+    assert low == pytest.approx(0.31427, abs=1e-4) and high == pytest.approx(0.68573, abs=1e-4)
+    low, high = wilson_interval(0, 24)
+    assert low == 0.0 and high == pytest.approx(0.1380, abs=1e-3)
+    assert wilson_interval(24, 24)[1] == 1.0
+    with pytest.raises(ValueError):
+        wilson_interval(3, 2)
+    assert rate(12, 24) == "0.50 [0.31, 0.69] (12/24)"
+
+
+def test_claims_table_rows_and_verdicts():
+    rows = [claim("c1", "paper", 1.5e-6, "1e-4", True), claim("c2", "paper", None, "x", None),
+            claim("c3", "paper", "text", None, np.bool_(False), "why")]
+    frame = claims_table(rows)
+    assert list(frame.columns) == ["claim", "paper", "measured", "baseline", "reproduced", "why"]
+    assert frame.reproduced.tolist() == ["yes", "not measured", "no"]
+    assert frame.measured[1] == NOT_MEASURED and frame.baseline[2] == NOT_MEASURED
+    assert frame.measured[0] == "1.5e-06"
+    with pytest.raises(ValueError, match="reproduced is None"):
+        claim("c", "p", 1.0, "b", None)
+    with pytest.raises(ValueError, match="one of"):
+        claim("c", "p", 1.0, "b", "maybe")
+    with pytest.raises(ValueError):
+        claims_table([])
+
+
+def test_verdict_and_formatting():
+    above = {"mean": 0.4, "low": 0.3, "high": 0.5}
+    control = {"mean": 0.0, "low": -0.1, "high": 0.1}
+    assert verdict_above(above, control) is True
+    assert verdict_above(control, above) is False
+    assert verdict_above(above, control, floor=0.35) is False  # above the control but below the floor
+    assert verdict_above(None, control) is None
+    assert mean_ci(above) == "+0.400 [+0.300, +0.500]" and mean_ci(None) is None
+    assert auroc_ci({"auroc": 0.7, "low": 0.6, "high": 0.8}) == "0.700 [0.600, 0.800]"
+    assert count_where([-1, 2, -3], lambda x: x < 0) == "2 of 3"
+
+
+def _write(root, name, data):
+    (root / f"eval_{name}.json").write_text(json.dumps(data))
+
+
+def test_readers_on_reports_written_here(tmp_path):
+    summary = [{"comparison": "sgd", "order": "absorb", "kind": "step", "mean": 0.3, "low": 0.2, "high": 0.4}]
+    _write(tmp_path, "finetune_alignment", {"lab": {"softmax": {"alignment": {"summary": summary}}},
+                                            "lm": {"gemma-3-270m": {"alignment": {"summary": summary}}}})
+    assert alignment_row("softmax", "sgd", "absorb", "step", root=tmp_path)["mean"] == 0.3
+    assert alignment_row("gemma-3-270m", "sgd", "absorb", "step", root=tmp_path)["low"] == 0.2
+    assert alignment_row("gemma-3-270m", "control", "absorb", "step", root=tmp_path) is None
+    assert alignment_row("smollm2-135m", "sgd", "absorb", "step", root=tmp_path) is None
+    # the thought report without "correct" (older schema) and with it (counts are kept as written)
+    _write(tmp_path, "thought.m", {"table/capitals": {"n_test": 24, "accuracy": {"none": 0.0, "patched": 0.75}},
+                                   "table/en_fr": {"n_test": 24, "accuracy": {"patched": 0.5},
+                                                   "correct": {"patched": 12}}})
+    assert thought_counts("m", "capitals", root=tmp_path) == {"none": (0, 24), "patched": (18, 24)}
+    assert thought_counts("m", "en_fr", root=tmp_path) == {"patched": (12, 24)}
+    assert thought_counts("m", "kv4", root=tmp_path) is None
+    assert thought_counts("other", "capitals", root=tmp_path) is None
+    row = {"auroc": 0.77, "low": 0.71, "high": 0.82}
+    _write(tmp_path, "spikes", {"models": {"m": {
+        "aurocs": {"d": {"aurocs": {"within kind, grouped": row}}},
+        "comparisons": {"patch vs baseline": {"within_grouped": {"difference": 0.07, "low": -0.02, "high": 0.17}}}}}})
+    assert spike_auroc("m", "d", root=tmp_path) == row
+    assert spike_auroc("m", "missing", root=tmp_path) is None
+    assert spike_difference("m", root=tmp_path)["low"] == -0.02
+    assert spike_difference("other", root=tmp_path) is None
+
+
+def test_missing_or_broken_reports_read_as_not_measured(tmp_path):
+    assert read_report("spikes", tmp_path) is None
+    (tmp_path / "eval_spikes.json").write_text("{not json")
+    assert read_report("spikes", tmp_path) is None
+    assert spike_auroc("gemma-3-270m", "d", root=tmp_path) is None
+    assert claim("c", "p", spike_auroc("gemma-3-270m", "d", root=tmp_path), "b", None).reproduced == "not measured"
+
+
+def test_checkout_reports_are_read():
+    """The checkout's own finetune-alignment report has the rows notebook 03 reads."""
+    assert (claims.REPORTS / "eval_finetune_alignment.json").exists()
+    for comparison in ("sgd", "control"):
+        for kind in ("step", "cumulative"):
+            row = alignment_row("gemma-3-270m", comparison, "absorb", kind)
+            assert row is not None and row["low"] <= row["mean"] <= row["high"]
+
+
+def test_exercise_checks_pass_right_answers_and_explain_wrong_ones(capsys):
+    check_answer(3, 3, "layer")
+    check_answer(0.1 + 0.2, 0.3, "sum", rel_tol=1e-9)
+    check_answer(" Paris ", "paris", "token")
+    check_choice("No", "no", ("yes", "no"), "identity", why="because")
+    check_below(1e-6, 1e-4, "error")
+    out = capsys.readouterr().out
+    assert out.count("✓") == 5 and "because" in out
+    with pytest.raises(ExerciseCheckFailed, match="no answer yet"):
+        check_answer(None, 3, "layer")
+    with pytest.raises(ExerciseCheckFailed, match="you answered 2, icl_lens measures 3"):
+        check_answer(2, 3, "layer")
+    with pytest.raises(ExerciseCheckFailed, match="expected a number"):
+        check_answer("3", 3, "layer")
+    with pytest.raises(ExerciseCheckFailed, match="answer one of"):
+        check_choice("maybe", "no", ("yes", "no"), "identity")
+    with pytest.raises(ExerciseCheckFailed, match="you answered 'yes'"):
+        check_choice("yes", "no", ("yes", "no"), "identity")
+    with pytest.raises(ExerciseCheckFailed, match="above"):
+        check_below(1e-3, 1e-4, "error")
+    with pytest.raises(ExerciseCheckFailed):
+        check_below(float("nan"), 1e-4, "error")
+    assert issubclass(ExerciseCheckFailed, AssertionError)
+
+
+def test_vertical_marker_keeps_a_log_axis_on_the_data():
+    frame = pd.DataFrame({"x": [1, 2, 4, 8, 16, 32, 64], "y": [1.0, 0.5, 0.25, 0.12, 0.06, 0.03, 0.015]})
+    fig = px.line(frame, x="x", y="y", log_x=True, log_y=True)
+    vertical_marker(fig, 16, "training length")
+    shape, note = fig.layout.shapes[0], fig.layout.annotations[0]
+    assert shape.x0 == shape.x1 == 16 and shape.yref == "paper"
+    assert note.x == pytest.approx(np.log10(16)) and note.text == "training length"  # log axes: log10 coordinates
+    linear = vertical_marker(px.line(frame, x="x", y="y"), 16, "n")
+    assert linear.layout.annotations[0].x == 16
+    with pytest.raises(ValueError):
+        vertical_marker(fig, 0, "bad")
+
+
+def test_layer_lines_colour_bar_instead_of_a_legend():
+    frame = pd.DataFrame({"layer": np.repeat(np.arange(18), 5), "step": np.tile(np.arange(1, 6), 18),
+                          "value": np.random.default_rng(0).random(90) + 0.1, "token": "t"})
+    fig = layer_lines(frame, "step", "value", hover="token", log_x=True, log_y=True)
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert len(lines) == 18 and not any(t.showlegend for t in fig.data)
+    assert len({t.line.color for t in lines}) == 18  # one colour per layer, along Viridis
+    assert fig.data[-1].marker.showscale and fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+
+
+def test_claims_view_shows_whole_sentences():
+    long = "a claim whose sentence is much longer than pandas' fifty-character display limit, kept whole"
+    html = claims.claims_view([claim(long, "paper", 1.0, "b", True)]).to_html()
+    assert long.replace("'", "&#39;") in html or long in html
