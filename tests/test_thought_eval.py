@@ -20,12 +20,12 @@ INSTRUCTION = "Remember: the secret word is banana, and 7 follows 3.\n"
 # --- task suite --------------------------------------------------------------------------------
 
 def test_task_builder_is_deterministic_and_matches_the_committed_files():
-    from icl_lens.thought.tasks.build_tasks import tasks
+    from icl_lens.thought.tasks.build_tasks import extra_tasks, tasks
 
     first, second = tasks(), tasks()
     assert json.dumps(first) == json.dumps(second)
     assert [t["name"] for t in first] == list(SHIPPED_TASKS)
-    for t in first:  # the committed .jsonl files are what the builder writes
+    for t in first + extra_tasks():  # the committed .jsonl files are what the builder writes
         committed = (TASK_DIR / f"{t['name']}.jsonl").read_text(encoding="utf-8")
         assert committed == json.dumps(t, ensure_ascii=False) + "\n", t["name"]
 

@@ -185,9 +185,41 @@ def tasks() -> list[dict]:
     ]
 
 
+def _made_up_keys(k: int, rng: random.Random) -> list[str]:
+    cons, vows = "bdfgklmnprstvz", "aeiou"
+    keys: list[str] = []
+    while len(keys) < k:
+        w = rng.choice(cons) + rng.choice(vows) + rng.choice(cons) + rng.choice(vows)
+        if w not in keys:
+            keys.append(w)
+    return keys
+
+
+KV_TRAIN_LEADS = ["code ", "key ", "item ", "entry ", "word ", "name ", "tag ", "id "]
+KV_TEST_LEADS = [""]  # the instruction's own format, "key:"; never a calibration string
+
+
+def _dictionary(k: int, seed: int) -> dict:
+    """A key–value table of ``k`` made-up keys (the paper's new-knowledge task); train queries carry a lead word."""
+    rng = random.Random(seed)
+    keys = _made_up_keys(k, rng)
+    values = [str(v) for v in rng.sample(range(10, 100), k)]
+    instruction = "Secret codes (memorise them):\n" + "".join(f"{key}: {v}\n" for key, v in zip(keys, values))
+    item = lambda lead, key, v: {"query": f"{lead}{key}:", "answer": v}  # noqa: E731
+    train = [item(lead, key, v) for lead in KV_TRAIN_LEADS for key, v in zip(keys, values)][:N_TRAIN]
+    test = [item(lead, key, v) for lead in KV_TEST_LEADS for key, v in zip(keys, values)][:24]
+    return {"name": f"kv{k}", "instruction": instruction, "train": train, "test": test}
+
+
+def extra_tasks() -> list[dict]:
+    """Not in the thought-patch suite (8 test queries): the key–value table ``kv8`` that
+    ``icl_lens.evals.finetune_alignment`` reads."""
+    return [_dictionary(8, 18)]
+
+
 def build() -> list[Path]:
     paths = []
-    for task in tasks():
+    for task in [*tasks(), *extra_tasks()]:
         path = HERE / f"{task['name']}.jsonl"
         path.write_text(json.dumps(task, ensure_ascii=False) + "\n", encoding="utf-8")
         paths.append(path)
