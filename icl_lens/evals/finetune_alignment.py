@@ -418,7 +418,7 @@ def reading(lab: dict, tables: dict, lm_tables: dict, lm: dict) -> list[str]:
                            f"{float(fc['finetuned_vs_residual'][:, -1].mean()):+.2f})")
         out.append("- Function space (after n examples): " + "; ".join(implied) + ". Where both changes point along the "
                    "residual y − f₀ (both reduce the error), a high function-space cosine follows from that alone.")
-        corr, win, both = [], [], []
+        corr, win = [], []
         for name, r in lab.items():
             s = r["effect"].summary().set_index("variant").unexplained
             item = f"{name} (W_in only leaves {s['w_in']:.2f}, corrections only {s['correction']:.2f})"

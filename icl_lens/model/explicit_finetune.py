@@ -215,7 +215,7 @@ def context_token_steps_many(model, prompts: Sequence[Prompt], *, query: int = -
     """:func:`context_token_steps` for many prompts; their rows share batched forwards and backwards
     (``batch_rows`` inputs each), so the unembedding runs once per batch instead of once per prompt."""
     setups = [resolve_query(model, p, query) for p in prompts]
-    rows, targets, owners = [], [], []
+    rows, targets = [], []
     queries = []
     for k, setup in enumerate(setups):
         ids, t = setup.ids, setup.query

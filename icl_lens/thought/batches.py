@@ -47,6 +47,19 @@ def prefix_ids(model, prefix: str) -> list[int]:
     return list(model.tokenizer(prefix, add_special_tokens=False)["input_ids"]) if prefix else []
 
 
+def calibration_ids(model, instruction: str, queries: Sequence[str], query_prefix: str
+                    ) -> tuple[list[int], list[list[int]], list[int]]:
+    """Token ids of the instruction, of each calibration query and of the query prefix, checked."""
+    if isinstance(queries, str):
+        raise PromptError("queries must be a list of strings, not one string")
+    queries = list(queries)
+    if not queries:
+        raise PromptError("the list of calibration queries is empty")
+    return (text_ids(model, instruction, what="instruction"),
+            [text_ids(model, q, what=f"query {i}") for i, q in enumerate(queries)],
+            prefix_ids(model, query_prefix))
+
+
 def with_bos(model, ids: Sequence[int]) -> list[int]:
     """``[BOS] + ids`` when the tokenizer has a BOS token, else ``ids``."""
     bos = bos_id(model)

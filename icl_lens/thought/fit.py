@@ -98,7 +98,7 @@ from icl_lens.model.block_family import block_family, original, post_norm_eps
 from icl_lens.model.capture import NonFiniteActivationError, patch_dtype
 from icl_lens.model.prompts import PromptError, bos_id
 from icl_lens.model.weight_edits import edit_hooks
-from icl_lens.thought.batches import prefix_ids, query_batch, read_query_tokens, text_ids
+from icl_lens.thought.batches import calibration_ids, query_batch, read_query_tokens, text_ids
 from icl_lens.thought.result import ThoughtPatch, thought_edits
 
 #: What each ``kind`` fits: the paper's parts (``matrix``, ``vector``) and the down-projection map.
@@ -134,14 +134,7 @@ def _validate(model, instruction, queries, kind, eta, ridge, layers, iterations,
         raise ValueError(f"ridge must be a finite number >= 0, got {ridge!r}")
     if not isinstance(iterations, int) or iterations < 1:
         raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
-    if isinstance(queries, str):
-        raise PromptError("queries must be a list of strings, not one string")
-    queries = list(queries)
-    if not queries:
-        raise PromptError("the list of calibration queries is empty")
-    instr_ids = text_ids(model, instruction, what="instruction")
-    query_ids = [text_ids(model, q, what=f"query {i}") for i, q in enumerate(queries)]
-    pre_ids = prefix_ids(model, query_prefix)
+    instr_ids, query_ids, pre_ids = calibration_ids(model, instruction, queries, query_prefix)
     n_layers = model.cfg.n_layers
     if layers is None:
         chosen = list(range(n_layers))

@@ -32,9 +32,8 @@ from torch import Tensor
 from icl_lens.model.block_family import block_family
 from icl_lens.model.capture import patch_dtype
 from icl_lens.model.greedy import last_logits
-from icl_lens.model.prompts import PromptError
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
-from icl_lens.thought.batches import prefix_ids, query_batch, read_query_tokens, text_ids, with_bos
+from icl_lens.thought.batches import calibration_ids, prefix_ids, query_batch, read_query_tokens, text_ids, with_bos
 from icl_lens.thought.divergence import mean_kl
 
 
@@ -86,14 +85,7 @@ def steering_vector(model, instruction: str, queries: Sequence[str], *, query_pr
 
     ``layers``: candidate layers for the choice (default all).
     """
-    if isinstance(queries, str):
-        raise PromptError("queries must be a list of strings, not one string")
-    queries = list(queries)
-    if not queries:
-        raise PromptError("the list of calibration queries is empty")
-    instr = text_ids(model, instruction, what="instruction")
-    q_ids = [text_ids(model, q, what=f"query {i}") for i, q in enumerate(queries)]
-    pre = prefix_ids(model, query_prefix)
+    instr, q_ids, pre = calibration_ids(model, instruction, queries, query_prefix)
     n_layers = model.cfg.n_layers
     candidates = list(range(n_layers)) if layers is None else sorted({int(l) for l in layers})
     if not candidates or not all(0 <= l < n_layers for l in candidates):

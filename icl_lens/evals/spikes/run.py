@@ -13,7 +13,7 @@ from icl_lens.evals.factual_prompts import FEW_SHOT, FactualPrompt, load_factual
 from icl_lens.evals.logistic import LAMBDAS, NEWTON_MAX_FEATURES
 from icl_lens.evals.report import command, machine, write_fragment
 from icl_lens.evals.spikes.answers import AnswerSet, answer_all
-from icl_lens.evals.spikes.calibration import FlagCheck, calibration_split, check_flag, write_thresholds
+from icl_lens.evals.spikes.calibration import calibration_split, check_flag, write_thresholds
 from icl_lens.evals.spikes.detector import held_out_scores
 from icl_lens.evals.spikes.features import copies_question, feature_sets, single_scores
 from icl_lens.evals.spikes.sections import flags_summary, model_section, overall_sentence, verdict_sentence
