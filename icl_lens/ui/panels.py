@@ -224,7 +224,7 @@ class TrajectoryPanel:
         self.grid, self.fig = grid, grid.fig
         self.loglog = W.Checkbox(value=True, description="log–log", indent=False)
         self.order = W.Dropdown(options=[("prefix", "prefix"), ("absorb (paper)", "absorb")], value="prefix",
-                                description="order", description_tooltip="prefix: the query sees c₁..cᵢ; absorb: "
+                                description="order", tooltip="prefix: the query sees c₁..cᵢ; absorb: "
                                 "c₁..cᵢ are absorbed into the weights, the rest stays in context",
                                 layout=W.Layout(width="200px"))
         self.message = W.HTML()
