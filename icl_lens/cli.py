@@ -122,12 +122,14 @@ def _thought_eval(args: argparse.Namespace) -> int:
         raise CommandError(f"--n-train must be in 1..{len(task.train)} for task {task.name!r}, got {args.n_train}")
     if not args.ridge >= 0:
         raise CommandError(f"--ridge must be >= 0, got {args.ridge}")
+    if args.answer_tokens < 0:
+        raise CommandError(f"--answer-tokens must be >= 0, got {args.answer_tokens}")
     from icl_lens import load_model
     from icl_lens.evals.intervals import wilson_interval
 
     model = load_model(args.model)
     result = evaluate_thought(model, task, kind=args.kind, eta=args.eta, ridge=args.ridge, n_train=args.n_train,
-                              query_prefix=args.query_prefix.replace("\\n", "\n"))
+                              query_prefix=args.query_prefix.replace("\\n", "\n"), answer_tokens=args.answer_tokens)
     out = result.to_dict()
     out["interval95"] = {c: list(wilson_interval(out["correct"][c], result.n_test)) for c in out["correct"]}
     if args.json:
@@ -135,7 +137,7 @@ def _thought_eval(args: argparse.Namespace) -> int:
     else:
         print(f"task {result.task} | model {result.model} | {result.n_train} calibration queries | "
               f"{result.n_test} test queries | kind {result.kind}, ridge {result.ridge:g}, "
-              f"query prefix {result.query_prefix!r}")
+              f"query prefix {result.query_prefix!r}, answer tokens {result.answer_tokens}")
         for cond, acc in result.accuracy.items():
             low, high = out["interval95"][cond]
             line = f"  {cond:<9} {acc:6.1%}  [95% {low:.0%}–{high:.0%}]"
@@ -162,7 +164,7 @@ def _prepare(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from icl_lens.model.loading import DEFAULT_MODEL, known_model_names
-    from icl_lens.thought.fit import DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE, KINDS
+    from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE, KINDS
 
     parser = argparse.ArgumentParser(prog="icl-lens", description="In-context learning as weight updates.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -215,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--query-prefix", default=DEFAULT_QUERY_PREFIX,
                    help="text between BOS and the query when the instruction is absent (default: a newline; "
                         "write \\n for a newline, '' for none)")
+    p.add_argument("--answer-tokens", type=int, default=DEFAULT_ANSWER_TOKENS,
+                   help="also fit at the first N tokens of the model's own answer under the instruction "
+                        f"(default {DEFAULT_ANSWER_TOKENS}; 0: query tokens only, as in the paper)")
     p.add_argument("--n-train", type=int, default=None, help="calibration queries to use (default: all train)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_thought_eval)

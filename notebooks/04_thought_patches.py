@@ -60,7 +60,8 @@ print("test: ", task.test[:3], "...")
 
 # %%
 calibration = [q for q, _ in task.train[:8]]
-patch = thought_patch(model, task.instruction, calibration, kind="both", ridge=0.0, query_prefix="")  # Algorithm 1 as published
+patch = thought_patch(model, task.instruction, calibration, kind="both", ridge=0.0, query_prefix="",
+                      answer_tokens=0)  # Algorithm 1 as published
 patch.to_frame().round(3)
 
 # %% [markdown]
@@ -167,7 +168,8 @@ check_choice(prediction_1, max(acc, key=acc.get), ("vector", "matrix"), "the par
 # ## Exercise 2 · How many calibration queries? (10 min)
 #
 # Fit a patch from a single calibration query (`n_train=1`) and put its evaluation on `small` into `one_query`.
-# With λ = 0 the least squares interpolates that query exactly (minimum norm). **Predict**: is its patched
+# With the default settings its rows are that query's tokens and the tokens of the model's own answer under the
+# instruction (`answer_tokens`), a handful of rows for a d_model-wide fit. **Predict**: is its patched
 # accuracy on the 24 test queries *lower* than with 8 queries (`result` above), or *not lower*?
 # Write `"lower"` or `"not lower"` into `prediction_2`.
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 import subprocess
 import sys
 
@@ -15,15 +16,17 @@ import torch
 from icl_lens import PromptError, thought_patch
 from icl_lens.core.least_squares import gain_vector, input_map
 from icl_lens.model.block_family import block_family
-from icl_lens.model.greedy import last_logits
+from icl_lens.model.greedy import greedy_continuations, last_logits
 from icl_lens.model.tiny_models import TINY_NAMES
-from icl_lens.thought.batches import text_ids, with_bos
+from icl_lens.thought.batches import continuation_ids, text_ids, with_bos
+from icl_lens.thought.divergence import answer_kl
+from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS
 from icl_lens.thought.tasks import TaskFormatError, load_task, shipped_task_paths
 
 TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
 INSTRUCTION = "Remember: the secret word is banana, and 7 follows 3.\n"
 TOL = {torch.float64: 1e-9, torch.float32: 1e-4}  # docs/design.md §2 equivalence targets
-EXACT = dict(kind="both", ridge=0.0, query_prefix="")  # the paper's Algorithm 1, the query read right after BOS
+EXACT = dict(kind="both", ridge=0.0, query_prefix="", answer_tokens=0)  # the paper's Algorithm 1, the query read right after BOS
 
 
 def _logits(model, instruction: str | None, query: str) -> torch.Tensor:
@@ -53,7 +56,7 @@ def _dense_outputs(model, ids: list[int]) -> dict[str, torch.Tensor]:
     return {n: cache[n][0, -1] for n in names}
 
 
-SETTINGS = {"both": EXACT, "both+down-prefix": dict(kind="both+down", ridge=0.0, query_prefix="\n")}
+SETTINGS = {"both": EXACT, "both+down-prefix": dict(kind="both+down", ridge=0.0, query_prefix="\n", answer_tokens=0)}
 
 
 # The paper's kind on every block family; the default kind (with the newline prefix) on the three tiny models.
@@ -257,6 +260,57 @@ def test_control_has_same_norms_other_directions(load):
     assert (frame["down_norm"] > 0).all()
 
 
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_answer_rows_make_the_answer_positions_exact(load, name):
+    """``answer_tokens``: the model's own answer under the instruction (its first tokens, up to a newline) is read
+    after the query and becomes calibration rows. Fitted exactly (both+down, ridge 0, one query), the patched
+    query-alone pass then predicts every answer token as the contextual pass does (KL ≈ 0 at each answer
+    position); fitted at the query only, the answer positions are off."""
+    model = load(name, torch.float64)
+    instr, q = text_ids(model, INSTRUCTION), text_ids(model, "q")
+    answer = continuation_ids(model, instr, [q], 3)[0]
+    greedy = greedy_continuations(model, [with_bos(model, instr + q)], 3)[0]
+    assert answer == greedy[: len(answer)] and all("\n" not in model.tokenizer.decode([t]) for t in answer[:-1])
+    assert len(answer) >= 2  # else the answer positions are the query's last token only
+    exact = dict(kind="both+down", ridge=0.0, query_prefix="\n")
+    rows = thought_patch(model, INSTRUCTION, ["q"], answer_tokens=3, **exact)
+    plain = thought_patch(model, INSTRUCTION, ["q"], answer_tokens=0, **exact)
+    assert rows.n_tokens == plain.n_tokens + len(answer) and rows.answer_tokens == 3
+
+    def kl(patch):
+        return answer_kl(model, INSTRUCTION, ["q"], patch, query_prefix="\n", answer_tokens=3)
+
+    assert kl(rows) <= 1e-9
+    assert kl(plain) > 1e-4
+    assert answer_kl(model, INSTRUCTION, ["q"], plain, query_prefix="\n") <= 1e-9  # its own row: exact
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_preserved_texts_stay_as_the_unpatched_model_reads_them(load, name):
+    """``preserve``: every token of the preserved texts is a row whose target is its own unpatched state. Fitted
+    exactly (both+down, ridge 0), the patched model's logits on a preserved text are the unpatched ones, the
+    query still gets its contextual logits, and a text that was not preserved does change."""
+    model = load(name, torch.float64)
+    kept, other = "The quiet river bends past the mill.", "Seven green boxes sat on a shelf."
+    exact = dict(kind="both+down", ridge=0.0, query_prefix="\n", answer_tokens=0)
+    patch = thought_patch(model, INSTRUCTION, ["q"], preserve=[kept], **exact)
+
+    def logits(text: str, edit=None) -> torch.Tensor:
+        ids = torch.tensor([with_bos(model, text_ids(model, text))])
+        with torch.no_grad(), edit.applied() if edit is not None else nullcontext():
+            return model(ids)[0]
+
+    assert _rel(logits(kept, patch), logits(kept)) <= 1e-9
+    assert _rel(logits(other, patch), logits(other)) > 1e-4
+    plain = thought_patch(model, INSTRUCTION, ["q"], **exact)
+    assert _rel(logits(kept, plain), logits(kept)) > 1e-4  # without it the kept text moves
+    with patch.applied():
+        patched = last_logits(model, [patch.prompt_ids("q")])[0]
+    assert _rel(patched, _logits(model, INSTRUCTION, "q")) <= 1e-7
+    with pytest.raises(PromptError):
+        thought_patch(model, INSTRUCTION, ["q"], preserve=kept)
+
+
 @pytest.mark.parametrize(
     "kwargs, error",
     [
@@ -269,6 +323,7 @@ def test_control_has_same_norms_other_directions(load):
         (dict(instruction="x", queries=["a"], eta=float("nan")), ValueError),
         (dict(instruction="x", queries=["a"], layers=[7]), ValueError),
         (dict(instruction="x", queries=["a"], iterations=0), ValueError),
+        (dict(instruction="x", queries=["a"], answer_tokens=-1), ValueError),
         (dict(instruction="x", queries=["a"], query_prefix=None), PromptError),
     ],
 )
@@ -316,8 +371,8 @@ def test_cli_json_on_a_tiny_task(tmp_path, capsys):
     path = _write_task(tmp_path / "tiny.jsonl", train=[{"query": "a:", "answer": "1"}, {"query": "z:", "answer": "9"}])
     assert main(["thought-eval", str(path), "--model", "tiny-llama", "--json", "--n-train", "2"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(out) == {"task", "model", "kind", "eta", "ridge", "query_prefix", "n_train", "n_test", "accuracy",
-                        "correct", "interval95", "locality_kl", "locality_accuracy", "steering_layer", "seconds"}
+    assert set(out) == {"task", "model", "kind", "eta", "ridge", "query_prefix", "answer_tokens", "n_train", "n_test",
+                        "accuracy", "correct", "interval95", "locality_kl", "locality_accuracy", "steering_layer", "seconds"}
     assert out["task"] == "t" and out["model"] == "tiny-llama" and out["n_train"] == 2 and out["n_test"] == 2
     assert set(out["accuracy"]) == {"none", "full", "patched", "control", "steering"}
     assert set(out["locality_kl"]) == set(out["locality_accuracy"]) == {"patched", "control", "steering"}
@@ -326,8 +381,11 @@ def test_cli_json_on_a_tiny_task(tmp_path, capsys):
     assert all(v in (0.0, 0.5, 1.0) for v in out["accuracy"].values()) and out["seconds"] > 0
     for cond, (low, high) in out["interval95"].items():
         assert 0 <= low <= out["accuracy"][cond] <= high <= 1 and high - low > 0.3  # n = 2: wide
+    assert out["answer_tokens"] == DEFAULT_ANSWER_TOKENS > 0
     assert main(["thought-eval", str(tmp_path / "nope.jsonl"), "--model", "tiny-llama"]) == 2
     assert "not found" in capsys.readouterr().err
+    assert main(["thought-eval", str(path), "--model", "tiny-llama", "--answer-tokens", "-1"]) == 2
+    assert "--answer-tokens must be >= 0" in capsys.readouterr().err
 
 
 def test_accuracy_bookkeeping_against_a_hand_count(load):

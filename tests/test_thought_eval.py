@@ -12,6 +12,7 @@ from icl_lens import thought_patch
 from icl_lens.model.block_family import block_family, down_weight
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
 from icl_lens.thought.batches import prefix_ids, text_ids, with_bos
+from icl_lens.thought.locality import load_locality
 from icl_lens.thought.tasks import SHIPPED_TASKS, TASK_DIR, load_task
 
 INSTRUCTION = "Remember: the secret word is banana, and 7 follows 3.\n"
@@ -124,7 +125,7 @@ def test_steering_vector_is_the_mean_residual_difference_by_hand(load):
 def test_locality_is_zero_for_a_zero_patch_and_positive_for_a_real_one(load):
     from dataclasses import replace
 
-    from icl_lens.thought.locality import load_locality, locality_probe
+    from icl_lens.thought.locality import locality_probe
 
     model = load("tiny-llama")
     data = load_locality()
@@ -141,7 +142,6 @@ def test_locality_is_zero_for_a_zero_patch_and_positive_for_a_real_one(load):
 
 
 def test_locality_file_is_validated(tmp_path):
-    from icl_lens.thought.locality import load_locality
     from icl_lens.thought.tasks import TaskFormatError
 
     bad = tmp_path / "loc.json"
@@ -151,6 +151,12 @@ def test_locality_file_is_validated(tmp_path):
     bad.write_text("{")
     with pytest.raises(TaskFormatError, match="not a locality file"):
         load_locality(bad)
+    other = {"name": "x", "instruction": "i\n", "prompts": ["p:"]}
+    bad.write_text(json.dumps({"texts": ["a", "b"], "other_task": other, "preserve_texts": ["b"]}))
+    with pytest.raises(TaskFormatError, match="must not repeat"):
+        load_locality(bad)
+    shipped = load_locality()
+    assert len(shipped.preserve_texts) >= 10 and not set(shipped.preserve_texts) & set(shipped.texts)
 
 
 # --- intervals --------------------------------------------------------------------------------------
@@ -181,6 +187,15 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     assert "| tiny-llama | capitals |" in text and "Before / after" in text and "locality KL" in text
     assert f"{r['locality_kl']['patched']:.3f}" in text
     assert "curve/capitals/2" in cache
+    kept = cache["preserve/capitals"]
+    assert kept["preserve"] == len(load_locality().preserve_texts) > 0 and set(kept["accuracy"]) == {"patched"}
+    assert "**Locality with preserve rows**" in text and f"{kept['locality_kl']['patched']:.3f} |" in text
+
+    assert ev.main(["--quick", "--select-only", "--out", str(out)]) == 0  # with the second stage: answer tokens
+    cache = json.loads((tmp_path / "eval_thought.tiny-llama.json").read_text())
+    text = out.read_text()
+    assert sorted(v["answer_tokens"] for k, v in cache.items() if k.startswith("answers/")) == [0, 2]
+    assert "**Answer-token rows**" in text and "| both+down, ridge 2, prefix '\\n', answer tokens 2 |" in text
 
 
 # --- diagnosis ------------------------------------------------------------------------------------
@@ -248,7 +263,7 @@ def test_down_fit_removes_the_block_output_residual_of_the_calibration_tokens(lo
     """Several calibration queries (more tokens than one vector can match): the paper's kind ``both`` leaves a
     per-token block-output residual (query alone, patched, against in context); ``both+down`` (λ = 0) removes it
     at every layer where the vector is a bias (Llama) and shrinks it where the fit goes through Gemma's post-FFN
-    norm to first order; with the default ridge it still shrinks it. A down map dropped from the patch fails."""
+    norm to first order; with the default kind and ridge it still shrinks it. A down map dropped from the patch fails."""
     from dataclasses import replace
 
     model = load(name, torch.float64)
@@ -266,9 +281,10 @@ def test_down_fit_removes_the_block_output_residual_of_the_calibration_tokens(lo
             den += float((context ** 2).sum())
         return (num / den) ** 0.5
 
-    paper = residual(thought_patch(model, INSTRUCTION, queries, kind="both", ridge=0.0, query_prefix="\n"))
-    exact = thought_patch(model, INSTRUCTION, queries, kind="both+down", ridge=0.0, query_prefix="\n")
-    default = residual(thought_patch(model, INSTRUCTION, queries))
+    paper = residual(thought_patch(model, INSTRUCTION, queries, kind="both", ridge=0.0, query_prefix="\n",
+                                   answer_tokens=0))
+    exact = thought_patch(model, INSTRUCTION, queries, kind="both+down", ridge=0.0, query_prefix="\n", answer_tokens=0)
+    default = residual(thought_patch(model, INSTRUCTION, queries, answer_tokens=0))  # query rows, as the others
     assert paper > 1e-3
     if exact.vector_site == "bias":  # exact interpolation: fewer calibration tokens than d_mlp
         assert residual(exact) <= 1e-8 * max(paper, 1.0)

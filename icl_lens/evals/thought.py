@@ -7,16 +7,21 @@ control patch of the same norms and with a steering vector at its best layer, ea
 with a 95% Wilson interval; the patched/full ratio with a paired bootstrap interval;
 the locality of every edit; the paper's settings (kind ``both``, λ = 0, no query prefix)
 beside the default (before/after); test accuracy against the number of calibration
-queries. Results are cached per model in JSON next to the report, so runs can be split
-(``--models``) and resumed.
+queries; the default fitted again with ``preserve`` rows (unrelated texts kept as the
+unpatched model reads them) and what that does to accuracy and locality. Results are
+cached per model in JSON next to the report, so runs can be split (``--models``) and
+resumed; when the default settings change, a rerun recomputes the conditions that
+depend on the patch and carries the others over (the earlier row is kept beside it).
 
 ``--select``: how the default settings were chosen, with no test query involved: on
 each model and selection task, fit on the first 24 train queries and score the other 8
 train queries by ``KL(full ‖ patched)`` at their last token; the setting with the
-lowest mean over every (model, task) wins. ``--diagnose``: per-layer divergence and
+lowest mean over every (model, task) wins; then, second stage, that setting with
+``answer_tokens`` ∈ {0, 4, 8}, scored by the KL at every position that predicts the
+answer (teacher forced). ``--diagnose``: per-layer divergence and
 attention to BOS / position 1 on one task, unpatched, paper patch and default patch.
-``--paper-tasks`` / ``--curve-tasks`` restrict the before/after rows and the curves to
-some tasks (none with an empty list: each costs about a table row). ``--quick``: a tiny
+``--paper-tasks`` / ``--curve-tasks`` / ``--preserve-tasks`` restrict the before/after
+rows, the curves and the preserve rows to some tasks (none with an empty list: each costs about a table row). ``--quick``: a tiny
 model, one task, few calibration queries (for tests).
 """
 from __future__ import annotations
@@ -39,7 +44,7 @@ from icl_lens.thought.tasks import SHIPPED_TASKS, load_task
 
 SIZES = (1, 2, 4, 8, 16, 32)
 COMMAND = "python -m icl_lens.evals.thought"
-PAPER = {"kind": "both", "ridge": 0.0, "query_prefix": ""}  # Algorithm 1 as published, the query read alone
+PAPER = {"kind": "both", "ridge": 0.0, "query_prefix": "", "answer_tokens": 0}  # Algorithm 1 as published
 CURVE_TASKS = ("capitals", "antonyms")
 SELECT_TASKS = ("capitals", "antonyms", "plus_one", "en_fr")
 SELECT_GRID = (
@@ -53,14 +58,35 @@ SELECT_GRID = (
 )
 # Measured on the first selection task only (cost), shown beside the grid, not eligible for the choice.
 SELECT_EXTRA = ({"kind": "both+down", "ridge": 0.5, "query_prefix": "\n", "eta": 0.5, "iterations": 2},)
+# Second stage: the first stage's winner with answer-token rows (answer_tokens), and the ridge again (more rows),
+# scored at the answer's positions (the full model's own answer, at most SCORE_ANSWER_TOKENS tokens, teacher
+# forced). Each entry overrides the first stage's setting.
+STAGE_ONE = SELECT_GRID[4]  # the first stage's lowest setting (the report says whether it still is)
+SELECT_ANSWER_GRID = ({"answer_tokens": 0}, {"answer_tokens": 4}, {"answer_tokens": 8},
+                      {"answer_tokens": 8, "ridge": 0.5}, {"answer_tokens": 8, "ridge": 8.0})
+SCORE_ANSWER_TOKENS = 8
 SELECT_FIT, SELECT_VALIDATE = 24, 8
+PATCH_CONDITIONS = ("patched", "control")  # what a change of the patch settings recomputes
 TARGET, ELIGIBLE = 0.9, 0.5  # patched ≥ 0.9 × full wherever full ≥ 50%
 QUICK = {"models": ["tiny-llama"], "tasks": ["capitals"], "n_train": 4, "sizes": (1, 2),
-         "select_grid": SELECT_GRID[:2], "select_fit": 3, "select_validate": 2}
+         "select_grid": SELECT_GRID[:2], "select_answer_grid": ({"answer_tokens": 0}, {"answer_tokens": 2}), "select_fit": 3, "select_validate": 2}
+
+
+def _carry_over(old: dict, new: dict) -> dict:
+    """A table row whose patch conditions come from ``new`` and the other conditions (which do not depend on
+    the patch: none, full, steering) from ``old``."""
+    row = {**old, **{k: v for k, v in new.items() if not isinstance(v, dict)}}
+    for key, value in new.items():
+        if isinstance(value, dict):
+            row[key] = {**old.get(key, {}), **value}
+    row["carried_over"] = [c for c in old["accuracy"] if c not in new["accuracy"]]
+    return row
 
 
 def _setting(s: dict) -> str:
     text = f"{s['kind']}, ridge {s['ridge']:g}, prefix {s['query_prefix']!r}"
+    if s.get("answer_tokens"):
+        text += f", answer tokens {s['answer_tokens']}"
     if s.get("iterations", 1) != 1 or s.get("eta", 1.0) != 1.0:
         text += f", η {s.get('eta', 1.0):g}, {s.get('iterations', 1)} sweeps"
     return text
@@ -76,18 +102,23 @@ def _cached(out: Path, model: str) -> dict:
 
 
 def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Path, run: str, *,
-              paper_tasks: list[str] | None = None,
+              paper_tasks: list[str] | None = None, preserve_tasks: list[str] = (),
               n_train: int | None = None, sizes=SIZES, select: bool = False, select_tasks=SELECT_TASKS,
-              select_grid=SELECT_GRID, select_extra=SELECT_EXTRA, select_fit: int = SELECT_FIT, select_validate: int = SELECT_VALIDATE,
+              select_grid=SELECT_GRID, select_extra=SELECT_EXTRA, select_answer_grid=SELECT_ANSWER_GRID,
+              select_fit: int = SELECT_FIT, select_validate: int = SELECT_VALIDATE,
               diagnose_task: str | None = None, table: bool = True) -> None:
     """Evaluate what the cache lacks; ``run`` (command and machine) is recorded with the keys it computed."""
     from icl_lens.model.loading import load_model
     from icl_lens.thought.diagnose import diagnose
-    from icl_lens.thought.divergence import last_token_kl
+    from icl_lens.thought.divergence import answer_kl
     from icl_lens.thought.evaluate import evaluate_thought
-    from icl_lens.thought.fit import DEFAULT_QUERY_PREFIX, thought_patch
-    from icl_lens.thought.locality import locality_probe
+    from icl_lens.thought.fit import (DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE,
+                                      thought_patch)
+    from icl_lens.thought.locality import load_locality, locality_probe
 
+    default = {"kind": DEFAULT_KIND, "ridge": DEFAULT_RIDGE, "query_prefix": DEFAULT_QUERY_PREFIX,
+               "answer_tokens": DEFAULT_ANSWER_TOKENS}
+    stage_one = {**STAGE_ONE, "answer_tokens": 0}
     cache, results = _cache_path(out, model_name), _cached(out, model_name)
     model = load_model(model_name)
     probe = None
@@ -104,38 +135,73 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
             jobs += [("table", name, None)] + ([("paper", name, None)] if paper_tasks is None or name in paper_tasks
                                                else [])
         jobs += [("curve", name, n) for name in tasks if name in curve_tasks for n in sizes]
+        jobs += [("preserve", name, None) for name in tasks if name in preserve_tasks]
     if select:
         jobs += [("select", name, i) for name in select_tasks for i in range(len(select_grid))]
         jobs += [("select", select_tasks[0], len(select_grid) + i) for i in range(len(select_extra))]
+        jobs += [("answers", name, i) for name in select_tasks for i in range(len(select_answer_grid))]
     if diagnose_task:
         jobs += [("diagnose", diagnose_task, None)]
+
+    def current(key: str) -> bool:  # cached, and computed with the current default settings
+        return key in results and _setting(results[key]) == _setting(default)
+
+    def split(task):  # selection: fit on the first train queries, score the next ones (never test)
+        return ([q for q, _ in task.train[:select_fit]],
+                [q for q, _ in task.train[select_fit:select_fit + select_validate]])
+
     start = time.perf_counter()
     for job, name, arg in tqdm(jobs, desc=model_name):
         task = load_task(name)
-        if job == "table" and f"table/{name}" not in results:
+        if job == "table" and not current(f"table/{name}"):
             probe = probe or locality_probe(model)
-            store(f"table/{name}", evaluate_thought(model, task, n_train=n_train, locality=probe).to_dict(outcomes=True))
+            old = results.get(f"table/{name}")
+            if old is None:
+                store(f"table/{name}", evaluate_thought(model, task, n_train=n_train, locality=probe
+                                                        ).to_dict(outcomes=True))
+            else:  # the default changed: recompute what depends on the patch, carry over the rest, keep the old row
+                new = evaluate_thought(model, task, n_train=n_train, locality=probe,
+                                       conditions=PATCH_CONDITIONS).to_dict(outcomes=True)
+                store(f"earlier/{_setting(old)}/{name}", old)
+                store(f"table/{name}", _carry_over(old, new))
         elif job == "paper" and f"paper/{name}" not in results:
             probe = probe or locality_probe(model)
             res = evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("none", "patched"), **PAPER)
             store(f"paper/{name}", res.to_dict(outcomes=True))
-        elif job == "curve" and f"curve/{name}/{arg}" not in results and arg <= len(task.train):
+        elif job == "preserve" and not current(f"preserve/{name}"):
+            probe = probe or locality_probe(model)
+            res = evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("patched",),
+                                   preserve=load_locality().preserve_texts)
+            store(f"preserve/{name}", res.to_dict(outcomes=True))
+        elif job == "curve" and arg <= len(task.train) and not current(f"curve/{name}/{arg}"):
             res = evaluate_thought(model, task, n_train=arg, conditions=("patched",), locality=False)
             store(f"curve/{name}/{arg}", res.to_dict(outcomes=True))
         elif job == "select":
             setting = (*select_grid, *select_extra)[arg]
             key = f"select/{_setting(setting)}/{name}"
             if key not in results:
-                fit, val = [q for q, _ in task.train[:select_fit]], [q for q, _ in
-                                                                     task.train[select_fit:select_fit + select_validate]]
+                fit, val = split(task)
                 t0 = time.perf_counter()
-                patch = thought_patch(model, task.instruction, fit, **setting)
+                patch = thought_patch(model, task.instruction, fit, **{"answer_tokens": 0, **setting})
                 store(key, {**setting, "task": name, "n_fit": len(fit), "n_validate": len(val),
-                            "validation_kl": last_token_kl(model, task.instruction, val, patch,
-                                                           query_prefix=setting["query_prefix"]),
-                            "calibration_kl": last_token_kl(model, task.instruction, fit, patch,
-                                                            query_prefix=setting["query_prefix"]),
+                            "validation_kl": answer_kl(model, task.instruction, val, patch,
+                                                       query_prefix=setting["query_prefix"]),
+                            "calibration_kl": answer_kl(model, task.instruction, fit, patch,
+                                                        query_prefix=setting["query_prefix"]),
                             "seconds": time.perf_counter() - t0})
+        elif job == "answers" and f"answers/{_setting(stage_one | select_answer_grid[arg])}/{name}" not in results:
+            setting = stage_one | select_answer_grid[arg]
+            fit, val = split(task)
+            t0 = time.perf_counter()
+            patch = thought_patch(model, task.instruction, fit, **setting)
+            score = {"query_prefix": DEFAULT_QUERY_PREFIX, "answer_tokens": SCORE_ANSWER_TOKENS}
+            store(f"answers/{_setting(setting)}/{name}", {
+                **setting, "task": name, "n_fit": len(fit), "n_validate": len(val),
+                "validation_kl": answer_kl(model, task.instruction, val, patch, **score),
+                "calibration_kl": answer_kl(model, task.instruction, fit, patch, **score),
+                "validation_last_token_kl": answer_kl(model, task.instruction, val, patch,
+                                                      query_prefix=DEFAULT_QUERY_PREFIX),
+                "seconds": time.perf_counter() - t0})
         elif job == "diagnose" and f"diagnose/{name}" not in results:
             queries = {"train": [q for q, _ in task.train], "test": [q for q, _ in task.test]}
             frames = {}
@@ -181,7 +247,7 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
                  select_tasks=SELECT_TASKS, answer_tokens: dict | None = None) -> str:
     """The report from the cached results; ``answer_tokens[(model, task)]``: tokens per test answer (optional),
     for the breakdown of the missed targets by answer length."""
-    from icl_lens.thought.fit import DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE
+    from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE
     from icl_lens.thought.locality import load_locality
 
     loc = load_locality()
@@ -202,8 +268,12 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
         "`icl_lens.thought.fit`). **Default settings** (the same for every task and model): "
         f"kind `{DEFAULT_KIND}`, η = 1, one sweep, scale-free ridge {DEFAULT_RIDGE:g} "
         "(λ = ridge · tr(Σ x xᵀ)/d of each fit's inputs), all train queries (32) as calibration, query prefix "
-        f"{DEFAULT_QUERY_PREFIX!r} (the query-alone prompt is `[BOS] + prefix + query` at fit and at use). "
-        "Kind `both+down` is the paper's thought matrix and vector plus a least-squares fit, through the MLP's "
+        f"{DEFAULT_QUERY_PREFIX!r} (the query-alone prompt is `[BOS] + prefix + query` at fit and at use), "
+        + (f"answer tokens {DEFAULT_ANSWER_TOKENS} (the calibration rows also cover the first "
+           f"{DEFAULT_ANSWER_TOKENS} tokens of the model's own greedy answer under the instruction, read after "
+           "each calibration query up to its first newline: the positions where the patched model writes its "
+           "answer). " if DEFAULT_ANSWER_TOKENS else "calibration rows at the query tokens only. ")
+        + "Kind `both+down` is the paper's thought matrix and vector plus a least-squares fit, through the MLP's "
         "down projection, of the per-token block-output residual the constant vector leaves (an icl_lens "
         "extension; see the fit's docstring). Nothing is tuned per task. "
         "Accuracy on held-out test queries, greedy decoding, correct when the continuation (leading spaces "
@@ -216,7 +286,9 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
         f"every position of {len(loc.texts)} fixed unrelated texts, and the share of the {len(loc.other_prompts)} "
         f"queries of a fixed other few-shot task ({loc.other_task}, read with its instruction) on which the edited "
         "model's answer (the first line of its greedy continuation) is the unpatched model's "
-        "(`icl_lens/thought/tasks/locality.json`).",
+        "(`icl_lens/thought/tasks/locality.json`). When the default settings change, a rerun recomputes the "
+        "conditions that depend on the patch (patched, control) and carries the others over (none, full, "
+        "steering); *seconds* is the time of the run that computed the row's patch conditions.",
         "",
         "| model | task | none | full | patched | control | steering (layer) | patched/full | target | "
         "locality KL patched / control / steering | other task kept patched / control / steering | seconds |",
@@ -283,6 +355,8 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
             summary.append(f"- **Not evaluated** on {model} (no cached result): {', '.join(missing)}.")
     lines += ["", "Read from the table (rules: target as stated; counts over the rows above):", "", *summary]
     lines += _answer_length_lines(caches, models, tasks, answer_tokens or {})
+    lines += _earlier_lines(caches, models, tasks)
+    lines += _preserve_lines(caches, models, tasks, len(loc.preserve_texts))
     lines += _paper_lines(caches, default)
     if paper_rows:
         lines += ["", "**Before / after**: the paper's settings (kind `both`, ridge 0, no query prefix, the "
@@ -311,15 +385,17 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
             lines.append(f"| {model} | {name} | " + " | ".join(_acc_ci(pts[n], "patched") if n in pts else "–"
                                                                for n in SIZES) + " |")
     lines += _selection_lines(caches, default, select_tasks)
+    lines += _answer_selection_lines(caches, select_tasks, {**default, "answer_tokens": DEFAULT_ANSWER_TOKENS})
     lines += _diagnosis_lines(caches)
     timing = []
     for model in models:
-        secs = [v["seconds"] for k, v in caches[model].items() if k.startswith("table/") or k.startswith("paper/")
-                or k.startswith("curve/")]
+        secs = [v["seconds"] for k, v in caches[model].items() if k.split("/", 1)[0] in ("table", "paper", "curve",
+                                                                                          "preserve")]
         if secs:
             timing.append(f"{model} {sum(secs) / 60:.0f} min")
     if timing:
-        lines += ["", f"Compute, table + before/after + curves (sum of the per-result seconds): {'; '.join(timing)}."]
+        lines += ["", "Compute, table + before/after + curves + preserve rows (sum of the per-result seconds; a "
+                  f"carried-over row counts its recomputed conditions only): {'; '.join(timing)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -344,14 +420,105 @@ def _answer_length_lines(caches: dict, models, tasks, answer_tokens: dict) -> li
     if not rows:
         return []
     return ["", "**Missed targets by answer length** (tokens of the answer as it follows a space, in the model's "
-            "tokenizer; counts of correct test queries). A likely cause for the longer answers, not tested here: the "
-            "patch is fitted at the query's tokens only, so every answer token after the first is generated at a "
-            "position no calibration row covered, and the selection score (KL at the last query token) sees only "
-            "the first answer token. Gemma 3 and SmolLM2 write numbers digit by digit, so every two-digit "
-            "arithmetic answer has two or more tokens. A one-token row below the target is a loss that answer "
-            "length does not explain.", "",
+            "tokenizer; counts of correct test queries). Gemma 3 and SmolLM2 write numbers digit by digit, so "
+            "every two-digit arithmetic answer has two or more tokens. A one-token row below the target is a loss "
+            "that answer length does not explain.", "",
             "| model | task | answer tokens | n | full | patched | patched/full |", "|---|---|---|---|---|---|---|",
             *rows]
+
+
+def _earlier_lines(caches: dict, models, tasks) -> list[str]:
+    """The patched accuracy of each earlier default beside the current one (same test queries)."""
+    rows = []
+    for model in models:
+        res = caches[model]
+        for key, old in res.items():
+            if not key.startswith("earlier/") or key.rsplit("/", 1)[1] not in tasks:
+                continue
+            name = key.rsplit("/", 1)[1]
+            r = res.get(f"table/{name}")
+            if r is None:
+                continue
+            full = r["correct"]["full"]
+            ratio = (lambda k: f"{k / full:.2f}" if full else "–")
+            rows.append(f"| {model} | {name} | {_setting(old)} | {_acc_ci(r, 'full')} | {_acc_ci(old, 'patched')} | "
+                        f"{ratio(old['correct']['patched'])} | {_acc_ci(r, 'patched')} | "
+                        f"{ratio(r['correct']['patched'])} | {old['locality_kl']['patched']:.3f} / "
+                        f"{r['locality_kl']['patched']:.3f} |")
+    if not rows:
+        return []
+    return ["", "**Earlier default against the current one** (same train and test queries; the earlier row was "
+            "computed by the run that made it the default):", "",
+            "| model | task | earlier default | full | patched, earlier | ratio | patched, now | ratio | "
+            "locality KL earlier / now |", "|---|---|---|---|---|---|---|---|---|", *rows]
+
+
+def _preserve_lines(caches: dict, models, tasks, n_texts: int) -> list[str]:
+    """The default against the default fitted with preserve rows: accuracy bought against locality."""
+    rows, kl, meets = [], {"default": [], "preserve": []}, {"default": 0, "preserve": 0, "eligible": 0}
+    for model in models:
+        for name in tasks:
+            r, p = caches[model].get(f"table/{name}"), caches[model].get(f"preserve/{name}")
+            if r is None or p is None:
+                continue
+            full = r["correct"]["full"]
+            ratio = (lambda k: k / full if full else None)
+            if r["accuracy"]["full"] >= ELIGIBLE:
+                meets["eligible"] += 1
+                meets["default"] += ratio(r["correct"]["patched"]) >= TARGET
+                meets["preserve"] += ratio(p["correct"]["patched"]) >= TARGET
+            kl["default"].append(r["locality_kl"]["patched"])
+            kl["preserve"].append(p["locality_kl"]["patched"])
+            fmt = (lambda x: "–" if x is None else f"{x:.2f}")
+            rows.append(f"| {model} | {name} | {_acc_ci(r, 'full')} | {_acc_ci(r, 'patched')} | "
+                        f"{fmt(ratio(r['correct']['patched']))} | {_acc_ci(p, 'patched')} | "
+                        f"{fmt(ratio(p['correct']['patched']))} | {r['locality_kl']['patched']:.3f} / "
+                        f"{p['locality_kl']['patched']:.3f} | {_pct(r['locality_accuracy']['patched'])} / "
+                        f"{_pct(p['locality_accuracy']['patched'])} |")
+    if not rows:
+        return []
+    med = {k: float(np.median(v)) for k, v in kl.items()}
+    return ["", f"**Locality with preserve rows** (`thought_patch(preserve=...)`): the default fitted again with the "
+            f"{n_texts} `preserve_texts` of the locality file (unrelated texts, none of them measured) as rows whose "
+            "target is their own unpatched state, beside the default; the same test queries and locality measure.",
+            "", "| model | task | full | patched | ratio | patched + preserve | ratio | locality KL default / preserve | "
+            "other task kept default / preserve |", "|---|---|---|---|---|---|---|---|---|", *rows, "",
+            f"Median locality KL {med['default']:.3f} nats for the default, {med['preserve']:.3f} with preserve rows; "
+            f"target met on {meets['default']} (default) and {meets['preserve']} (preserve) of {meets['eligible']} "
+            "eligible (model, task) pairs."]
+
+
+def _answer_selection_lines(caches: dict, select_tasks, default: dict) -> list[str]:
+    """Second stage of the choice: answer-token rows (and the ridge again), scored at the answer's positions."""
+    kl: dict[str, dict[str, list[float]]] = {}
+    last: dict[str, list[float]] = {}
+    for model, res in caches.items():
+        for key, v in res.items():
+            if key.startswith("answers/") and v["task"] in select_tasks:
+                kl.setdefault(_setting(v), {}).setdefault(model, []).append(v["validation_kl"])
+                last.setdefault(_setting(v), []).append(v["validation_last_token_kl"])
+    if not kl:
+        return []
+    models = sorted({m for per in kl.values() for m in per})
+    full = max(sum(len(x) for x in per.values()) for per in kl.values())
+    means = {k: float(np.mean([x for xs in per.values() for x in xs])) for k, per in kl.items()
+             if sum(len(x) for x in per.values()) == full}
+    best = min(means, key=means.get)
+    lines = ["", f"**Answer-token rows** (second stage of `{COMMAND} --select`): the first stage's lowest setting "
+             "fitted with its calibration rows extended by the first k tokens of the model's own greedy answer "
+             "under the instruction (teacher forced), and with k = 8 the ridge again (the fit has more rows); the "
+             "held-out train queries scored by KL(full ‖ patched) at every position that predicts their answer "
+             f"(the full model's own, ≤ {SCORE_ANSWER_TOKENS} tokens, up to its first newline, read by both), and "
+             "at the last query token alone as in the first stage; lowest mean answer KL wins.", "",
+             "| setting | " + " | ".join(f"{m} answer KL" for m in models) + " | mean answer KL | "
+             "mean last-token KL | |", "|---|" + "---|" * len(models) + "---|---|---|"]
+    for k in sorted(kl, key=lambda k: means.get(k, math.inf)):
+        cells = [f"{np.mean(kl[k][m]):.3f}" if m in kl[k] else "–" for m in models]
+        lines.append(f"| {k} | " + " | ".join(cells) + f" | {means.get(k, float('nan')):.4f} | "
+                     f"{np.mean(last[k]):.4f} | {'lowest' if k == best else ''} |")
+    lines += ["", f"The defaults in `icl_lens/thought/fit.py` ({_setting(default)}) "
+              + ("are the lowest setting." if _setting(default) == best else f"differ from the lowest ({best}).")]
+    return lines
 
 
 def _paper_lines(caches: dict, default: dict) -> list[str]:
@@ -419,8 +586,8 @@ def _selection_lines(caches: dict, default: dict, select_tasks) -> list[str]:
         mark = "lowest" if s == best else ("" if s in means else f"{counts[s]} of {full} (model, task) only")
         lines.append(f"| {s} | " + " | ".join(cells) + f" | {means.get(s, float('nan')):.4f} | {mark} |")
     lines.append("")
-    lines.append(f"The defaults in `icl_lens/thought/fit.py` ({_setting(default)}) "
-                 + ("are the lowest setting." if _setting(default) == best else f"differ from the lowest ({best})."))
+    lines.append(f"The second stage starts from `STAGE_ONE` ({_setting(STAGE_ONE)}), "
+                 + ("the lowest setting." if _setting(STAGE_ONE) == best else f"not the lowest ({best})."))
     return lines
 
 
@@ -479,6 +646,9 @@ def main(argv=None) -> int:
                    help="tasks for the accuracy-against-calibration-size curve (none: no curve)")
     p.add_argument("--paper-tasks", nargs="*", default=None,
                    help="tasks on which the paper's settings are run beside the default (default: every task)")
+    p.add_argument("--preserve-tasks", nargs="*", default=None,
+                   help="tasks on which the default is also fitted with the locality file's preserve_texts "
+                        "(default: every task)")
     p.add_argument("--out", default="reports/eval_thought.md")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the cores are shared)")
     p.add_argument("--select", action="store_true", help="also run the selection of the default settings")
@@ -499,9 +669,11 @@ def main(argv=None) -> int:
         for model in models:
             run_model(model, tasks, curve_tasks, out, f"`{cmd}` on {machine()}", n_train=q.get("n_train"),
                       paper_tasks=None if args.quick else args.paper_tasks,
+                      preserve_tasks=tasks if args.preserve_tasks is None else args.preserve_tasks,
                       sizes=q.get("sizes", SIZES), select=args.select or args.select_only,
                       select_tasks=q.get("tasks", SELECT_TASKS), select_grid=q.get("select_grid", SELECT_GRID),
                       select_extra=() if args.quick else SELECT_EXTRA,
+                      select_answer_grid=q.get("select_answer_grid", SELECT_ANSWER_GRID),
                       select_fit=q.get("select_fit", SELECT_FIT), select_validate=q.get("select_validate", SELECT_VALIDATE),
                       diagnose_task=args.diagnose, table=not args.select_only)
     report_tasks = tasks if args.quick else list(SHIPPED_TASKS)

@@ -50,19 +50,30 @@ def greedy_continuations(
     return out
 
 
-def last_logits(model, prompts: Sequence[Sequence[int]], *, batch_size: int = 16) -> torch.Tensor:
-    """Logits at the last position of each prompt, ``[n_prompts, vocab]``."""
+def tail_logits(model, prompts: Sequence[Sequence[int]], counts: Sequence[int], *,
+                batch_size: int = 16) -> list[torch.Tensor]:
+    """Logits at the last ``counts[i]`` positions of each prompt, ``[counts[i], vocab]`` each.
+
+    Prompts of equal length and count share a batch; only those positions are unembedded.
+    """
+    if len(counts) != len(prompts) or any(not 1 <= c <= len(p) for c, p in zip(counts, prompts)):
+        raise ValueError("counts must give, for each prompt, between 1 and its length positions")
     device = model.cfg.device
-    groups: dict[int, list[int]] = {}
-    for i, p in enumerate(prompts):
-        groups.setdefault(len(p), []).append(i)
-    rows_out: dict[int, torch.Tensor] = {}
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (p, c) in enumerate(zip(prompts, counts)):
+        groups.setdefault((len(p), c), []).append(i)
+    out: list[torch.Tensor | None] = [None] * len(prompts)
     with torch.no_grad():
-        for _, rows in sorted(groups.items()):
+        for (_, count), rows in sorted(groups.items()):
             for start in range(0, len(rows), batch_size):
                 chunk = rows[start : start + batch_size]
                 ids = torch.tensor([list(prompts[i]) for i in chunk], dtype=torch.long, device=device)
-                logits = model(ids, logits_to_keep=1)[:, -1]
+                logits = model(ids, logits_to_keep=count)[:, -count:]
                 for k, i in enumerate(chunk):
-                    rows_out[i] = logits[k]
-    return torch.stack([rows_out[i] for i in range(len(prompts))])
+                    out[i] = logits[k]
+    return out
+
+
+def last_logits(model, prompts: Sequence[Sequence[int]], *, batch_size: int = 16) -> torch.Tensor:
+    """Logits at the last position of each prompt, ``[n_prompts, vocab]``."""
+    return torch.cat(tail_logits(model, prompts, [1] * len(prompts), batch_size=batch_size))

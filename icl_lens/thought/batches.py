@@ -25,6 +25,7 @@ from torch import Tensor
 
 from icl_lens.model.batches import pad_id, right_padded
 from icl_lens.model.capture import StopForward
+from icl_lens.model.greedy import greedy_continuations
 from icl_lens.model.prompts import PromptError, bos_id, context_limit
 
 
@@ -58,6 +59,32 @@ def calibration_ids(model, instruction: str, queries: Sequence[str], query_prefi
     return (text_ids(model, instruction, what="instruction"),
             [text_ids(model, q, what=f"query {i}") for i, q in enumerate(queries)],
             prefix_ids(model, query_prefix))
+
+
+def continuation_ids(model, instruction: Sequence[int], queries: Sequence[Sequence[int]], max_tokens: int,
+                     *, batch_size: int = 16) -> list[list[int]]:
+    """The model's own greedy continuation of each ``[BOS] + instruction + query``, ``≤ max_tokens`` tokens.
+
+    Each continuation ends after its first token whose text holds a newline (the end of
+    a few-shot answer line), or at ``max_tokens``. These are the answer tokens the
+    thought-patched model will read while it writes its answer without the instruction.
+    """
+    if max_tokens < 1:
+        return [[] for _ in queries]
+
+    def line_done(_: int, new: list[int]) -> bool:
+        return "\n" in model.tokenizer.decode(new)
+
+    outs = greedy_continuations(model, [with_bos(model, list(instruction) + list(q)) for q in queries], max_tokens,
+                                batch_size=batch_size, finished=line_done)
+    cut = []
+    for new in outs:
+        for k in range(len(new)):
+            if "\n" in model.tokenizer.decode(new[k : k + 1]):
+                new = new[: k + 1]
+                break
+        cut.append(new)
+    return cut
 
 
 def with_bos(model, ids: Sequence[int]) -> list[int]:

@@ -15,8 +15,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.model.greedy import last_logits
-from icl_lens.thought.batches import prefix_ids, text_ids, with_bos
+from icl_lens.model.greedy import tail_logits
+from icl_lens.thought.batches import continuation_ids, prefix_ids, text_ids, with_bos
 
 
 def mean_kl(reference: Float[Tensor, "n vocab"], other: Float[Tensor, "n vocab"]) -> float:
@@ -28,16 +28,25 @@ def mean_kl(reference: Float[Tensor, "n vocab"], other: Float[Tensor, "n vocab"]
 
 
 @torch.no_grad()
-def last_token_kl(model, instruction: str, queries: Sequence[str], edit=None, *, query_prefix: str = "\n",
-                  batch_size: int = 16) -> float:
-    """Mean ``KL(full ‖ edited)`` at each query's last token: ``[BOS, I, x]`` vs ``[BOS, p, x]`` under ``edit``.
+def answer_kl(model, instruction: str, queries: Sequence[str], edit=None, *, query_prefix: str = "\n",
+              answer_tokens: int = 0, batch_size: int = 16) -> float:
+    """Mean ``KL(full ‖ edited)`` over the positions that predict each query's answer.
 
-    ``edit``: anything with ``.applied(model)`` (a thought patch, a steering vector), or None.
+    ``[BOS, I, x, y]`` vs ``[BOS, p, x, y]`` under ``edit``, where ``y`` is the full
+    model's own greedy answer (at most ``answer_tokens`` tokens, ending after its first
+    newline; :func:`~icl_lens.thought.batches.continuation_ids`), read by both (teacher
+    forcing). The positions are the query's last token and every answer token but the
+    last, i.e. where ``y₁ … y_m`` are predicted; ``answer_tokens=0``: the last query token
+    only. ``edit``: anything with ``.applied(model)`` (a thought patch, a steering
+    vector), or None.
     """
     instr = text_ids(model, instruction, what="instruction")
     q_ids = [text_ids(model, q, what=f"query {i}") for i, q in enumerate(queries)]
     pre = prefix_ids(model, query_prefix)
-    full = last_logits(model, [with_bos(model, instr + q) for q in q_ids], batch_size=batch_size)
+    answers = continuation_ids(model, instr, q_ids, answer_tokens, batch_size=batch_size)
+    read = [q + a[:-1] for q, a in zip(q_ids, answers)]
+    counts = [max(len(a), 1) for a in answers]
+    full = tail_logits(model, [with_bos(model, instr + r) for r in read], counts, batch_size=batch_size)
     with (nullcontext() if edit is None else edit.applied(model)):
-        alone = last_logits(model, [with_bos(model, pre + q) for q in q_ids], batch_size=batch_size)
-    return mean_kl(full, alone)
+        alone = tail_logits(model, [with_bos(model, pre + r) for r in read], counts, batch_size=batch_size)
+    return mean_kl(torch.cat(full), torch.cat(alone))

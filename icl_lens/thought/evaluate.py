@@ -29,7 +29,7 @@ import pandas as pd
 from icl_lens.model.greedy import greedy_continuations
 from icl_lens.model.prompts import PromptError
 from icl_lens.thought.batches import prefix_ids, text_ids, with_bos
-from icl_lens.thought.fit import DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE, thought_patch
+from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE, thought_patch
 from icl_lens.thought.locality import LocalityProbe, locality_probe
 from icl_lens.thought.steering import steering_vector
 from icl_lens.thought.tasks import Task
@@ -54,6 +54,7 @@ class ThoughtEval:
     eta: float
     ridge: float
     query_prefix: str
+    answer_tokens: int = 0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -62,7 +63,7 @@ class ThoughtEval:
 
     def to_dict(self, *, outcomes: bool = False) -> dict:
         out = {"task": self.task, "model": self.model, "kind": self.kind, "eta": self.eta, "ridge": self.ridge,
-               "query_prefix": self.query_prefix, "n_train": self.n_train, "n_test": self.n_test,
+               "query_prefix": self.query_prefix, "answer_tokens": self.answer_tokens, "n_train": self.n_train, "n_test": self.n_test,
                "accuracy": self.accuracy, "correct": {c: sum(o) for c, o in self.outcomes.items()},
                "locality_kl": {c: v["kl"] for c, v in self.locality.items()},
                "locality_accuracy": {c: v["accuracy"] for c, v in self.locality.items()},
@@ -115,11 +116,12 @@ def accuracy(model, prompts: list[list[int]], answers: list[str], max_new_tokens
 
 def evaluate_thought(
     model, task: Task, *, kind: str = DEFAULT_KIND, eta: float = 1.0, ridge: float = DEFAULT_RIDGE,
-    query_prefix: str = DEFAULT_QUERY_PREFIX, n_train: int | None = None, conditions: tuple[str, ...] = CONDITIONS,
-    seed: int = 0, locality: LocalityProbe | bool = True,
+    query_prefix: str = DEFAULT_QUERY_PREFIX, answer_tokens: int = DEFAULT_ANSWER_TOKENS, n_train: int | None = None, conditions: tuple[str, ...] = CONDITIONS,
+    seed: int = 0, locality: LocalityProbe | bool = True, preserve: tuple[str, ...] = (),
 ) -> ThoughtEval:
     """Fit on the first ``n_train`` train queries (default all), score the test queries.
 
+    ``preserve``: texts the fit keeps unchanged (:func:`~icl_lens.thought.fit.thought_patch`).
     ``locality``: a probe built once per model (:func:`~icl_lens.thought.locality.locality_probe`),
     ``True`` to build one here, ``False`` to skip the locality measures.
     """
@@ -157,7 +159,7 @@ def evaluate_thought(
         res["full"] = outcomes(model, [with_bos(model, instr + q) for q in q_ids], answers, max_new)
     if "patched" in conditions or "control" in conditions:
         patch = thought_patch(model, task.instruction, calibration, kind=kind, eta=eta, ridge=ridge,
-                              query_prefix=query_prefix)
+                              query_prefix=query_prefix, answer_tokens=answer_tokens, preserve=preserve)
         if "patched" in conditions:
             score("patched", patch)
         if "control" in conditions:
@@ -170,4 +172,5 @@ def evaluate_thought(
     return ThoughtEval(task=task.name, model=getattr(model, "icl_lens_name", model.cfg.model_name), n_train=n,
                        n_test=len(task.test), outcomes=res, locality=loc, steering_layer=steer_layer,
                        seconds=time.perf_counter() - start, kind=kind, eta=float(eta), ridge=float(ridge),
-                       query_prefix=query_prefix)
+                       query_prefix=query_prefix, answer_tokens=answer_tokens,
+                       extra={"preserve": len(preserve)} if preserve else {})

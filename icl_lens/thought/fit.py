@@ -8,6 +8,13 @@ queries ``x₁…x_q`` (``n`` query tokens in all, every token of every query), 
    at every layer ``l`` read the MLP input ``Aᵢ`` and the block output ``Oᵢ`` at each
    query token ``i`` (the forward stops after the last block); and once over
    ``[BOS, p, xⱼ]``, unpatched, the same at the *anchor* positions (BOS and ``p``).
+   *Answer rows* (``answer_tokens = k > 0``, an icl_lens extension): before that, each
+   query is extended by the first ``k`` tokens of the model's own greedy answer under the
+   instruction, ``xⱼ ← xⱼ yⱼ`` (``yⱼ`` ends after its first newline), read in both passes
+   (teacher forcing), so the positions where the patched model writes its answer are
+   calibration rows too. The paper fits the query tokens only; then every answer token
+   after the first is generated at a position no row covered (measured: with k = 0 the
+   multi-token arithmetic answers miss the target on both embedded models).
 2. For ``l = 0 … L−1`` (``iterations`` sweeps), *non-contextual passes* over
    ``[BOS, p, xⱼ]`` with every patch fitted so far applied, stopped at layer ``l``:
    a. *matrix*: read the MLP inputs ``aᵢ`` (query tokens, plus the anchor positions of
@@ -98,7 +105,7 @@ from icl_lens.model.block_family import block_family, original, post_norm_eps
 from icl_lens.model.capture import NonFiniteActivationError, patch_dtype
 from icl_lens.model.prompts import PromptError, bos_id
 from icl_lens.model.weight_edits import edit_hooks
-from icl_lens.thought.batches import calibration_ids, query_batch, read_query_tokens, text_ids
+from icl_lens.thought.batches import calibration_ids, continuation_ids, query_batch, read_query_tokens, text_ids
 from icl_lens.thought.result import ThoughtPatch, thought_edits
 
 #: What each ``kind`` fits: the paper's parts (``matrix``, ``vector``) and the down-projection map.
@@ -110,10 +117,12 @@ KIND_PARTS = {
 }
 KINDS = tuple(KIND_PARTS)
 # The documented default (reports/eval_thought.md: chosen on the shipped tasks' train
-# queries of both embedded models, the same for every task and model).
+# queries of both embedded models, the same for every task and model; kind, ridge and
+# prefix by KL at the last query token, then the answer tokens by KL at the answer's positions).
 DEFAULT_KIND = "both+down"
 DEFAULT_RIDGE = 2.0
 DEFAULT_QUERY_PREFIX = "\n"
+DEFAULT_ANSWER_TOKENS = 8
 # Gain site, down fit: the branch output is scale ⊙ ŷ, and a coordinate whose scale is near 0
 # (Gemma 3 has such coordinates) cannot move by much without a large Δŷ that would change the
 # RMS of every coordinate; the damping keeps Δŷ small there (relative to the mean scale²).
@@ -125,7 +134,7 @@ def _check(x: Tensor, what: str, layer: int) -> None:
         raise NonFiniteActivationError(f"non-finite {what} at layer {layer}")
 
 
-def _validate(model, instruction, queries, kind, eta, ridge, layers, iterations, query_prefix):
+def _validate(model, instruction, queries, kind, eta, ridge, layers, iterations, query_prefix, answer_tokens):
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not (isinstance(eta, (int, float)) and math.isfinite(eta) and eta > 0):
@@ -134,6 +143,8 @@ def _validate(model, instruction, queries, kind, eta, ridge, layers, iterations,
         raise ValueError(f"ridge must be a finite number >= 0, got {ridge!r}")
     if not isinstance(iterations, int) or iterations < 1:
         raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
+    if not isinstance(answer_tokens, int) or answer_tokens < 0:
+        raise ValueError(f"answer_tokens must be an integer >= 0, got {answer_tokens!r}")
     instr_ids, query_ids, pre_ids = calibration_ids(model, instruction, queries, query_prefix)
     n_layers = model.cfg.n_layers
     if layers is None:
@@ -165,6 +176,7 @@ def thought_patch(
     layers: Sequence[int] | None = None,
     iterations: int = 1,
     query_prefix: str = DEFAULT_QUERY_PREFIX,
+    answer_tokens: int = DEFAULT_ANSWER_TOKENS,
     preserve: Sequence[str] = (),
     batch_size: int = 16,
 ) -> ThoughtPatch:
@@ -176,12 +188,18 @@ def thought_patch(
     pseudo-inverse). ``layers``: which layers to patch (default all). ``iterations``:
     sweeps over the layers. ``query_prefix``: text between BOS and the query in the
     query-only pass; the patched model must be prompted the same way
-    (:meth:`ThoughtPatch.prompt_ids`). ``preserve``: texts whose every token is fitted to
+    (:meth:`ThoughtPatch.prompt_ids`). ``answer_tokens``: also fit at the first
+    ``answer_tokens`` tokens of the model's own greedy answer under the instruction, read
+    after the query (teacher forcing; each answer ends after its first newline), so the
+    positions where the patched model writes its answer are calibration rows too. ``preserve``: texts whose every token is fitted to
     stay as the unpatched model computes it (rows of the matrix and down fits, like the
     anchor rows), to keep the edit local.
     """
     instr_ids, query_ids, pre_ids, chosen = _validate(model, instruction, queries, kind, eta, ridge, layers,
-                                                      iterations, query_prefix)
+                                                      iterations, query_prefix, answer_tokens)
+    if answer_tokens:
+        answers = continuation_ids(model, instr_ids, query_ids, answer_tokens, batch_size=batch_size)
+        query_ids = [q + a for q, a in zip(query_ids, answers)]
     if isinstance(preserve, str):
         raise PromptError("preserve must be a list of strings, not one string")
     keep_ids = [text_ids(model, t, what=f"preserve text {i}") for i, t in enumerate(preserve)]
@@ -322,5 +340,5 @@ def thought_patch(
         kind=kind, eta=float(eta), ridge=float(ridge), iterations=iterations, layers=tuple(chosen),
         query_prefix=query_prefix, maps=maps, vectors=vecs, down_u=down_u, down_v=down_v,
         matrix_residual=m_res, vector_residual=v_res, down_residual=d_res,
-        n_tokens=plain.n_tokens, model=model,
+        n_tokens=plain.n_tokens, answer_tokens=answer_tokens, model=model,
     )

@@ -12,6 +12,9 @@ of the model. Two measures on fixed, committed inputs (``tasks/locality.json``):
   continuation up to the end of its first line (at most ``max_new_tokens`` tokens),
   spaces stripped, must be the same text.
 
+The same file holds ``preserve_texts``: other unrelated texts a fit may be asked to keep
+unchanged (``thought_patch(preserve=...)``), disjoint from the measured texts.
+
 A zero edit scores ``kl = 0`` and ``accuracy = 1`` exactly. Edits are applied through
 their own ``.applied(model)`` context manager (:class:`~icl_lens.thought.ThoughtPatch`,
 :class:`~icl_lens.thought.steering.SteeringVector`), i.e. through
@@ -43,6 +46,7 @@ class LocalityData:
     other_task: str
     other_instruction: str
     other_prompts: tuple[str, ...]
+    preserve_texts: tuple[str, ...] = ()  # for ``thought_patch(preserve=...)``: never part of the measure
 
 
 def load_locality(path: str | Path = LOCALITY_FILE) -> LocalityData:
@@ -54,11 +58,14 @@ def load_locality(path: str | Path = LOCALITY_FILE) -> LocalityData:
         name, instruction, prompts = other["name"], other["instruction"], other["prompts"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
         raise TaskFormatError(f"{path}: not a locality file ({type(err).__name__}: {err})") from None
-    strings = [*texts, *prompts, instruction]
+    preserve = raw.get("preserve_texts", [])
+    strings = [*texts, *prompts, instruction, *preserve]
     if not texts or not prompts or not all(isinstance(t, str) and t.strip() for t in strings):
-        raise TaskFormatError(f"{path}: 'texts', 'other_task.instruction' and 'other_task.prompts' must be non-empty "
-                              "strings (lists of them)")
-    return LocalityData(tuple(texts), str(name), instruction, tuple(prompts))
+        raise TaskFormatError(f"{path}: 'texts', 'other_task.instruction', 'other_task.prompts' and 'preserve_texts' "
+                              "must be non-empty strings (lists of them)")
+    if set(preserve) & set(texts):
+        raise TaskFormatError(f"{path}: 'preserve_texts' must not repeat the measured 'texts'")
+    return LocalityData(tuple(texts), str(name), instruction, tuple(prompts), tuple(preserve))
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,8 @@ class ThoughtPatch:
     matrix_residual: Float[Tensor, " layer"]  # ‖D − M A‖/‖D‖ after the fit (0 where exact)
     vector_residual: Float[Tensor, " layer"]  # ‖ρ − fitted‖/‖ρ‖ after the fit
     down_residual: Float[Tensor, " layer"]  # ‖r − ΔW_out h‖/‖r‖ of the down fit (its own target r)
-    n_tokens: int
+    n_tokens: int  # calibration rows of the query-only pass (query tokens, plus answer tokens)
+    answer_tokens: int = 0  # the fit's answer_tokens (0: query tokens only, as in the paper)
     model: object = field(repr=False, compare=False, default=None)
 
     @property
