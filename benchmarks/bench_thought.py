@@ -17,6 +17,7 @@ import torch
 from icl_lens import load_model, load_task, thought_patch
 from icl_lens.evals.report import load_average, machine, write_fragment
 from icl_lens.thought.batches import pad_id, query_batch, right_padded, text_ids
+from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS
 
 
 def _reset_peak() -> None:
@@ -66,6 +67,8 @@ def main(argv=None) -> int:
         t_logits, m_logits = _measure(lambda: model(ids), args.repeats)
         t_nolog, m_nolog = _measure(lambda: model(ids, return_type=None), args.repeats)
     t_fit, m_fit = _measure(lambda: thought_patch(model, task.instruction, queries), args.repeats)
+    t_q, m_q = _measure(lambda: thought_patch(model, task.instruction, queries, answer_tokens=0), args.repeats)
+    rows = thought_patch(model, task.instruction, queries).n_tokens
     lines = [
         "## Thought patch fitting speed (issue 5)",
         "",
@@ -75,14 +78,16 @@ def main(argv=None) -> int:
         f"{idle:.0f} MiB at rest).",
         "",
         f"Batch: {len(queries)} calibration queries of task `{args.task}`, contextual prompts "
-        f"{ids.shape[0]} × {ids.shape[1]} tokens (right-padded), {batch.n_tokens} query tokens.",
+        f"{ids.shape[0]} × {ids.shape[1]} tokens (right-padded), {batch.n_tokens} query tokens ({rows} rows with the default "
+        f"answer tokens {DEFAULT_ANSWER_TOKENS}).",
         "",
         "| what | seconds | × plain forward | peak RSS MiB |",
         "|---|---|---|---|",
         f"| plain forward of the contextual batch, with logits | {t_logits:.2f} | 1.00 | {m_logits:.0f} |",
         f"| same forward, `return_type=None` | {t_nolog:.2f} | {t_nolog / t_logits:.2f} | {m_nolog:.0f} |",
-        f"| thought_patch fit (1 contextual pass + 2 truncated plain passes per layer, all layers) | {t_fit:.2f} | "
-        f"{t_fit / t_logits:.2f} | {m_fit:.0f} |",
+        f"| thought_patch fit, default (greedy answers under the instruction, then 1 contextual pass + 2 truncated "
+        f"plain passes per layer, all layers) | {t_fit:.2f} | {t_fit / t_logits:.2f} | {m_fit:.0f} |",
+        f"| same fit at the query tokens only (`answer_tokens=0`) | {t_q:.2f} | {t_q / t_logits:.2f} | {m_q:.0f} |",
         "",
         "The fit's contextual pass stops at the last block with a hook rather than passing `return_type=None`, "
         f"which here took {t_nolog / t_logits:.2f}× the time of the forward with logits (peak {m_nolog:.0f} vs "

@@ -536,7 +536,8 @@ def _paper_lines(caches: dict, default: dict) -> list[str]:
         if len(got) == 2:
             (pc, pv, n), (dc, dv, _) = got["paper"], got["default"]
             cells.append(f"{model}: paper's settings KL {pc:.3f} on their own calibration queries and {pv:.3f} on "
-                         f"held-out train queries, default {dc:.3f} / {dv:.3f} (mean over {n} selection tasks)")
+                         f"held-out train queries, the default's kind, ridge and prefix {dc:.3f} / {dv:.3f} (mean over "
+                         f"{n} selection tasks)")
     if not cells:
         return []
     return ["", "**Against the paper.** Mazzawi, Dherin et al. (arXiv 2510.08734) report the patched Gemma 3 1B "
@@ -551,7 +552,8 @@ def _paper_lines(caches: dict, default: dict) -> list[str]:
             "with a larger held-out KL means it fits the calibration tokens and generalises only partly "
             "(with λ = 0 and fewer calibration tokens than d_model the matrix interpolates them). The default "
             "addresses the first with the down-projection fit and the newline query prefix, the second with the "
-            "ridge; what remains is in the table above."]
+            "ridge; the answer-token rows then cover the positions where the answer is written (the KL there is "
+            "in the second selection stage below); what remains is in the table above."]
 
 
 def _selection_lines(caches: dict, default: dict, select_tasks) -> list[str]:

@@ -120,7 +120,7 @@ KINDS = tuple(KIND_PARTS)
 # queries of both embedded models, the same for every task and model; kind, ridge and
 # prefix by KL at the last query token, then the answer tokens by KL at the answer's positions).
 DEFAULT_KIND = "both+down"
-DEFAULT_RIDGE = 2.0
+DEFAULT_RIDGE = 8.0
 DEFAULT_QUERY_PREFIX = "\n"
 DEFAULT_ANSWER_TOKENS = 8
 # Gain site, down fit: the branch output is scale ⊙ ŷ, and a coordinate whose scale is near 0
