@@ -263,7 +263,8 @@ def test_down_fit_removes_the_block_output_residual_of_the_calibration_tokens(lo
     """Several calibration queries (more tokens than one vector can match): the paper's kind ``both`` leaves a
     per-token block-output residual (query alone, patched, against in context); ``both+down`` (λ = 0) removes it
     at every layer where the vector is a bias (Llama) and shrinks it where the fit goes through Gemma's post-FFN
-    norm to first order; with the default kind and ridge it still shrinks it. A down map dropped from the patch fails."""
+    norm to first order; with a moderate ridge (2) it still shrinks it (the default ridge, 8, is chosen on the
+    embedded models' held-out queries, not for this tiny fit). A down map dropped from the patch fails."""
     from dataclasses import replace
 
     model = load(name, torch.float64)
@@ -284,14 +285,14 @@ def test_down_fit_removes_the_block_output_residual_of_the_calibration_tokens(lo
     paper = residual(thought_patch(model, INSTRUCTION, queries, kind="both", ridge=0.0, query_prefix="\n",
                                    answer_tokens=0))
     exact = thought_patch(model, INSTRUCTION, queries, kind="both+down", ridge=0.0, query_prefix="\n", answer_tokens=0)
-    default = residual(thought_patch(model, INSTRUCTION, queries, answer_tokens=0))  # query rows, as the others
+    ridged = residual(thought_patch(model, INSTRUCTION, queries, ridge=2.0, answer_tokens=0))  # query rows, as the others
     assert paper > 1e-3
     if exact.vector_site == "bias":  # exact interpolation: fewer calibration tokens than d_mlp
         assert residual(exact) <= 1e-8 * max(paper, 1.0)
     else:  # linearised through the post-FFN RMSNorm (icl_lens.thought.fit)
         assert residual(exact) < 0.6 * paper
     assert float(exact.down_residual.max()) <= 1e-8  # its own (linearised) target: met exactly
-    assert default < paper
+    assert ridged < paper
     broken = replace(exact, down_v=torch.zeros_like(exact.down_v))  # the fit's down map left out
     assert residual(broken) > 0.1 * paper
 
