@@ -16,7 +16,7 @@ import torch
 
 from icl_lens import load_model, load_task, thought_patch
 from icl_lens.evals.report import load_average, machine, write_fragment
-from icl_lens.thought.batches import pad_id, query_batch, right_padded, text_ids
+from icl_lens.thought.batches import continuation_ids, pad_id, query_batch, right_padded, text_ids
 from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS
 
 
@@ -59,7 +59,8 @@ def main(argv=None) -> int:
     model = load_model(args.model)
     task = load_task(args.task)
     queries = [q for q, _ in task.train[: args.n]]
-    batch = query_batch(model, [text_ids(model, q) for q in queries], prefix=text_ids(model, task.instruction))
+    q_ids = [text_ids(model, q) for q in queries]
+    batch = query_batch(model, q_ids, prefix=text_ids(model, task.instruction))
     ids = right_padded(batch.sequences, pad_id(model), model.cfg.device)
     _reset_peak()
     idle = _peak_mib()
@@ -68,7 +69,9 @@ def main(argv=None) -> int:
         t_nolog, m_nolog = _measure(lambda: model(ids, return_type=None), args.repeats)
     t_fit, m_fit = _measure(lambda: thought_patch(model, task.instruction, queries), args.repeats)
     t_q, m_q = _measure(lambda: thought_patch(model, task.instruction, queries, answer_tokens=0), args.repeats)
-    rows = thought_patch(model, task.instruction, queries).n_tokens
+    # the default fit's rows: every query token and every token of the model's own answer
+    rows = batch.n_tokens + sum(map(len, continuation_ids(model, text_ids(model, task.instruction), q_ids,
+                                                          DEFAULT_ANSWER_TOKENS)))
     lines = [
         "## Thought patch fitting speed (issue 5)",
         "",

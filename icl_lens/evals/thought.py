@@ -17,12 +17,12 @@ depend on the patch and carries the others over (the earlier row is kept beside 
 each model and selection task, fit on the first 24 train queries and score the other 8
 train queries by ``KL(full ‖ patched)`` at their last token; the setting with the
 lowest mean over every (model, task) wins; then, second stage, that setting with
-``answer_tokens`` ∈ {0, 4, 8}, scored by the KL at every position that predicts the
-answer (teacher forced). ``--diagnose``: per-layer divergence and
+``answer_tokens`` ∈ {0, 4, 8} and, at 8, the ridge again (``SELECT_ANSWER_GRID``), scored
+by the KL at every position that predicts the answer (teacher forced). ``--diagnose``: per-layer divergence and
 attention to BOS / position 1 on one task, unpatched, paper patch and default patch.
 ``--paper-tasks`` / ``--curve-tasks`` / ``--preserve-tasks`` restrict the before/after
-rows, the curves and the preserve rows to some tasks (none with an empty list: each costs about a table row). ``--quick``: a tiny
-model, one task, few calibration queries (for tests).
+rows, the curves and the preserve rows to some tasks (none with an empty list: each costs
+about a table row). ``--quick``: a tiny model, one task, few calibration queries (for tests).
 """
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ SELECT_FIT, SELECT_VALIDATE = 24, 8
 PATCH_CONDITIONS = ("patched", "control")  # what a change of the patch settings recomputes
 TARGET, ELIGIBLE = 0.9, 0.5  # patched ≥ 0.9 × full wherever full ≥ 50%
 QUICK = {"models": ["tiny-llama"], "tasks": ["capitals"], "n_train": 4, "sizes": (1, 2),
-         "select_grid": SELECT_GRID[:2], "select_answer_grid": ({"answer_tokens": 0}, {"answer_tokens": 2}), "select_fit": 3, "select_validate": 2}
+         "select_grid": SELECT_GRID[:2], "select_answer_grid": ({"answer_tokens": 0}, {"answer_tokens": 2}),
+         "select_fit": 3, "select_validate": 2}
 
 
 def _carry_over(old: dict, new: dict) -> dict:

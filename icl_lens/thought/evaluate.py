@@ -63,7 +63,8 @@ class ThoughtEval:
 
     def to_dict(self, *, outcomes: bool = False) -> dict:
         out = {"task": self.task, "model": self.model, "kind": self.kind, "eta": self.eta, "ridge": self.ridge,
-               "query_prefix": self.query_prefix, "answer_tokens": self.answer_tokens, "n_train": self.n_train, "n_test": self.n_test,
+               "query_prefix": self.query_prefix, "answer_tokens": self.answer_tokens, "n_train": self.n_train,
+               "n_test": self.n_test,
                "accuracy": self.accuracy, "correct": {c: sum(o) for c, o in self.outcomes.items()},
                "locality_kl": {c: v["kl"] for c, v in self.locality.items()},
                "locality_accuracy": {c: v["accuracy"] for c, v in self.locality.items()},
@@ -116,7 +117,8 @@ def accuracy(model, prompts: list[list[int]], answers: list[str], max_new_tokens
 
 def evaluate_thought(
     model, task: Task, *, kind: str = DEFAULT_KIND, eta: float = 1.0, ridge: float = DEFAULT_RIDGE,
-    query_prefix: str = DEFAULT_QUERY_PREFIX, answer_tokens: int = DEFAULT_ANSWER_TOKENS, n_train: int | None = None, conditions: tuple[str, ...] = CONDITIONS,
+    query_prefix: str = DEFAULT_QUERY_PREFIX, answer_tokens: int = DEFAULT_ANSWER_TOKENS, n_train: int | None = None,
+    conditions: tuple[str, ...] = CONDITIONS,
     seed: int = 0, locality: LocalityProbe | bool = True, preserve: tuple[str, ...] = (),
 ) -> ThoughtEval:
     """Fit on the first ``n_train`` train queries (default all), score the test queries.

@@ -191,9 +191,10 @@ def thought_patch(
     (:meth:`ThoughtPatch.prompt_ids`). ``answer_tokens``: also fit at the first
     ``answer_tokens`` tokens of the model's own greedy answer under the instruction, read
     after the query (teacher forcing; each answer ends after its first newline), so the
-    positions where the patched model writes its answer are calibration rows too. ``preserve``: texts whose every token is fitted to
-    stay as the unpatched model computes it (rows of the matrix and down fits, like the
-    anchor rows), to keep the edit local.
+    positions where the patched model writes its answer are calibration rows too.
+    ``preserve``: texts whose every token is fitted to stay as the unpatched model
+    computes it (rows of the matrix and down fits, like the anchor rows), to keep the
+    edit local.
     """
     instr_ids, query_ids, pre_ids, chosen = _validate(model, instruction, queries, kind, eta, ridge, layers,
                                                       iterations, query_prefix, answer_tokens)
