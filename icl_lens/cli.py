@@ -141,6 +141,8 @@ def _thought_eval(args: argparse.Namespace) -> int:
         for cond, acc in result.accuracy.items():
             low, high = out["interval95"][cond]
             line = f"  {cond:<9} {acc:6.1%}  [95% {low:.0%}–{high:.0%}]"
+            if cond in out["agreement_with_full"]:
+                line += f"  same answer as full {out['agreement_with_full'][cond]:.0%}"
             if cond in out["locality_kl"]:
                 line += (f"  locality: KL {out['locality_kl'][cond]:.3g} nats, "
                          f"other task kept {out['locality_accuracy'][cond]:.0%}")

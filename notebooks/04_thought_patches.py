@@ -100,6 +100,16 @@ counts = {c: round(a * result.n_test) for c, a in result.accuracy.items()}
 assert result.n_test >= 24
 {c: rate(k, result.n_test) for c, k in counts.items()}
 
+# %% [markdown]
+# The patch is fitted to make the query alone behave as the query *after the prompt*, so the
+# fair question is also answer by answer: on how many test queries does each condition give
+# exactly the answer the full prompt gives, right or wrong? (`agreement_with_full`; a wrong
+# answer the patched model shares with the full prompt is the prompt's effect carried over.)
+
+# %%
+assert result.agreement_with_full["patched"] > result.agreement_with_full["control"]
+{c: f"{a:.0%}" for c, a in result.agreement_with_full.items()}
+
 # %%
 from icl_lens.model.greedy import greedy_continuations
 from icl_lens.thought.batches import text_ids, with_bos

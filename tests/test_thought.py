@@ -372,10 +372,13 @@ def test_cli_json_on_a_tiny_task(tmp_path, capsys):
     assert main(["thought-eval", str(path), "--model", "tiny-llama", "--json", "--n-train", "2"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(out) == {"task", "model", "kind", "eta", "ridge", "query_prefix", "answer_tokens", "n_train", "n_test",
-                        "accuracy", "correct", "interval95", "locality_kl", "locality_accuracy", "steering_layer", "seconds"}
+                        "accuracy", "correct", "interval95", "locality_kl", "locality_accuracy", "agreement_with_full",
+                        "steering_layer", "seconds"}
     assert out["task"] == "t" and out["model"] == "tiny-llama" and out["n_train"] == 2 and out["n_test"] == 2
     assert set(out["accuracy"]) == {"none", "full", "patched", "control", "steering"}
     assert set(out["locality_kl"]) == set(out["locality_accuracy"]) == {"patched", "control", "steering"}
+    assert set(out["agreement_with_full"]) == {"none", "patched", "control", "steering"}
+    assert all(v in (0.0, 0.5, 1.0) for v in out["agreement_with_full"].values())
     assert all(v > 0 for v in out["locality_kl"].values())  # every edit changes something
     assert out["kind"] == "both+down" and out["query_prefix"] == "\n" and 0 <= out["steering_layer"] < 3
     assert all(v in (0.0, 0.5, 1.0) for v in out["accuracy"].values()) and out["seconds"] > 0
@@ -416,3 +419,9 @@ def test_accuracy_bookkeeping_against_a_hand_count(load):
     result = evaluate_thought(model, task, conditions=("none", "full"), query_prefix="")
     assert result.accuracy == {"none": 4 / 6, "full": expected_full}
     assert result.n_test == 6 and result.n_train == 1
+    # Answers: each continuation up to the token that settles right or wrong (here the first, every answer
+    # being one character); agreement with full is then a count of equal first tokens.
+    assert list(result.answers["none"]) == [p.lstrip(" ")[:1] for p in plain]
+    assert list(result.answers["full"]) == [f.lstrip(" ")[:1] for f in full]
+    assert result.agreement_with_full == {"none": sum(p.lstrip(" ")[:1] == f.lstrip(" ")[:1]
+                                                      for p, f in zip(plain, full)) / 6}

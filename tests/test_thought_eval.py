@@ -176,6 +176,7 @@ def test_bootstrap_intervals():
 
 def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     from icl_lens.evals import thought as ev
+    from icl_lens.evals.thought import _setting
 
     out = tmp_path / "eval_thought.md"
     assert ev.main(["--quick", "--out", str(out)]) == 0
@@ -190,12 +191,39 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     kept = cache["preserve/capitals"]
     assert kept["preserve"] == len(load_locality().preserve_texts) > 0 and set(kept["accuracy"]) == {"patched"}
     assert "**Locality with preserve rows**" in text and f"{kept['locality_kl']['patched']:.3f} |" in text
+    same = sum(p == f for p, f in zip(r["answers"]["patched"], r["answers"]["full"]))
+    assert r["agreement_with_full"]["patched"] == same / 32
+    assert "**Answer by answer against the full instruction**" in text and f"| tiny-llama | capitals | " \
+        f"{100 * r['accuracy']['full']:.0f}% [" in text and f"| {same}/32 |" in text
 
     assert ev.main(["--quick", "--select-only", "--out", str(out)]) == 0  # with the second stage: answer tokens
     cache = json.loads((tmp_path / "eval_thought.tiny-llama.json").read_text())
     text = out.read_text()
-    assert sorted(v["answer_tokens"] for k, v in cache.items() if k.startswith("answers/")) == [0, 2]
+    assert {0, 2} <= {v["answer_tokens"] for k, v in cache.items() if k.startswith("answers/")}
+    tuned = cache["tuned/capitals"]  # --quick tunes its one task whatever the table says
+    assert len(tuned["validation_kl"]) == 3 and _setting(tuned["chosen"]) == min(tuned["validation_kl"],
+                                                                                  key=tuned["validation_kl"].get)
+    assert "**Tuned per task**" in text
+    third = {v["preserve"]: v for k, v in cache.items() if k.startswith("preserve-select/")}  # third stage
+    assert set(third) == {0, 8} and third[8]["text_kl"] < third[0]["text_kl"]  # the rows keep the other texts
+    assert "**Preserve rows** (third stage" in text and f"| {third[8]['text_kl']:.4f} | 1 |" in text
     assert "**Answer-token rows**" in text and "| both+down, ridge 2, prefix '\\n', answer tokens 2 |" in text
+
+
+def test_carry_over_keeps_the_steering_layer_and_recomputes_agreement():
+    """A rerun that recomputes only the patch conditions keeps the steering condition's layer, and compares the
+    new patched answers with the carried-over full answers (not the old patched ones)."""
+    from icl_lens.evals.thought import _carry_over
+
+    old = {"accuracy": {"none": 0.5, "full": 1.0, "patched": 0.5, "steering": 0.5}, "steering_layer": 7,
+           "ridge": 2.0, "answers": {"none": ["x", "b"], "full": ["a", "b"], "patched": ["x", "y"],
+                                     "steering": ["a", "y"]}}
+    new = {"accuracy": {"patched": 1.0, "control": 0.0}, "steering_layer": None, "ridge": 8.0,
+           "answers": {"patched": ["a", "b"], "control": ["q", "q"]}}
+    row = _carry_over(old, new)
+    assert row["steering_layer"] == 7 and row["ridge"] == 8.0
+    assert row["agreement_with_full"] == {"none": 0.5, "patched": 1.0, "steering": 0.5, "control": 0.0}
+    assert row["carried_over"] == ["none", "full", "steering"]
 
 
 # --- diagnosis ------------------------------------------------------------------------------------

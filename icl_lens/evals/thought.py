@@ -63,11 +63,18 @@ SELECT_EXTRA = ({"kind": "both+down", "ridge": 0.5, "query_prefix": "\n", "eta":
 # forced). Each entry overrides the first stage's setting.
 STAGE_ONE = SELECT_GRID[4]  # the first stage's lowest setting (the report says whether it still is)
 SELECT_ANSWER_GRID = ({"answer_tokens": 0}, {"answer_tokens": 4}, {"answer_tokens": 8},
-                      {"answer_tokens": 8, "ridge": 0.5}, {"answer_tokens": 8, "ridge": 8.0})
+                      {"answer_tokens": 8, "ridge": 0.5}, {"answer_tokens": 8, "ridge": 8.0},
+                      {"answer_tokens": 8, "ridge": 32.0}, {"answer_tokens": 8, "ridge": 128.0})
 SCORE_ANSWER_TOKENS = 8
 SELECT_FIT, SELECT_VALIDATE = 24, 8
+# Third stage: the second stage's winner fitted with and without preserve rows (the first PRESERVE_FIT preserve
+# texts of the locality file), scored by the answer KL of the held-out train queries and by the next-token KL on
+# the other preserve texts (never the locality measure's own texts). Preserve rows join the default when they lower
+# that text KL and raise the mean answer KL by at most PRESERVE_TOLERANCE (relative).
+PRESERVE_FIT, PRESERVE_TOLERANCE = 8, 0.10
 PATCH_CONDITIONS = ("patched", "control")  # what a change of the patch settings recomputes
 TARGET, ELIGIBLE = 0.9, 0.5  # patched ≥ 0.9 × full wherever full ≥ 50%
+NOT_ELIGIBLE = f"n/a (full < {ELIGIBLE:.0%})"
 QUICK = {"models": ["tiny-llama"], "tasks": ["capitals"], "n_train": 4, "sizes": (1, 2),
          "select_grid": SELECT_GRID[:2], "select_answer_grid": ({"answer_tokens": 0}, {"answer_tokens": 2}),
          "select_fit": 3, "select_validate": 2}
@@ -75,11 +82,16 @@ QUICK = {"models": ["tiny-llama"], "tasks": ["capitals"], "n_train": 4, "sizes":
 
 def _carry_over(old: dict, new: dict) -> dict:
     """A table row whose patch conditions come from ``new`` and the other conditions (which do not depend on
-    the patch: none, full, steering) from ``old``."""
-    row = {**old, **{k: v for k, v in new.items() if not isinstance(v, dict)}}
+    the patch: none, full, steering) from ``old``; the steering layer goes with the steering condition."""
+    kept = {"steering_layer"} if "steering" not in new["accuracy"] else set()
+    row = {**old, **{k: v for k, v in new.items() if not isinstance(v, dict) and k not in kept}}
     for key, value in new.items():
         if isinstance(value, dict):
             row[key] = {**old.get(key, {}), **value}
+    from icl_lens.thought.evaluate import agreement
+
+    answers = row["answers"]
+    row["agreement_with_full"] = {c: agreement(a, answers["full"]) for c, a in answers.items() if c != "full"}
     row["carried_over"] = [c for c in old["accuracy"] if c not in new["accuracy"]]
     return row
 
@@ -107,11 +119,12 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
               n_train: int | None = None, sizes=SIZES, select: bool = False, select_tasks=SELECT_TASKS,
               select_grid=SELECT_GRID, select_extra=SELECT_EXTRA, select_answer_grid=SELECT_ANSWER_GRID,
               select_fit: int = SELECT_FIT, select_validate: int = SELECT_VALIDATE,
-              diagnose_task: str | None = None, table: bool = True) -> None:
+              diagnose_task: str | None = None, table: bool = True, tune_tasks: list[str] | None = None) -> None:
     """Evaluate what the cache lacks; ``run`` (command and machine) is recorded with the keys it computed."""
     from icl_lens.model.loading import load_model
     from icl_lens.thought.diagnose import diagnose
-    from icl_lens.thought.divergence import answer_kl
+    from icl_lens.thought.batches import text_ids, with_bos
+    from icl_lens.thought.divergence import answer_kl, text_kl
     from icl_lens.thought.evaluate import evaluate_thought
     from icl_lens.thought.fit import (DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE,
                                       thought_patch)
@@ -137,15 +150,40 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
                                                else [])
         jobs += [("curve", name, n) for name in tasks if name in curve_tasks for n in sizes]
         jobs += [("preserve", name, None) for name in tasks if name in preserve_tasks]
+        jobs += [("tuned", name, None) for name in tasks]
     if select:
         jobs += [("select", name, i) for name in select_tasks for i in range(len(select_grid))]
         jobs += [("select", select_tasks[0], len(select_grid) + i) for i in range(len(select_extra))]
         jobs += [("answers", name, i) for name in select_tasks for i in range(len(select_answer_grid))]
+        jobs += [("preserve-select", name, keep) for name in select_tasks for keep in (False, True)]
     if diagnose_task:
         jobs += [("diagnose", diagnose_task, None)]
 
     def current(key: str) -> bool:  # cached, and computed with the current default settings
         return key in results and _setting(results[key]) == _setting(default)
+
+    def answer_selection(task, setting: dict) -> dict:
+        """Fit on the first train queries, score the next ones at the answer's positions (cached)."""
+        key = f"answers/{_setting(setting)}/{task.name}"
+        if key not in results:
+            fit, val = split(task)
+            t0 = time.perf_counter()
+            patch = thought_patch(model, task.instruction, fit, **setting)
+            score = {"query_prefix": DEFAULT_QUERY_PREFIX, "answer_tokens": SCORE_ANSWER_TOKENS}
+            store(key, {
+                **setting, "task": task.name, "n_fit": len(fit), "n_validate": len(val),
+                "validation_kl": answer_kl(model, task.instruction, val, patch, **score),
+                "calibration_kl": answer_kl(model, task.instruction, fit, patch, **score),
+                "validation_last_token_kl": answer_kl(model, task.instruction, val, patch,
+                                                      query_prefix=DEFAULT_QUERY_PREFIX),
+                "seconds": time.perf_counter() - t0})
+        return results[key]
+
+    def tune(name: str) -> bool:  # tasks tuned on their own: the given ones, else the missed targets
+        if tune_tasks is not None:
+            return name in tune_tasks
+        r = results.get(f"table/{name}")
+        return r is not None and _verdict(r, r["correct"]["patched"]) == "missed"
 
     def split(task):  # selection: fit on the first train queries, score the next ones (never test)
         return ([q for q, _ in task.train[:select_fit]],
@@ -154,17 +192,17 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
     start = time.perf_counter()
     for job, name, arg in tqdm(jobs, desc=model_name):
         task = load_task(name)
-        if job == "table" and not current(f"table/{name}"):
+        if job == "table" and not (current(f"table/{name}") and "answers" in results[f"table/{name}"]):
             probe = probe or locality_probe(model)
             old = results.get(f"table/{name}")
-            if old is None:
-                store(f"table/{name}", evaluate_thought(model, task, n_train=n_train, locality=probe
-                                                        ).to_dict(outcomes=True))
-            else:  # the default changed: recompute what depends on the patch, carry over the rest, keep the old row
-                new = evaluate_thought(model, task, n_train=n_train, locality=probe,
-                                       conditions=PATCH_CONDITIONS).to_dict(outcomes=True)
+            if old is None or "answers" not in old:  # new, or from before the answers were kept: every condition
+                new = evaluate_thought(model, task, n_train=n_train, locality=probe).to_dict(outcomes=True)
+            else:  # the default changed: recompute what depends on the patch, carry over the rest
+                new = _carry_over(old, evaluate_thought(model, task, n_train=n_train, locality=probe,
+                                                        conditions=PATCH_CONDITIONS).to_dict(outcomes=True))
+            if old is not None and _setting(old) != _setting(default):  # keep the earlier default's row
                 store(f"earlier/{_setting(old)}/{name}", old)
-                store(f"table/{name}", _carry_over(old, new))
+            store(f"table/{name}", new)
         elif job == "paper" and f"paper/{name}" not in results:
             probe = probe or locality_probe(model)
             res = evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("none", "patched"), **PAPER)
@@ -190,19 +228,33 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
                             "calibration_kl": answer_kl(model, task.instruction, fit, patch,
                                                         query_prefix=setting["query_prefix"]),
                             "seconds": time.perf_counter() - t0})
-        elif job == "answers" and f"answers/{_setting(stage_one | select_answer_grid[arg])}/{name}" not in results:
-            setting = stage_one | select_answer_grid[arg]
+        elif job == "answers":
+            answer_selection(task, stage_one | select_answer_grid[arg])
+        elif job == "preserve-select" and f"preserve-select/{_setting(default)}/{arg}/{name}" not in results:
+            texts = load_locality().preserve_texts
             fit, val = split(task)
             t0 = time.perf_counter()
-            patch = thought_patch(model, task.instruction, fit, **setting)
+            patch = thought_patch(model, task.instruction, fit, **default,
+                                  preserve=texts[:PRESERVE_FIT] if arg else ())
+            held_out = [with_bos(model, text_ids(model, t)) for t in texts[PRESERVE_FIT:]]
             score = {"query_prefix": DEFAULT_QUERY_PREFIX, "answer_tokens": SCORE_ANSWER_TOKENS}
-            store(f"answers/{_setting(setting)}/{name}", {
-                **setting, "task": name, "n_fit": len(fit), "n_validate": len(val),
+            store(f"preserve-select/{_setting(default)}/{arg}/{name}", {
+                **default, "task": name, "preserve": PRESERVE_FIT if arg else 0, "n_fit": len(fit),
+                "n_validate": len(val), "n_texts_scored": len(held_out),
                 "validation_kl": answer_kl(model, task.instruction, val, patch, **score),
-                "calibration_kl": answer_kl(model, task.instruction, fit, patch, **score),
-                "validation_last_token_kl": answer_kl(model, task.instruction, val, patch,
-                                                      query_prefix=DEFAULT_QUERY_PREFIX),
-                "seconds": time.perf_counter() - t0})
+                "text_kl": text_kl(model, held_out, patch), "seconds": time.perf_counter() - t0})
+        elif job == "tuned" and tune(name) and not current(f"tuned/{name}"):
+            scores = {_setting(s): (s, answer_selection(task, s)["validation_kl"])
+                      for s in (default, *(stage_one | g for g in select_answer_grid))}
+            chosen, _ = min(scores.values(), key=lambda sk: sk[1])
+            t0 = time.perf_counter()
+            probe = probe or locality_probe(model)
+            res = (evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("patched",),
+                                    **chosen).to_dict(outcomes=True)
+                   if _setting(chosen) != _setting(default) else {})  # the default is this task's lowest already
+            store(f"tuned/{name}", {**default, "task": name, "chosen": chosen, "result": res,
+                                    "validation_kl": {k: kl for k, (_, kl) in scores.items()},
+                                    "seconds": time.perf_counter() - t0})
         elif job == "diagnose" and f"diagnose/{name}" not in results:
             queries = {"train": [q for q, _ in task.train], "test": [q for q, _ in task.test]}
             frames = {}
@@ -304,15 +356,14 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
             if r is None:
                 continue
             ratio, ci = _ratio(r)
-            eligible = r["accuracy"]["full"] >= ELIGIBLE
-            met = eligible and ratio is not None and ratio >= TARGET
-            if eligible:
-                verdicts.setdefault(model, []).append((name, met))
+            verdict = _verdict(r, r["correct"]["patched"])
+            if verdict != NOT_ELIGIBLE:
+                verdicts.setdefault(model, []).append((name, verdict == "met"))
             kl, kept = r["locality_kl"], r["locality_accuracy"]
             lines.append(
                 f"| {model} | {name} | {_acc_ci(r, 'none')} | {_acc_ci(r, 'full')} | {_acc_ci(r, 'patched')} | "
                 f"{_acc_ci(r, 'control')} | {_acc_ci(r, 'steering')} ({r['steering_layer']}) | {_fmt_ratio(ratio, ci)} | "
-                f"{('met' if met else 'missed') if eligible else 'n/a (full < 50%)'} | "
+                f"{verdict} | "
                 f"{kl['patched']:.3f} / {kl['control']:.3f} / {kl['steering']:.3f} | "
                 f"{_pct(kept['patched'])} / {_pct(kept['control'])} / {_pct(kept['steering'])} | {r['seconds']:.0f} |")
             steering_wins.append(r["accuracy"]["patched"] >= r["accuracy"]["steering"])
@@ -355,9 +406,11 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
         if missing:
             summary.append(f"- **Not evaluated** on {model} (no cached result): {', '.join(missing)}.")
     lines += ["", "Read from the table (rules: target as stated; counts over the rows above):", "", *summary]
+    lines += _agreement_lines(caches, models, tasks)
     lines += _answer_length_lines(caches, models, tasks, answer_tokens or {})
     lines += _earlier_lines(caches, models, tasks)
     lines += _preserve_lines(caches, models, tasks, len(loc.preserve_texts))
+    lines += _tuned_lines(caches, models, tasks)
     lines += _paper_lines(caches, default)
     if paper_rows:
         lines += ["", "**Before / after**: the paper's settings (kind `both`, ridge 0, no query prefix, the "
@@ -387,6 +440,7 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
                                                                for n in SIZES) + " |")
     lines += _selection_lines(caches, default, select_tasks)
     lines += _answer_selection_lines(caches, select_tasks, {**default, "answer_tokens": DEFAULT_ANSWER_TOKENS})
+    lines += _preserve_selection_lines(caches, select_tasks)
     lines += _diagnosis_lines(caches)
     timing = []
     for model in models:
@@ -400,16 +454,70 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     return "\n".join(lines) + "\n"
 
 
+AGREE_CONDITIONS = ("patched", "none", "steering", "control")
+
+
+def _agreement_lines(caches: dict, models, tasks) -> list[str]:
+    """Answer by answer against the full instruction: same answer (errors included), and the full model's
+    wrong answers repeated; for every missed target a sentence read from these counts."""
+    rows, notes = [], []
+    totals = {"n": 0, "wrong": 0, **{f"same_{c}": 0 for c in AGREE_CONDITIONS},
+              **{f"repeated_{c}": 0 for c in AGREE_CONDITIONS}}
+    for model in models:
+        for name in tasks:
+            r = caches[model].get(f"table/{name}")
+            if r is None or "answers" not in r:
+                continue
+            answers, full_ok = r["answers"], r["outcomes"]["full"]
+            wrong = [i for i, ok in enumerate(full_ok) if not ok]
+            same = {c: sum(x == y for x, y in zip(answers[c], answers["full"])) for c in AGREE_CONDITIONS}
+            repeated = {c: sum(answers[c][i] == answers["full"][i] for i in wrong) for c in AGREE_CONDITIONS}
+            n = r["n_test"]
+            totals["n"] += n
+            totals["wrong"] += len(wrong)
+            for c in AGREE_CONDITIONS:
+                totals[f"same_{c}"] += same[c]
+                totals[f"repeated_{c}"] += repeated[c]
+            rows.append(f"| {model} | {name} | {_acc_ci(r, 'full')} | "
+                        + " | ".join(f"{same[c]}/{n}" for c in AGREE_CONDITIONS) + " | "
+                        + (" / ".join(f"{repeated[c]}" for c in AGREE_CONDITIONS[:3]) + f" of {len(wrong)}"
+                           if wrong else "–") + " |")
+            if _verdict(r, r["correct"]["patched"]) == "missed":
+                acc, ratio = r["accuracy"], _ratio(r)[0]
+                note = (f"- {model}, {name} (missed, ratio {ratio:.2f}): the patched model gives the full "
+                        f"instruction's answer on {same['patched']} of {n} test queries (no instruction: "
+                        f"{same['none']}, steering: {same['steering']}) and repeats {repeated['patched']} of its "
+                        f"{len(wrong)} wrong answers (no instruction: {repeated['none']})")
+                if acc["none"] > acc["full"]:
+                    note += (f"; here the instruction lowers accuracy (none {_pct(acc['none'])} > full "
+                             f"{_pct(acc['full'])}), and the patch carries that effect too")
+                notes.append(note + ".")
+    if not rows:
+        return []
+    share = (lambda k, n: f"{k} ({100 * k / n:.0f}%)" if n else f"{k}")
+    notes.insert(0, f"- Over the {len(rows)} (model, task) pairs above: the full instruction's answer is given on "
+                 + ", ".join(f"{share(totals[f'same_{c}'], totals['n'])} by {c}" for c in AGREE_CONDITIONS)
+                 + f" of {totals['n']} test queries; of its {totals['wrong']} wrong answers, "
+                 + ", ".join(f"{share(totals[f'repeated_{c}'], totals['wrong'])} by {c}" for c in AGREE_CONDITIONS)
+                 + " are repeated.")
+    return ["", "**Answer by answer against the full instruction** (a thought patch is fitted to imitate the "
+            "model with the instruction in context, wrong answers included, so accuracy alone does not say how much "
+            "of the instruction it carries): on how many test queries each query-alone condition gives the full "
+            "instruction's answer (the greedy continuation up to the token where right or wrong is settled), and how "
+            "many of the full instruction's wrong answers it repeats.", "",
+            "| model | task | full | " + " | ".join(f"{c} = full" for c in AGREE_CONDITIONS)
+            + " | full's wrong answers repeated: patched / none / steering |",
+            "|---|---|---|" + "---|" * len(AGREE_CONDITIONS) + "---|", *rows,
+            "", *notes]
+
+
 def _answer_length_lines(caches: dict, models, tasks, answer_tokens: dict) -> list[str]:
     """Where the target is missed: full and patched correct counts on one-token and longer answers."""
     rows = []
     for model in models:
         for name in tasks:
             r, n_tok = caches[model].get(f"table/{name}"), answer_tokens.get((model, name))
-            if r is None or n_tok is None or "outcomes" not in r or r["accuracy"]["full"] < ELIGIBLE:
-                continue
-            ratio, _ = _ratio(r)
-            if ratio is not None and ratio >= TARGET:
+            if r is None or n_tok is None or "outcomes" not in r or _verdict(r, r["correct"]["patched"]) != "missed":
                 continue
             o = r["outcomes"]
             for label, keep in (("1", lambda n: n == 1), ("≥ 2", lambda n: n > 1)):
@@ -489,6 +597,41 @@ def _preserve_lines(caches: dict, models, tasks, n_texts: int) -> list[str]:
             "eligible (model, task) pairs."]
 
 
+def _verdict(r: dict, patched: int) -> str:
+    """The target's verdict for ``patched`` correct test answers against the row's full instruction."""
+    if r["accuracy"]["full"] < ELIGIBLE:
+        return NOT_ELIGIBLE
+    return "met" if patched / r["correct"]["full"] >= TARGET else "missed"
+
+
+def _tuned_lines(caches: dict, models, tasks) -> list[str]:
+    """Tuned per task, reported as such: where the default misses, the second-stage setting with the lowest
+    held-out train answer KL on that task alone, and its test accuracy beside the default's."""
+    rows = []
+    for model in models:
+        for name in tasks:
+            t, r = caches[model].get(f"tuned/{name}"), caches[model].get(f"table/{name}")
+            if t is None or r is None:
+                continue
+            kl = t["validation_kl"]
+            chosen, default = _setting(t["chosen"]), _setting(t)
+            res = t["result"] or r  # empty: the default is this task's lowest setting
+            full = r["correct"]["full"]
+            fmt = (lambda k: f"{k / full:.2f}" if full else "–")
+            rows.append(f"| {model} | {name} | {chosen}{' (= default)' if chosen == default else ''} | "
+                        f"{kl[default]:.3f} / {kl[chosen]:.3f} | {_acc_ci(r, 'full')} | {_acc_ci(r, 'patched')} | "
+                        f"{fmt(r['correct']['patched'])} | {_acc_ci(res, 'patched')} | {fmt(res['correct']['patched'])} "
+                        f"| {_verdict(r, res['correct']['patched'])} |")
+    if not rows:
+        return []
+    return ["", "**Tuned per task** (not the default; reported as such): for each (model, task) where the default "
+            "misses the target, every setting of the second selection stage fitted on that task's first "
+            f"{SELECT_FIT} train queries and scored on the next {SELECT_VALIDATE} (never test) by the answer KL; the "
+            "lowest is evaluated on the test queries.", "",
+            "| model | task | tuned setting | held-out train answer KL default / tuned | full | patched, default | "
+            "ratio | patched, tuned | ratio | target, tuned |", "|---|---|---|---|---|---|---|---|---|---|", *rows]
+
+
 def _answer_selection_lines(caches: dict, select_tasks, default: dict) -> list[str]:
     """Second stage of the choice: answer-token rows (and the ridge again), scored at the answer's positions."""
     kl: dict[str, dict[str, list[float]]] = {}
@@ -520,6 +663,44 @@ def _answer_selection_lines(caches: dict, select_tasks, default: dict) -> list[s
     lines += ["", f"The defaults in `icl_lens/thought/fit.py` ({_setting(default)}) "
               + ("are the lowest setting." if _setting(default) == best else f"differ from the lowest ({best}).")]
     return lines
+
+
+def _preserve_selection_lines(caches: dict, select_tasks) -> list[str]:
+    """Third stage of the choice: preserve rows or not, by held-out answer KL and held-out text KL."""
+    got: dict[tuple[str, bool], dict[str, list[float]]] = {}
+    for res in caches.values():
+        for key, v in res.items():
+            if key.startswith("preserve-select/") and v["task"] in select_tasks:
+                cell = got.setdefault((_setting(v), bool(v["preserve"])), {"answer": [], "text": []})
+                cell["answer"].append(v["validation_kl"])
+                cell["text"].append(v["text_kl"])
+    pairs = sorted({s for s, _ in got if (s, False) in got and (s, True) in got})
+    if not pairs:
+        return []
+    lines = ["", f"**Preserve rows** (third stage of `{COMMAND} --select`): the second stage's setting fitted on the "
+             f"same {SELECT_FIT} train queries with and without the first {PRESERVE_FIT} `preserve_texts` of the "
+             "locality file as rows kept at their unpatched state; scored by the answer KL of the held-out train "
+             "queries (as the second stage) and by the next-token KL(unpatched ‖ patched) on the other preserve "
+             "texts (not the locality measure's texts); mean over models × selection tasks. Rule: preserve rows join "
+             f"the default when they lower the text KL and raise the answer KL by at most {PRESERVE_TOLERANCE:.0%}.",
+             "", "| setting | preserve rows | mean answer KL | mean held-out text KL | results |", "|---|---|---|---|---|"]
+    for s in pairs:
+        for keep in (False, True):
+            c = got[(s, keep)]
+            lines.append(f"| {s} | {PRESERVE_FIT if keep else 0} | {np.mean(c['answer']):.4f} | "
+                         f"{np.mean(c['text']):.4f} | {len(c['answer'])} |")
+        off, on = got[(s, False)], got[(s, True)]
+        joins = (np.mean(on["text"]) < np.mean(off["text"])
+                 and np.mean(on["answer"]) <= (1 + PRESERVE_TOLERANCE) * np.mean(off["answer"]))
+        change = np.mean(on["answer"]) / np.mean(off["answer"]) - 1
+        expected = len(caches) * len(select_tasks)
+        verdict = (("**join** the default." if joins else "do **not** join the default.")
+                   if len(on["answer"]) == len(off["answer"]) == expected else
+                   f"no verdict yet ({min(len(on['answer']), len(off['answer']))} of {expected} results).")
+        lines += ["", f"{s}: with preserve rows the answer KL changes by {change:+.1%} and the held-out text KL from "
+                  f"{np.mean(off['text']):.3f} to {np.mean(on['text']):.3f} nats: by the rule preserve rows "
+                  + verdict, ""]
+    return lines[:-1]
 
 
 def _paper_lines(caches: dict, default: dict) -> list[str]:
@@ -678,7 +859,8 @@ def main(argv=None) -> int:
                       select_extra=() if args.quick else SELECT_EXTRA,
                       select_answer_grid=q.get("select_answer_grid", SELECT_ANSWER_GRID),
                       select_fit=q.get("select_fit", SELECT_FIT), select_validate=q.get("select_validate", SELECT_VALIDATE),
-                      diagnose_task=args.diagnose, table=not args.select_only)
+                      diagnose_task=args.diagnose, table=not args.select_only,
+                      tune_tasks=q.get("tasks") if args.quick else None)
     report_tasks = tasks if args.quick else list(SHIPPED_TASKS)
     text = write_report(out, models, report_tasks, cmd, select_tasks=q.get("tasks", SELECT_TASKS),
                         answer_tokens=_answer_tokens(out, models, report_tasks))

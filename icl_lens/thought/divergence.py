@@ -4,7 +4,8 @@
 ``P`` the reference (the full-instruction model, or the unpatched model for locality)
 and ``Q`` the edited one, averaged over rows (float64). Used to choose a steering
 vector's layer, to score a fit's held-out calibration queries when the default settings
-are chosen (``python -m icl_lens.evals.thought --select``), and by the locality measure.
+are chosen (``python -m icl_lens.evals.thought --select``), and by the locality measure
+(:func:`text_kl`: unpatched against edited on texts unrelated to the task).
 """
 from __future__ import annotations
 
@@ -50,3 +51,20 @@ def answer_kl(model, instruction: str, queries: Sequence[str], edit=None, *, que
     with (nullcontext() if edit is None else edit.applied(model)):
         alone = tail_logits(model, [with_bos(model, pre + r) for r in read], counts, batch_size=batch_size)
     return mean_kl(torch.cat(full), torch.cat(alone))
+
+
+@torch.no_grad()
+def text_kl(model, texts: Sequence[Sequence[int]], edit=None) -> float:
+    """Mean next-token ``KL(unpatched ‖ edited)`` over every position of every text (token ids, BOS included),
+    weighted by length; 0 for ``edit=None``."""
+    if not texts:
+        raise ValueError("text_kl needs at least one text")
+    total, positions = 0.0, 0
+    for ids in texts:
+        x = torch.tensor([list(ids)], device=model.cfg.device)
+        ref = model(x)[0]
+        with (nullcontext() if edit is None else edit.applied(model)):
+            new = model(x)[0]
+        total += mean_kl(ref, new) * len(ids)
+        positions += len(ids)
+    return total / positions

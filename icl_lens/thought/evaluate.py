@@ -14,7 +14,11 @@ when the continuation, leading spaces stripped, starts with it):
   added at its best layer (:mod:`icl_lens.thought.steering`).
 
 The result keeps every test query's outcome (front ends turn them into intervals with
-:mod:`icl_lens.evals.intervals` and :mod:`icl_lens.core.bootstrap`), and for every edit (patched, control, steering) its
+:mod:`icl_lens.evals.intervals` and :mod:`icl_lens.core.bootstrap`) and answer, so that a
+condition can be compared with ``full`` answer by answer (``agreement_with_full``: the
+share of queries answered as the instruction answers them, wrong answers included; the
+thought patch imitates the contextual model, so this, not accuracy alone, says how much
+of the instruction it carries), and for every edit (patched, control, steering) its
 locality (:mod:`icl_lens.thought.locality`): the mean next-token KL on fixed unrelated
 texts and the share of the unpatched model's own answers on another task that the
 edited model keeps.
@@ -22,6 +26,7 @@ edited model keeps.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -47,6 +52,7 @@ class ThoughtEval:
     n_train: int
     n_test: int
     outcomes: dict[str, tuple[bool, ...]]  # per condition, per test query: correct?
+    answers: dict[str, tuple[str, ...]]  # per condition, per test query: the answer given (see graded)
     locality: dict[str, dict]  # per edit condition: Locality.to_dict()
     steering_layer: int | None
     seconds: float
@@ -61,6 +67,14 @@ class ThoughtEval:
     def accuracy(self) -> dict[str, float]:
         return {c: sum(o) / len(o) for c, o in self.outcomes.items()}
 
+    @property
+    def agreement_with_full(self) -> dict[str, float]:
+        """Per query-alone condition: share of test queries answered as the full instruction answers them
+        (errors included): how much of the instruction's behaviour the condition carries."""
+        if "full" not in self.answers:
+            return {}
+        return {c: agreement(a, self.answers["full"]) for c, a in self.answers.items() if c != "full"}
+
     def to_dict(self, *, outcomes: bool = False) -> dict:
         out = {"task": self.task, "model": self.model, "kind": self.kind, "eta": self.eta, "ridge": self.ridge,
                "query_prefix": self.query_prefix, "answer_tokens": self.answer_tokens, "n_train": self.n_train,
@@ -68,9 +82,11 @@ class ThoughtEval:
                "accuracy": self.accuracy, "correct": {c: sum(o) for c, o in self.outcomes.items()},
                "locality_kl": {c: v["kl"] for c, v in self.locality.items()},
                "locality_accuracy": {c: v["accuracy"] for c, v in self.locality.items()},
+               "agreement_with_full": self.agreement_with_full,
                "steering_layer": self.steering_layer, "seconds": round(self.seconds, 3), **self.extra}
         if outcomes:
             out["outcomes"] = {c: [int(x) for x in o] for c, o in self.outcomes.items()}
+            out["answers"] = {c: list(a) for c, a in self.answers.items()}
         return out
 
     def to_frame(self) -> pd.DataFrame:
@@ -100,19 +116,30 @@ def _check_answers(model, task: Task) -> int:
     return longest + 1
 
 
-def outcomes(model, prompts: list[list[int]], answers: list[str], max_new_tokens: int) -> tuple[bool, ...]:
-    """Per prompt: does its greedy continuation start with its answer?"""
+def graded(model, prompts: list[list[int]], answers: list[str], max_new_tokens: int
+           ) -> tuple[tuple[bool, ...], tuple[str, ...]]:
+    """Per prompt: does its greedy continuation start with its answer, and that continuation up to the token
+    where right or wrong is settled (leading spaces stripped: what two conditions are compared by)."""
     def decided(i: int, new_ids: list[int]) -> bool:  # right or wrong is settled already
         text, want = model.tokenizer.decode(new_ids).lstrip(" "), answers[i].strip()
         return len(text) >= len(want) or not want.startswith(text)
 
     outs = greedy_continuations(model, prompts, max_new_tokens, finished=decided)
-    return tuple(answer_correct(model.tokenizer.decode(o), a) for o, a in zip(outs, answers))
+    settled = [next((k for k in range(1, len(o)) if decided(i, o[:k])), len(o)) for i, o in enumerate(outs)]
+    return (tuple(answer_correct(model.tokenizer.decode(o), a) for o, a in zip(outs, answers)),
+            tuple(model.tokenizer.decode(o[:k]).lstrip(" ") for o, k in zip(outs, settled)))
 
 
-def accuracy(model, prompts: list[list[int]], answers: list[str], max_new_tokens: int) -> float:
-    """Share of prompts whose greedy continuation starts with their answer."""
-    return sum(outcomes(model, prompts, answers, max_new_tokens)) / len(answers)
+def outcomes(model, prompts: list[list[int]], answers: list[str], max_new_tokens: int) -> tuple[bool, ...]:
+    """Per prompt: does its greedy continuation start with its answer?"""
+    return graded(model, prompts, answers, max_new_tokens)[0]
+
+
+def agreement(a: Sequence[str], b: Sequence[str]) -> float:
+    """Share of queries on which two conditions give the same answer (as :func:`graded` settles it)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"agreement needs two equally long, non-empty answer lists, got {len(a)} and {len(b)}")
+    return sum(x == y for x, y in zip(a, b)) / len(a)
 
 
 def evaluate_thought(
@@ -144,21 +171,22 @@ def evaluate_thought(
     if locality is True and any(c in EDITS for c in conditions):
         locality = locality_probe(model)
     res: dict[str, tuple[bool, ...]] = {}
+    given: dict[str, tuple[str, ...]] = {}
     loc: dict[str, dict] = {}
 
     def score(condition: str, edit=None) -> None:
         if edit is None:
-            res[condition] = outcomes(model, plain, answers, max_new)
+            res[condition], given[condition] = graded(model, plain, answers, max_new)
         else:
             with edit.applied():
-                res[condition] = outcomes(model, plain, answers, max_new)
+                res[condition], given[condition] = graded(model, plain, answers, max_new)
             if locality:
                 loc[condition] = locality.measure(edit).to_dict()
 
     if "none" in conditions:
         score("none")
     if "full" in conditions:
-        res["full"] = outcomes(model, [with_bos(model, instr + q) for q in q_ids], answers, max_new)
+        res["full"], given["full"] = graded(model, [with_bos(model, instr + q) for q in q_ids], answers, max_new)
     if "patched" in conditions or "control" in conditions:
         patch = thought_patch(model, task.instruction, calibration, kind=kind, eta=eta, ridge=ridge,
                               query_prefix=query_prefix, answer_tokens=answer_tokens, preserve=preserve)
@@ -172,7 +200,7 @@ def evaluate_thought(
         steer_layer = steer.layer
         score("steering", steer)
     return ThoughtEval(task=task.name, model=getattr(model, "icl_lens_name", model.cfg.model_name), n_train=n,
-                       n_test=len(task.test), outcomes=res, locality=loc, steering_layer=steer_layer,
+                       n_test=len(task.test), outcomes=res, answers=given, locality=loc, steering_layer=steer_layer,
                        seconds=time.perf_counter() - start, kind=kind, eta=float(eta), ridge=float(ridge),
                        query_prefix=query_prefix, answer_tokens=answer_tokens,
                        extra={"preserve": len(preserve)} if preserve else {})

@@ -32,7 +32,7 @@ import torch
 
 from icl_lens.model.greedy import greedy_continuations
 from icl_lens.thought.batches import text_ids, with_bos
-from icl_lens.thought.divergence import mean_kl
+from icl_lens.thought.divergence import text_kl
 from icl_lens.thought.tasks import TASK_DIR, TaskFormatError
 
 LOCALITY_FILE = TASK_DIR / "locality.json"
@@ -100,20 +100,12 @@ class LocalityProbe:
     def measure(self, edit=None) -> Locality:
         """Locality of ``edit`` (anything with ``.applied(model)``; None: no edit)."""
         model = self.model
-        applied = (lambda: nullcontext()) if edit is None else (lambda: edit.applied(model))
-        total, positions = 0.0, 0
-        for ids in self.texts:
-            x = torch.tensor([ids], device=model.cfg.device)
-            ref = model(x)[0]
-            with applied():
-                new = model(x)[0]
-            total += mean_kl(ref, new) * len(ids)
-            positions += len(ids)
-        with applied():
+        kl = text_kl(model, self.texts, edit)
+        with (nullcontext() if edit is None else edit.applied(model)):
             outs = _answers(model, self.prompts, self.max_new_tokens)
         correct = sum(o == r for o, r in zip(outs, self.reference))
-        return Locality(kl=total / positions, accuracy=correct / len(self.prompts), correct=correct,
-                        n_prompts=len(self.prompts), n_positions=positions)
+        return Locality(kl=kl, accuracy=correct / len(self.prompts), correct=correct,
+                        n_prompts=len(self.prompts), n_positions=sum(len(t) for t in self.texts))
 
 
 def _answers(model, prompts, max_new_tokens: int) -> list[str]:
