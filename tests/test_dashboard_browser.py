@@ -5,7 +5,8 @@ token strip and the plotly heatmap — then checks that nothing older is drawn a
 Then the dashboard's container is narrowed to JupyterLab-like widths (800, 900, 1400 px):
 the figure must follow it, no two of its subplot titles, colour bars, legend, axis
 titles and plot areas may overlap or leave the figure, and no control, strip, figure or
-frame may stick out of the dashboard. Screenshots go to artifacts/ (dashboard.png at 900 px).
+frame may stick out of the dashboard, and the attention pattern must fit its frame (no row
+hidden below a scroll bar). Screenshots go to artifacts/ (dashboard.png at 900 px).
 
 Set ICL_LENS_TEST_MODEL=gemma-3-270m to run it on the embedded Gemma (default: tiny-gpt2).
 """
@@ -81,6 +82,10 @@ SET_WIDTH = """async (width) => {
   await new Promise(r => setTimeout(r, 300));  // plotly redraws the subplots after resizing its SVG
   return {dashboard: dash.getBoundingClientRect().width, figure: svg()};
 }"""
+
+# The attention pattern's own document against its frame's viewport.
+ATTENTION_SIZE = """() => ({height: document.documentElement.scrollHeight, view_height: window.innerHeight,
+                            width: document.documentElement.scrollWidth, view_width: window.innerWidth})"""
 
 # Controls, token strip and attention frame that stick out of the dashboard's box.
 OVERFLOWING = """() => {
@@ -185,12 +190,9 @@ def test_dashboard_in_chromium(voila_url, load):
             assert len(strip) == n and strip[-1] == last
             assert heat["n"] == n and heat["last"] == last and heat["rows"] == model.cfg.n_layers
             assert page.locator(".icl-token.icl-selected").get_attribute("data-position") == str(n - 1)
-            # clicking a token selects it as the query of the trajectory panel
-            page.locator(".icl-token[data-position='3']").click()
-            page.wait_for_function(
-                """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
-                     .some(g => g.layout && g.layout.meta === 'icl_lens:figures'
-                                && String(g.layout.annotations[1].text).includes('query 3 '))""", timeout=60_000)
+            frame = page.query_selector(".icl-attention iframe").content_frame()  # circuitsvis draws a canvas
+            frame.wait_for_function("() => { const c = document.querySelector('canvas');"
+                                    " return c && c.getBoundingClientRect().height > 0; }", timeout=60_000)
             ARTIFACTS.mkdir(exist_ok=True)
             for width in WIDTHS:
                 sizes = page.evaluate(SET_WIDTH, width)
@@ -205,6 +207,16 @@ def test_dashboard_in_chromium(voila_url, load):
                 assert not overflowing, f"at {width} px: {overflowing}"
                 assert abs(sizes["dashboard"] - width) <= 1, sizes
                 assert abs(sizes["figure"] - width) <= 1, f"the figure does not follow its container: {sizes}"
+                # the attention pattern fits its frame: every row visible without scrolling inside it
+                inner = frame.evaluate(ATTENTION_SIZE)
+                assert inner["height"] <= inner["view_height"] and inner["width"] <= inner["view_width"], \
+                    f"at {width} px the attention pattern is cut off by its frame: {inner}"
+            # clicking a token selects it as the query of the trajectory panel
+            page.locator(".icl-token[data-position='3']").click()
+            page.wait_for_function(
+                """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+                     .some(g => g.layout && g.layout.meta === 'icl_lens:figures'
+                                && String(g.layout.annotations[1].text).includes('query 3 '))""", timeout=60_000)
         finally:
             browser.close()
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000

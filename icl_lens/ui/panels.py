@@ -292,6 +292,9 @@ class TrajectoryPanel:
             self.grid.title("exponents", f"fitted decay exponent α per layer — query {query}")
 
 
+ATTENTION_FRAME, ATTENTION_SIDE = 460, 400  # frame height, widest attention square (px)
+
+
 class AttentionPanel:
     """Attention pattern of one layer and head, drawn by circuitsvis (offline bundle)."""
 
@@ -307,11 +310,14 @@ class AttentionPanel:
 
         rendered = cv.attention.attention_pattern(tokens=[token_label(t) for t in tokens],
                                                   attention=pattern[head].numpy())
-        page = f"<html><body style='margin:0;font-family:sans-serif'>{rendered.local_src}</body></html>"
+        # circuitsvis draws a square as wide as its container: capped so that the whole square, with its axis
+        # labels, fits the frame's height at any width (a full-width square is cut off in a 900 px output area).
+        page = (f"<html><body style='margin:0;font-family:sans-serif'><div style='max-width:{ATTENTION_SIDE}px'>"
+                f"{rendered.local_src}</div></body></html>")
         self.html.value = (f"<div class='icl-attention' data-layer='{layer}' data-head='{head}'>"
                            f"<b>attention pattern, layer {layer}, head {head}</b>"
-                           f"<iframe style='width:100%;height:460px;border:0' srcdoc=\"{html.escape(page, quote=True)}\">"
-                           f"</iframe></div>")
+                           f"<iframe style='width:100%;height:{ATTENTION_FRAME}px;border:0' "
+                           f"srcdoc=\"{html.escape(page, quote=True)}\"></iframe></div>")
 
 
 def _np(t) -> np.ndarray:
