@@ -204,6 +204,8 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     assert len(tuned["validation_kl"]) == 3 and _setting(tuned["chosen"]) == min(tuned["validation_kl"],
                                                                                   key=tuned["validation_kl"].get)
     assert "**Tuned per task**" in text
+    on_train = cache["train/capitals"]  # the instruction on the calibration queries themselves
+    assert on_train["n_test"] == len(load_task("capitals").train) and set(on_train["accuracy"]) == {"none", "full"}
     third = {v["preserve"]: v for k, v in cache.items() if k.startswith("preserve-select/")}  # third stage
     assert set(third) == {0, 8} and third[8]["text_kl"] < third[0]["text_kl"]  # the rows keep the other texts
     assert "**Preserve rows** (third stage" in text and f"| {third[8]['text_kl']:.4f} | 1 |" in text

@@ -40,7 +40,7 @@ from icl_lens.core.bootstrap import bootstrap_ratio
 from icl_lens.evals.intervals import wilson_interval
 from icl_lens.evals.report import command, machine, write_fragment
 from icl_lens.model.loading import EMBEDDED_MODELS
-from icl_lens.thought.tasks import SHIPPED_TASKS, load_task
+from icl_lens.thought.tasks import SHIPPED_TASKS, Task, load_task
 
 SIZES = (1, 2, 4, 8, 16, 32)
 COMMAND = "python -m icl_lens.evals.thought"
@@ -243,18 +243,23 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
                 "n_validate": len(val), "n_texts_scored": len(held_out),
                 "validation_kl": answer_kl(model, task.instruction, val, patch, **score),
                 "text_kl": text_kl(model, held_out, patch), "seconds": time.perf_counter() - t0})
-        elif job == "tuned" and tune(name) and not current(f"tuned/{name}"):
-            scores = {_setting(s): (s, answer_selection(task, s)["validation_kl"])
-                      for s in (default, *(stage_one | g for g in select_answer_grid))}
-            chosen, _ = min(scores.values(), key=lambda sk: sk[1])
-            t0 = time.perf_counter()
-            probe = probe or locality_probe(model)
-            res = (evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("patched",),
-                                    **chosen).to_dict(outcomes=True)
-                   if _setting(chosen) != _setting(default) else {})  # the default is this task's lowest already
-            store(f"tuned/{name}", {**default, "task": name, "chosen": chosen, "result": res,
-                                    "validation_kl": {k: kl for k, (_, kl) in scores.items()},
-                                    "seconds": time.perf_counter() - t0})
+        elif job == "tuned" and tune(name):
+            if not current(f"tuned/{name}"):
+                scores = {_setting(s): (s, answer_selection(task, s)["validation_kl"])
+                          for s in (default, *(stage_one | g for g in select_answer_grid))}
+                chosen, _ = min(scores.values(), key=lambda sk: sk[1])
+                t0 = time.perf_counter()
+                probe = probe or locality_probe(model)
+                res = (evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("patched",),
+                                        **chosen).to_dict(outcomes=True)
+                       if _setting(chosen) != _setting(default) else {})  # the default is this task's lowest
+                store(f"tuned/{name}", {**default, "task": name, "chosen": chosen, "result": res,
+                                        "validation_kl": {k: kl for k, (_, kl) in scores.items()},
+                                        "seconds": time.perf_counter() - t0})
+            if f"train/{name}" not in results:  # the instruction on the calibration queries themselves
+                on_train = Task(task.name, task.instruction, task.train, task.train)
+                store(f"train/{name}", evaluate_thought(model, on_train, conditions=("none", "full"),
+                                                        locality=False).to_dict(outcomes=True))
         elif job == "diagnose" and f"diagnose/{name}" not in results:
             queries = {"train": [q for q, _ in task.train], "test": [q for q, _ in task.test]}
             frames = {}
@@ -491,6 +496,11 @@ def _agreement_lines(caches: dict, models, tasks) -> list[str]:
                 if acc["none"] > acc["full"]:
                     note += (f"; here the instruction lowers accuracy (none {_pct(acc['none'])} > full "
                              f"{_pct(acc['full'])}), and the patch carries that effect too")
+                train = caches[model].get(f"train/{name}")
+                if train is not None:
+                    note += (f"; on the {train['n_test']} train (calibration) queries the full instruction is right "
+                             f"on {train['correct']['full']} ({_pct(train['accuracy']['full'])}; none "
+                             f"{_pct(train['accuracy']['none'])})")
                 notes.append(note + ".")
     if not rows:
         return []
