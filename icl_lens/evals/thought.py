@@ -424,11 +424,9 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
                   "| model | task | full | none (paper format) | patched, paper | ratio | patched, default | ratio | "
                   "locality KL paper / default |", "|---|---|---|---|---|---|---|---|---|"]
         for model, name, p, r in paper_rows:
-            pr = p["correct"]["patched"] / r["correct"]["full"] if r["correct"]["full"] else None
-            dr = r["correct"]["patched"] / r["correct"]["full"] if r["correct"]["full"] else None
             lines.append(f"| {model} | {name} | {_acc_ci(r, 'full')} | {_acc_ci(p, 'none')} | {_acc_ci(p, 'patched')} | "
-                         f"{'–' if pr is None else f'{pr:.2f}'} | {_acc_ci(r, 'patched')} | "
-                         f"{'–' if dr is None else f'{dr:.2f}'} | {p['locality_kl']['patched']:.3f} / "
+                         f"{_to_full(r, p['correct']['patched'])} | {_acc_ci(r, 'patched')} | "
+                         f"{_to_full(r, r['correct']['patched'])} | {p['locality_kl']['patched']:.3f} / "
                          f"{r['locality_kl']['patched']:.3f} |")
     curves = {}
     for model in models:
@@ -558,11 +556,9 @@ def _earlier_lines(caches: dict, models, tasks) -> list[str]:
             r = res.get(f"table/{name}")
             if r is None:
                 continue
-            full = r["correct"]["full"]
-            ratio = (lambda k: f"{k / full:.2f}" if full else "–")
             rows.append(f"| {model} | {name} | {_setting(old)} | {_acc_ci(r, 'full')} | {_acc_ci(old, 'patched')} | "
-                        f"{ratio(old['correct']['patched'])} | {_acc_ci(r, 'patched')} | "
-                        f"{ratio(r['correct']['patched'])} | {old['locality_kl']['patched']:.3f} / "
+                        f"{_to_full(r, old['correct']['patched'])} | {_acc_ci(r, 'patched')} | "
+                        f"{_to_full(r, r['correct']['patched'])} | {old['locality_kl']['patched']:.3f} / "
                         f"{r['locality_kl']['patched']:.3f} |")
     if not rows:
         return []
@@ -580,18 +576,15 @@ def _preserve_lines(caches: dict, models, tasks, n_texts: int) -> list[str]:
             r, p = caches[model].get(f"table/{name}"), caches[model].get(f"preserve/{name}")
             if r is None or p is None:
                 continue
-            full = r["correct"]["full"]
-            ratio = (lambda k: k / full if full else None)
             if r["accuracy"]["full"] >= ELIGIBLE:
                 meets["eligible"] += 1
-                meets["default"] += ratio(r["correct"]["patched"]) >= TARGET
-                meets["preserve"] += ratio(p["correct"]["patched"]) >= TARGET
+                meets["default"] += _verdict(r, r["correct"]["patched"]) == "met"
+                meets["preserve"] += _verdict(r, p["correct"]["patched"]) == "met"
             kl["default"].append(r["locality_kl"]["patched"])
             kl["preserve"].append(p["locality_kl"]["patched"])
-            fmt = (lambda x: "–" if x is None else f"{x:.2f}")
             rows.append(f"| {model} | {name} | {_acc_ci(r, 'full')} | {_acc_ci(r, 'patched')} | "
-                        f"{fmt(ratio(r['correct']['patched']))} | {_acc_ci(p, 'patched')} | "
-                        f"{fmt(ratio(p['correct']['patched']))} | {r['locality_kl']['patched']:.3f} / "
+                        f"{_to_full(r, r['correct']['patched'])} | {_acc_ci(p, 'patched')} | "
+                        f"{_to_full(r, p['correct']['patched'])} | {r['locality_kl']['patched']:.3f} / "
                         f"{p['locality_kl']['patched']:.3f} | {_pct(r['locality_accuracy']['patched'])} / "
                         f"{_pct(p['locality_accuracy']['patched'])} |")
     if not rows:
@@ -605,6 +598,12 @@ def _preserve_lines(caches: dict, models, tasks, n_texts: int) -> list[str]:
             f"Median locality KL {med['default']:.3f} nats for the default, {med['preserve']:.3f} with preserve rows; "
             f"target met on {meets['default']} (default) and {meets['preserve']} (preserve) of {meets['eligible']} "
             "eligible (model, task) pairs."]
+
+
+def _to_full(r: dict, correct: int) -> str:
+    """``correct`` test answers as a ratio to the row's full-instruction count ("–" when full has none)."""
+    full = r["correct"]["full"]
+    return f"{correct / full:.2f}" if full else "–"
 
 
 def _verdict(r: dict, patched: int) -> str:
@@ -626,12 +625,10 @@ def _tuned_lines(caches: dict, models, tasks) -> list[str]:
             kl = t["validation_kl"]
             chosen, default = _setting(t["chosen"]), _setting(t)
             res = t["result"] or r  # empty: the default is this task's lowest setting
-            full = r["correct"]["full"]
-            fmt = (lambda k: f"{k / full:.2f}" if full else "–")
             rows.append(f"| {model} | {name} | {chosen}{' (= default)' if chosen == default else ''} | "
                         f"{kl[default]:.3f} / {kl[chosen]:.3f} | {_acc_ci(r, 'full')} | {_acc_ci(r, 'patched')} | "
-                        f"{fmt(r['correct']['patched'])} | {_acc_ci(res, 'patched')} | {fmt(res['correct']['patched'])} "
-                        f"| {_verdict(r, res['correct']['patched'])} |")
+                        f"{_to_full(r, r['correct']['patched'])} | {_acc_ci(res, 'patched')} | "
+                        f"{_to_full(r, res['correct']['patched'])} | {_verdict(r, res['correct']['patched'])} |")
     if not rows:
         return []
     return ["", "**Tuned per task** (not the default; reported as such): for each (model, task) where the default "
