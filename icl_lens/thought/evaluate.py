@@ -130,11 +130,6 @@ def graded(model, prompts: list[list[int]], answers: list[str], max_new_tokens: 
             tuple(model.tokenizer.decode(o[:k]).lstrip(" ") for o, k in zip(outs, settled)))
 
 
-def outcomes(model, prompts: list[list[int]], answers: list[str], max_new_tokens: int) -> tuple[bool, ...]:
-    """Per prompt: does its greedy continuation start with its answer?"""
-    return graded(model, prompts, answers, max_new_tokens)[0]
-
-
 def agreement(a: Sequence[str], b: Sequence[str]) -> float:
     """Share of queries on which two conditions give the same answer (as :func:`graded` settles it)."""
     if len(a) != len(b) or not a:
