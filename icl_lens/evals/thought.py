@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -464,8 +465,7 @@ def _agreement_lines(caches: dict, models, tasks) -> list[str]:
     """Answer by answer against the full instruction: same answer (errors included), and the full model's
     wrong answers repeated; for every missed target a sentence read from these counts."""
     rows, notes = [], []
-    totals = {"n": 0, "wrong": 0, **{f"same_{c}": 0 for c in AGREE_CONDITIONS},
-              **{f"repeated_{c}": 0 for c in AGREE_CONDITIONS}}
+    n_all, wrong_all, same_all, repeated_all = 0, 0, Counter(), Counter()
     for model in models:
         for name in tasks:
             r = caches[model].get(f"table/{name}")
@@ -476,11 +476,9 @@ def _agreement_lines(caches: dict, models, tasks) -> list[str]:
             same = {c: sum(x == y for x, y in zip(answers[c], answers["full"])) for c in AGREE_CONDITIONS}
             repeated = {c: sum(answers[c][i] == answers["full"][i] for i in wrong) for c in AGREE_CONDITIONS}
             n = r["n_test"]
-            totals["n"] += n
-            totals["wrong"] += len(wrong)
-            for c in AGREE_CONDITIONS:
-                totals[f"same_{c}"] += same[c]
-                totals[f"repeated_{c}"] += repeated[c]
+            n_all, wrong_all = n_all + n, wrong_all + len(wrong)
+            same_all.update(same)
+            repeated_all.update(repeated)
             rows.append(f"| {model} | {name} | {_acc_ci(r, 'full')} | "
                         + " | ".join(f"{same[c]}/{n}" for c in AGREE_CONDITIONS) + " | "
                         + (" / ".join(f"{repeated[c]}" for c in AGREE_CONDITIONS[:3]) + f" of {len(wrong)}"
@@ -504,9 +502,9 @@ def _agreement_lines(caches: dict, models, tasks) -> list[str]:
         return []
     share = (lambda k, n: f"{k} ({100 * k / n:.0f}%)" if n else f"{k}")
     notes.insert(0, f"- Over the {len(rows)} (model, task) pairs above: the full instruction's answer is given on "
-                 + ", ".join(f"{share(totals[f'same_{c}'], totals['n'])} by {c}" for c in AGREE_CONDITIONS)
-                 + f" of {totals['n']} test queries; of its {totals['wrong']} wrong answers, "
-                 + ", ".join(f"{share(totals[f'repeated_{c}'], totals['wrong'])} by {c}" for c in AGREE_CONDITIONS)
+                 + ", ".join(f"{share(same_all[c], n_all)} by {c}" for c in AGREE_CONDITIONS)
+                 + f" of {n_all} test queries; of its {wrong_all} wrong answers, "
+                 + ", ".join(f"{share(repeated_all[c], wrong_all)} by {c}" for c in AGREE_CONDITIONS)
                  + " are repeated.")
     return ["", "**Answer by answer against the full instruction** (a thought patch is fitted to imitate the "
             "model with the instruction in context, wrong answers included, so accuracy alone does not say how much "
