@@ -6,7 +6,6 @@ arXiv 2507.16003). icl_lens computes those patches exactly for every layer and t
 of real models, from one forward pass, and builds dynamics, thought patches and
 dashboards on them. Definitions: docs/design.md; usage: README.md.
 """
-from icl_lens import lab
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
 from icl_lens.model.block_family import UnsupportedArchitectureError
@@ -18,12 +17,23 @@ from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFound
 from icl_lens.model.kept_only import EquivalenceReport, patches_applied, verify_equivalence
 from icl_lens.model.prompts import PromptError
 from icl_lens.model.spike_thresholds import DEFAULT_SPIKE_THRESHOLD, SpikeThreshold, spike_threshold
-from icl_lens.core.finetune_alignment import AlignmentTable, FinetuneAlignment, trajectory_sgd_cosines
-from icl_lens.core.trajectory import DecayFit, Trajectory
-from icl_lens.model.context_alignment import context_alignment
 from icl_lens.model.context_effect import ContextEffect, context_effect
-from icl_lens.model.explicit_finetune import ContextTokenSteps, context_token_steps, finetune_alignment
-from icl_lens.model.trajectory_capture import NoContextError, QueryPositionError, TrajectoryCheck, trajectory, verify_trajectory
+from icl_lens.dynamics import (
+    AlignmentTable,
+    ContextTokenSteps,
+    DecayFit,
+    FinetuneAlignment,
+    NoContextError,
+    QueryPositionError,
+    Trajectory,
+    TrajectoryCheck,
+    context_alignment,
+    context_token_steps,
+    finetune_alignment,
+    trajectory,
+    trajectory_sgd_cosines,
+    verify_trajectory,
+)
 from icl_lens.thought import (
     Task,
     TaskFormatError,
@@ -36,6 +46,15 @@ from icl_lens.thought import (
 )
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``icl_lens.lab`` imports on first use, so ``import icl_lens`` loads no lab experiment code."""
+    if name == "lab":
+        import importlib
+
+        return importlib.import_module("icl_lens.lab")
+    raise AttributeError(f"module 'icl_lens' has no attribute {name!r}")
 
 
 def dashboard(model=None, **kwargs):

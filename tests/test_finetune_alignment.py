@@ -9,7 +9,7 @@ from torch.func import functional_call
 from icl_lens import FinetuneAlignment, finetune_alignment
 from icl_lens.core.factored import stack_outputs
 from icl_lens.model.block_family import block_family, original
-from icl_lens.model.explicit_finetune import contextual_target_loss
+from icl_lens.dynamics.explicit_finetune import contextual_target_loss
 from icl_lens.model.kept_only import kept_only_masks
 
 TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
@@ -139,7 +139,7 @@ def test_custom_loss_and_bad_input(load):
 @pytest.mark.parametrize("name", TINY)
 def test_context_token_steps_equal_dense_gradients(load, name):
     """One descent direction per context token = −∇ of the dense weights (torch.func), BOS row included."""
-    from icl_lens.model.explicit_finetune import context_token_steps, context_token_steps_many
+    from icl_lens.dynamics.explicit_finetune import context_token_steps, context_token_steps_many
 
     model = load(name, torch.float64)
     steps = context_token_steps(model, PROMPT)
@@ -201,9 +201,9 @@ def test_context_effect_parts(load, name):
 
 
 def test_context_alignment_table_matches_direct_cosines(load):
-    from icl_lens.core.finetune_alignment import trajectory_sgd_cosines
-    from icl_lens.model.context_alignment import context_alignment
-    from icl_lens.model.explicit_finetune import context_token_steps
+    from icl_lens.dynamics.sgd_alignment import trajectory_sgd_cosines
+    from icl_lens.dynamics.context_alignment import context_alignment
+    from icl_lens.dynamics.explicit_finetune import context_token_steps
     from icl_lens import trajectory
 
     model = load("tiny-llama", torch.float64)

@@ -79,3 +79,14 @@ def test_thought_matrix_interpolates_when_inputs_are_independent():
     assert torch.allclose(mean_vector(A - a), (A - a).mean(0))
     with pytest.raises(ValueError):
         input_map(A - a, a[:3])
+
+
+def test_import_icl_lens_loads_no_lab_code_until_asked():
+    import subprocess
+    import sys
+
+    code = ("import icl_lens, sys; print([m for m in sys.modules if m.startswith('icl_lens.lab')]); "
+            "icl_lens.lab.loss_curves; print('icl_lens.lab.experiments.loss_curves' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "[]"
+    assert out[1] == "True"

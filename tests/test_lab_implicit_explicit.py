@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from icl_lens.core.finetune_alignment import trajectory_sgd_cosines
+from icl_lens.dynamics.sgd_alignment import trajectory_sgd_cosines
 from icl_lens.lab.checkpoints import load_lab_model
 from icl_lens.lab.dynamics import (
     ORDERS,

@@ -155,7 +155,7 @@ def test_bad_queries(load):
 
 @pytest.mark.parametrize("name", ("tiny-gpt2", "tiny-gemma3", "tiny-mistral"))
 def test_batched_equals_naive_prefix_forwards(load, name):
-    from icl_lens.model.trajectory_capture import trajectory_naive
+    from icl_lens.dynamics.trajectory_capture import trajectory_naive
 
     model = load(name, torch.float64)
     fast, slow = trajectory(model, TINY_PROMPT, query=14), trajectory_naive(model, TINY_PROMPT, query=14)

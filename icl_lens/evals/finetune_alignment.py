@@ -18,7 +18,7 @@ same examples. This command measures, with the library's functions:
    (:func:`icl_lens.lab.experiments.context_effect.context_effect`,
    :func:`icl_lens.model.context_effect.context_effect`);
 5. the per-token protocol on Gemma 3 270M and SmolLM2-135M
-   (:func:`icl_lens.model.context_alignment.context_alignment`), on few-shot prompts built
+   (:func:`icl_lens.dynamics.context_alignment.context_alignment`), on few-shot prompts built
    from the shipped thought-patch tasks.
 
 Every sentence of the reading is computed from the numbers with the rules stated in it.
@@ -110,7 +110,7 @@ def run_lab(names, n_prompts: int, n_probes: int, progress: bool) -> dict:
 
 def run_lm(names, n_per_task: int, progress: bool) -> dict:
     from icl_lens import load_model
-    from icl_lens.model.context_alignment import context_alignment
+    from icl_lens.dynamics.context_alignment import context_alignment
     from icl_lens.model.context_effect import context_effect
 
     prompts = few_shot_prompts(n_per_task)

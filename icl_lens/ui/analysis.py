@@ -19,12 +19,12 @@ from torch import Tensor
 from icl_lens.core.factored import gram_cosine
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.spike_scores import SpikeFlags, spike_scores
-from icl_lens.core.trajectory import Trajectory
+from icl_lens.dynamics.trajectory import Trajectory
 from icl_lens.model.attention import attention_pattern
 from icl_lens.model.incremental import PatchSession
 from icl_lens.model.prompts import PromptError, context_limit
 from icl_lens.model.spike_thresholds import spike_threshold
-from icl_lens.model.trajectory_capture import NoContextError, trajectory
+from icl_lens.dynamics.trajectory_capture import NoContextError, trajectory
 
 DEFAULT_MAX_TOKENS = 1024
 

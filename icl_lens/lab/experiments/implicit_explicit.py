@@ -10,7 +10,7 @@ For a prompt ``[c₁ … cₙ, x_q]`` and each layer ``l`` (docs/design.md §3):
   step ``Eⱼ = −η ∇ℓⱼ``.
 
 Cosines (normalised Frobenius inner products, closed form,
-:func:`icl_lens.core.finetune_alignment.trajectory_sgd_cosines`), per prompt, layer and ``i``:
+:func:`icl_lens.dynamics.sgd_alignment.trajectory_sgd_cosines`), per prompt, layer and ``i``:
 
     cumulative(i) = cos(Pᵢ, Σ_{j≤i} Eⱼ),        step(i) = cos(Pᵢ − Pᵢ₋₁, Eᵢ).
 
@@ -43,7 +43,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.finetune_alignment import (
+from icl_lens.dynamics.sgd_alignment import (
     AlignmentTable,
     patches_vs_update,
     random_direction_cosines,

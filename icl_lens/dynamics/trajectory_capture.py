@@ -11,7 +11,7 @@ length i = 0..n, the token patch of every layer is computed for the kept set
     correction = attn_C − attn_0
 
 All n+1 prefix variants run as n+1 copies of the query appended to the prompt prefix
-``x₀..x_{t−1}`` in one sequence (:mod:`icl_lens.core.prefix_variants`): the copies share
+``x₀..x_{t−1}`` in one sequence (:mod:`icl_lens.dynamics.prefix_variants`): the copies share
 the prefix's keys and values (attention is causal, so ``c_j`` has the same keys and
 values in every prefix forward), each copy masked to its prefix plus itself, at the
 query's original position id. Sliding-window layers keep their window in original
@@ -32,8 +32,8 @@ from torch import Tensor
 
 from icl_lens.core.kept_attention import bos_and_self_output, kept_set_output
 from icl_lens.core.patch_set import TokenPatches
-from icl_lens.core.prefix_variants import PrefixVariantLayout, absorb_layout, prefix_variant_layout
-from icl_lens.core.trajectory import Trajectory
+from icl_lens.dynamics.prefix_variants import PrefixVariantLayout, absorb_layout, prefix_variant_layout
+from icl_lens.dynamics.trajectory import Trajectory
 from icl_lens.model.block_family import BlockFamily, block_family
 from icl_lens.model.capture import ZeroNormWarning, StopForward, layer_factors, patch_dtype, token_patches
 from icl_lens.model.kept_only import kept_only_logits, kept_only_masks, patches_applied

@@ -2,7 +2,7 @@
 
 Dherin et al. 2025 (arXiv 2507.16003, §4): the implicit update of a context is compared
 with explicit finetuning on the context-free input. Here (see
-:mod:`icl_lens.core.finetune_alignment` for the formulas):
+:mod:`icl_lens.dynamics.sgd_alignment` for the formulas):
 
 - input: the context-free input of query ``t``, ``[BOS, x_t]`` (``x_t`` at its original
   position id; just ``[x_t]`` without a BOS), the same input the token patches act on;
@@ -40,11 +40,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from icl_lens.core.factored import stack_outputs
-from icl_lens.core.finetune_alignment import FinetuneAlignment
+from icl_lens.dynamics.sgd_alignment import FinetuneAlignment
 from icl_lens.model.block_family import block_family
 from icl_lens.model.greedy import last_logits
 from icl_lens.model.kept_only import kept_only_masks
-from icl_lens.model.trajectory_capture import Prompt, resolve_query, trajectory
+from icl_lens.dynamics.trajectory_capture import Prompt, resolve_query, trajectory
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
 
 LossFn = Callable[[Tensor, Tensor], Tensor]

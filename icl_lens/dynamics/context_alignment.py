@@ -4,13 +4,13 @@ The paper's protocol (Dherin et al. 2025, arXiv 2507.16003, §4–5) on a real m
 prompt (query = its last token) and layer (docs/design.md §3):
 
 - implicit: the query's trajectory ``W₀..Wₙ`` in both orders, prefix and absorb
-  (:func:`icl_lens.model.trajectory_capture.trajectory`), ``Pᵢ = Wᵢ − W₀`` on the first
+  (:func:`icl_lens.dynamics.trajectory_capture.trajectory`), ``Pᵢ = Wᵢ − W₀`` on the first
   dense MLP weights (``[W_gate; W_up]`` for gated MLPs);
 - explicit: step ``j`` = the descent direction of the cross-entropy of ``[BOS, cⱼ]``
   toward the next prompt token, at ``W₀``
-  (:func:`icl_lens.model.explicit_finetune.context_token_steps_many`).
+  (:func:`icl_lens.dynamics.explicit_finetune.context_token_steps_many`).
 
-Cosines (:func:`icl_lens.core.finetune_alignment.trajectory_sgd_cosines`):
+Cosines (:func:`icl_lens.dynamics.sgd_alignment.trajectory_sgd_cosines`):
 ``cumulative(i) = cos(Pᵢ, Σ_{j≤i} Eⱼ)`` and ``step(i) = cos(Pᵢ − Pᵢ₋₁, Eᵢ)``, averaged over
 ``i`` per prompt and layer. Comparisons: ``sgd`` (the prompt's own tokens), ``control`` (the
 next prompt's steps, truncated to the shorter of the two contexts), ``query_input``
@@ -24,15 +24,15 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from icl_lens.core.finetune_alignment import (
+from icl_lens.dynamics.sgd_alignment import (
     AlignmentTable,
     patches_vs_update,
     random_direction_cosines,
     step_gram,
     trajectory_sgd_cosines,
 )
-from icl_lens.model.explicit_finetune import context_token_steps_many
-from icl_lens.model.trajectory_capture import ORDERS, Prompt, trajectory
+from icl_lens.dynamics.explicit_finetune import context_token_steps_many
+from icl_lens.dynamics.trajectory_capture import ORDERS, Prompt, trajectory
 
 
 def context_alignment(model, prompts: Sequence[Prompt], *, batch_rows: int = 128, seed: int = 0,

@@ -6,7 +6,7 @@ update that explicit gradient descent on the context-free input makes to the sam
 weights, by the normalised Frobenius inner product (cosine).
 
 *Implicit*, per layer: the token patch ``Pₙ = Wₙ − W₀ = U vᵀ`` of the query's full
-context (:class:`~icl_lens.core.trajectory.Trajectory`, step n), with ``U = [u_gate; u_in]``.
+context (:class:`~icl_lens.dynamics.trajectory.Trajectory`, step n), with ``U = [u_gate; u_in]``.
 
 *Explicit*, per layer: SGD on ``W_in`` (``W_up``) and ``W_gate`` of every layer at once,
 on the context-free input ``[BOS, x_t]``. On one input the gradient of a dense layer is a
@@ -38,7 +38,7 @@ from torch import Tensor
 
 from icl_lens.core.bootstrap import MeanCI, bootstrap_mean
 from icl_lens.core.factored import diff_norm, patch_norm, safe_divide, stack_outputs
-from icl_lens.core.trajectory import Trajectory
+from icl_lens.dynamics.trajectory import Trajectory
 
 
 def _terms(u: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:

@@ -17,7 +17,7 @@ order. In the *absorb* order (the paper's) ``Wᵢ`` is the patch for the kept se
 in context, and the input ``[BOS, c_{i+1}..cₙ, x_t]`` (kept context tokens patched likewise)
 reproduces the full-context output. Both orders start at ``W₀ = W`` and end at the same
 ``Wₙ``, the query's token patch. The meta-gradient of token ``cᵢ`` is ``Wᵢ − Wᵢ₋₁``; all metrics are closed-form in the factors
-(:mod:`icl_lens.core.trajectory_metrics`), never dense matrices.
+(:mod:`icl_lens.dynamics.trajectory_metrics`), never dense matrices.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from torch import Tensor
 
 from icl_lens.core.factored import stack_outputs
 from icl_lens.core.power_law import power_law_fit
-from icl_lens.core.trajectory_metrics import (
+from icl_lens.dynamics.trajectory_metrics import (
     consecutive_alignment,
     cumulative_norms,
     meta_gradient_norms,
