@@ -35,7 +35,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from icl_lens.core.factored import diff_norm
-from icl_lens.lab.model import RegressionModel
+from icl_lens.lab.model import LAB_FAMILY, RegressionModel
 from icl_lens.lab.patching import lab_token_patches, patched_forward, patches_by_removed_prefix
 from icl_lens.lab.tasks import prefix_batch
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
@@ -158,14 +158,14 @@ def pair_gradients(model: RegressionModel, x: Float[Tensor, "run d_x"], y: Float
     def keep(t, hook):
         store[hook.name] = t
 
-    reads = [(f"blocks.{l}.hook_mlp_in", keep) for l in layers] + [(f"blocks.{l}.mlp.hook_pre", keep) for l in layers]
+    reads = [(LAB_FAMILY.mlp_input(l), keep) for l in layers] + [(LAB_FAMILY.dense_in_out(l), keep) for l in layers]
     tok = model.query_tokens(x)[:, None].requires_grad_(True)  # the weights are frozen: this builds the graph
     with torch.enable_grad(), edits_applied(model, edits or {}, extra_hooks=reads):
         pred = model(tok)[:, 0]
         losses = 0.5 * (pred - y.to(model.dtype)) ** 2
-        grads = torch.autograd.grad(losses.sum(), [store[f"blocks.{l}.mlp.hook_pre"] for l in layers])
+        grads = torch.autograd.grad(losses.sum(), [store[LAB_FAMILY.dense_in_out(l)] for l in layers])
     g = torch.stack([gr[:, 0] for gr in grads], dim=1)
-    a = torch.stack([store[f"blocks.{l}.hook_mlp_in"][:, 0].detach() for l in layers], dim=1)
+    a = torch.stack([store[LAB_FAMILY.mlp_input(l)][:, 0].detach() for l in layers], dim=1)
     return g.detach(), a, losses.detach()
 
 

@@ -35,9 +35,29 @@ from icl_lens.lab.mixers import ARCHITECTURES, MIXERS
 from icl_lens.lab.tasks import query_tokens, token_dim
 from icl_lens.model.block_family import BlockFamily
 
-# Where the shared weight-edit mechanism (icl_lens.model.weight_edits) reads and edits a lab block.
-LAB_FAMILY = BlockFamily(name="lab", gated=False, mlp_input_hook="blocks.{layer}.hook_mlp_in",
-                         dense_in_hook="blocks.{layer}.mlp.hook_pre", mlp_out_hook="blocks.{layer}.hook_mlp_out")
+@dataclass(frozen=True)
+class LabFamily(BlockFamily):
+    """The lab block's entry: :class:`~icl_lens.model.block_family.BlockFamily` hook names (residual
+    stream, MLP input ``A``, ``W_in`` output, the contextual branch's output ``attn_C``) plus the
+    contextual layer's own (its input ``LN₁ r`` and its internal ``hook_*`` points). Every lab
+    hook name comes from here."""
+
+    mix_in_hook: str = "blocks.{layer}.hook_mix_in"
+    mixer_hook: str = "blocks.{layer}.mix.hook_{name}"
+
+    def mix_in(self, layer: int) -> str:
+        """Input of the contextual layer, ``h = LN₁(r)``."""
+        return self.mix_in_hook.format(layer=layer)
+
+    def mixer(self, layer: int, name: str) -> str:
+        """The contextual layer's hook point ``hook_{name}`` (``q``, ``k``, ``v``, ``z``, ``attn_scores``, ``beta``...)."""
+        return self.mixer_hook.format(layer=layer, name=name)
+
+
+# Where the shared weight-edit mechanism (icl_lens.model.weight_edits) and the lab read and edit a lab block.
+LAB_FAMILY = LabFamily(name="lab", gated=False, mlp_input_hook="blocks.{layer}.hook_mlp_in",
+                       dense_in_hook="blocks.{layer}.mlp.hook_pre", mlp_out_hook="blocks.{layer}.hook_mlp_out",
+                       attn_out_hook="blocks.{layer}.hook_mix_out")
 
 
 @dataclass(frozen=True)
@@ -182,4 +202,4 @@ def build_model(cfg: LabConfig, seed: int = 0) -> RegressionModel:
     return RegressionModel(cfg)
 
 
-__all__ = ["LabConfig", "RegressionModel", "build_model"]
+__all__ = ["LAB_FAMILY", "LabConfig", "LabFamily", "RegressionModel", "build_model"]

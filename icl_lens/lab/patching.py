@@ -31,10 +31,10 @@ from icl_lens.core.factored import patch_norm
 from icl_lens.core.kept_attention import default_kept_mask
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.token_patch import token_patch
-from icl_lens.lab.model import RegressionModel
+from icl_lens.lab.model import LAB_FAMILY, RegressionModel
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
 
-_MIXER_CACHE = ("hook_attn_scores", "hook_v")
+_MIXER_CACHE = ("attn_scores", "v")
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,8 +91,8 @@ class LabPatches:
 def _hook_names(model: RegressionModel) -> set[str]:
     names = set()
     for l, block in enumerate(model.blocks):
-        names |= {f"blocks.{l}.{h}" for h in ("hook_resid_pre", "hook_mix_in", "hook_mix_out", "hook_mlp_in")}
-        names |= {f"blocks.{l}.mix.{h}" for h in _MIXER_CACHE if hasattr(block.mix, h)}
+        names |= {LAB_FAMILY.resid_pre(l), LAB_FAMILY.mix_in(l), LAB_FAMILY.attn_out(l), LAB_FAMILY.mlp_input(l)}
+        names |= {LAB_FAMILY.mixer(l, h) for h in _MIXER_CACHE if hasattr(block.mix, f"hook_{h}")}
     return names
 
 
@@ -128,9 +128,9 @@ def patches_by_removed_prefix(model: RegressionModel, tokens: Float[Tensor, "bat
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
     outs = [{k: [] for k in ("u", "v", "correction", "A", "a", "zero")} for _ in removed_prefixes]
     for l, block in enumerate(model.blocks):
-        r, h = cache[f"blocks.{l}.hook_resid_pre"], cache[f"blocks.{l}.hook_mix_in"]
-        attn_C, A = cache[f"blocks.{l}.hook_mix_out"], cache[f"blocks.{l}.hook_mlp_in"]
-        cached = {k: cache[f"blocks.{l}.mix.{k}"] for k in _MIXER_CACHE if f"blocks.{l}.mix.{k}" in cache}
+        r, h = cache[LAB_FAMILY.resid_pre(l)], cache[LAB_FAMILY.mix_in(l)]
+        attn_C, A = cache[LAB_FAMILY.attn_out(l)], cache[LAB_FAMILY.mlp_input(l)]
+        cached = {f"hook_{k}": cache[LAB_FAMILY.mixer(l, k)] for k in _MIXER_CACHE if LAB_FAMILY.mixer(l, k) in cache}
         if not torch.isfinite(A).all():
             raise FloatingPointError(f"non-finite MLP input (A) at layer {l}")
         for removed, out in zip(removed_prefixes, outs):

@@ -23,6 +23,7 @@ import torch
 from icl_lens.core.kernel_regression import feature_kernel_regression, nadaraya_watson
 from icl_lens.core.online_regression import delta_loss, hebbian_loss, loss_gradient
 from icl_lens.lab.checkpoints import load_lab_model
+from icl_lens.lab.model import LAB_FAMILY
 from icl_lens.lab.tasks import sample_prompts
 
 
@@ -58,24 +59,24 @@ def attention_as_regression(*, n_prompts: int = 8, n_context: int = 16, seed: in
 
     model = load_lab_model("softmax", dt)
     _, cache = model.run_with_cache(p.tokens)
-    err = max(_rel(nadaraya_watson(*(_heads_first(cache[f"blocks.{l}.mix.hook_{h}"]) for h in "qkv"), mask=causal),
-                   _heads_first(cache[f"blocks.{l}.mix.hook_z"])) for l in range(model.cfg.n_layers))
+    err = max(_rel(nadaraya_watson(*(_heads_first(cache[LAB_FAMILY.mixer(l, h)]) for h in "qkv"), mask=causal),
+                   _heads_first(cache[LAB_FAMILY.mixer(l, "z")])) for l in range(model.cfg.n_layers))
     rows.append({"arch": "softmax", "check": "softmax attention == Nadaraya-Watson (exp kernel)", "max_rel_error": err})
 
     model = load_lab_model("linear", dt)
     _, cache = model.run_with_cache(p.tokens)
     nw, state, hebb = 0.0, 0.0, 0.0
     for l, block in enumerate(model.blocks):
-        q, k, v = (_heads_first(cache[f"blocks.{l}.mix.hook_{h}"]) for h in "qkv")
-        z = _heads_first(cache[f"blocks.{l}.mix.hook_z"])
+        q, k, v = (_heads_first(cache[LAB_FAMILY.mixer(l, h)]) for h in "qkv")
+        z = _heads_first(cache[LAB_FAMILY.mixer(l, "z")])
         nw = max(nw, _rel(feature_kernel_regression(q, k, v, mask=causal), z))
-        S = block.mix.states(cache[f"blocks.{l}.hook_mix_in"])  # batch pos head dv dk
-        zeta = cache[f"blocks.{l}.mix.hook_k"].cumsum(1)
-        qq = cache[f"blocks.{l}.mix.hook_q"]
+        S = block.mix.states(cache[LAB_FAMILY.mix_in(l)])  # batch pos head dv dk
+        zeta = cache[LAB_FAMILY.mixer(l, "k")].cumsum(1)
+        qq = cache[LAB_FAMILY.mixer(l, "q")]
         readout = torch.einsum("bthvk,bthk->bthv", S, qq) / (zeta * qq).sum(-1, keepdim=True)
-        state = max(state, _rel(readout, cache[f"blocks.{l}.mix.hook_z"]))
+        state = max(state, _rel(readout, cache[LAB_FAMILY.mixer(l, "z")]))
         prev = torch.cat([torch.zeros_like(S[:, :1]), S[:, :-1]], 1)
-        kk, vv = cache[f"blocks.{l}.mix.hook_k"], cache[f"blocks.{l}.mix.hook_v"]
+        kk, vv = cache[LAB_FAMILY.mixer(l, "k")], cache[LAB_FAMILY.mixer(l, "v")]
         hebb = max(hebb, _rel(S - prev, -loss_gradient(hebbian_loss, prev, kk, vv)))
     rows += [{"arch": "linear", "check": "linear attention == Nadaraya-Watson (feature kernel)", "max_rel_error": nw},
              {"arch": "linear", "check": "linear attention == fixed-state read-out S φ(q)/(ζ·φ(q))", "max_rel_error": state},
@@ -85,10 +86,10 @@ def attention_as_regression(*, n_prompts: int = 8, n_context: int = 16, seed: in
     _, cache = model.run_with_cache(p.tokens)
     grad_err, shrink_err, decreased, total = 0.0, 0.0, 0, 0
     for l, block in enumerate(model.blocks):
-        S = block.mix.states(cache[f"blocks.{l}.hook_mix_in"])
+        S = block.mix.states(cache[LAB_FAMILY.mix_in(l)])
         prev = torch.cat([torch.zeros_like(S[:, :1]), S[:, :-1]], 1)
-        k, v = cache[f"blocks.{l}.mix.hook_k"], cache[f"blocks.{l}.mix.hook_v"]
-        beta = cache[f"blocks.{l}.mix.hook_beta"]
+        k, v = cache[LAB_FAMILY.mixer(l, "k")], cache[LAB_FAMILY.mixer(l, "v")]
+        beta = cache[LAB_FAMILY.mixer(l, "beta")]
         grad_err = max(grad_err, _rel(S - prev, -beta[..., None, None] * loss_gradient(delta_loss, prev, k, v)))
         before, after = delta_loss(prev, k, v), delta_loss(S, k, v)
         shrink_err = max(shrink_err, _rel(after, (1 - beta) ** 2 * before))

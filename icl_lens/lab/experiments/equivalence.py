@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from icl_lens.lab.checkpoints import load_lab_model
+from icl_lens.lab.model import LAB_FAMILY
 from icl_lens.lab.mixers import ARCHITECTURES
 from icl_lens.lab.patching import lab_token_patches, patched_context_free
 from icl_lens.lab.tasks import sample_prompts
@@ -45,7 +46,7 @@ def numerical_equivalence(archs=ARCHITECTURES, *, n_prompts: int = 64, n_context
         for name in dtypes:
             model = load_lab_model(arch, DTYPES[name])
             p = sample_prompts(n_prompts, n_context, model.cfg.d_x, generator=torch.Generator().manual_seed(seed), dtype=DTYPES[name])
-            last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+            last = LAB_FAMILY.resid_post(model.cfg.n_layers - 1)
             pred_c, cache = model.run_with_cache(p.tokens, names_filter=lambda n: n == last)
             resid_c = cache[last]
             patches = lab_token_patches(model, p.tokens)

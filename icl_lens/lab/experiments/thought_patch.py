@@ -25,7 +25,7 @@ from torch import Tensor
 
 from icl_lens.core.least_squares import input_map, relative_ridge
 from icl_lens.lab.checkpoints import load_lab_model
-from icl_lens.lab.model import RegressionModel
+from icl_lens.lab.model import LAB_FAMILY, RegressionModel
 from icl_lens.lab.tasks import context_tokens, query_tokens
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
 
@@ -47,18 +47,18 @@ def fit_thought_patch(model: RegressionModel, prompt: Float[Tensor, "n d_token"]
                       *, ridge: float = 1e-2) -> dict[int, MLPEdit]:
     """Algorithm 1 of arXiv 2510.08734 on the lab model: one static ``(Δ_l, b_l)`` per layer."""
     L = model.cfg.n_layers
-    names = [f"blocks.{l}.{h}" for l in range(L) for h in ("hook_mlp_in", "hook_resid_post")]
+    names = [name for l in range(L) for name in (LAB_FAMILY.mlp_input(l), LAB_FAMILY.resid_post(l))]
     _, ctx = _run(model, _with_context(prompt, calib_x), {}, names)
     alone = query_tokens(calib_x)[:, None]
     edits: dict[int, MLPEdit] = {}
     for l in range(L):
-        _, got = _run(model, alone, edits, [f"blocks.{l}.hook_mlp_in"])
-        a = got[f"blocks.{l}.hook_mlp_in"]
-        m = input_map(ctx[f"blocks.{l}.hook_mlp_in"] - a, a, ridge=relative_ridge(a, ridge))  # Δ = W_in M
+        _, got = _run(model, alone, edits, [LAB_FAMILY.mlp_input(l)])
+        a = got[LAB_FAMILY.mlp_input(l)]
+        m = input_map(ctx[LAB_FAMILY.mlp_input(l)] - a, a, ridge=relative_ridge(a, ridge))  # Δ = W_in M
         weights = {"in": model.blocks[l].mlp.W_in.weight}
         edits[l] = MLPEdit.input_map(m, weights)
-        _, got = _run(model, alone, edits, [f"blocks.{l}.hook_resid_post"])
-        bias = (ctx[f"blocks.{l}.hook_resid_post"] - got[f"blocks.{l}.hook_resid_post"]).mean(0)
+        _, got = _run(model, alone, edits, [LAB_FAMILY.resid_post(l)])
+        bias = (ctx[LAB_FAMILY.resid_post(l)] - got[LAB_FAMILY.resid_post(l)]).mean(0)
         edits[l] = MLPEdit.input_map(m, weights, bias=bias)
     return edits
 
