@@ -16,8 +16,9 @@ from icl_lens.lab.experiments.equivalence import numerical_equivalence
 from icl_lens.lab.experiments.memory_cost import decode_matches_forward, memory_and_cost
 from icl_lens.lab.experiments.thought_patch import static_thought_patch
 from icl_lens.lab.mixers import ARCHITECTURES
-from icl_lens.lab.model import LabConfig
-from icl_lens.lab.patching import lab_token_patches
+from icl_lens.core.patch_set import TokenPatches
+from icl_lens.lab.model import LAB_FAMILY, LabConfig
+from icl_lens.lab.patching import lab_token_patches, patched_context_free
 from icl_lens.lab.tasks import prefix_batch, sample_prompts
 from icl_lens.lab.train import query_loss
 
@@ -77,18 +78,28 @@ def test_numerical_equivalence_all_architectures():
     assert (res.to_frame().mean_patch_norm > 0).all()
 
 
-def test_token_patches_fit_the_foundation_dataclass():
+def test_token_patches_are_a_batched_token_patches(tmp_path):
     model = load_lab_model("gru", torch.float64)
     p = sample_prompts(2, 5, model.cfg.d_x, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     patches = lab_token_patches(model, p.tokens)
-    one = patches.for_prompt(1)
-    assert torch.equal(one.norms(), patches.norms()[:, 1])
-    # the patch maps the kept input onto the contextual one: (W + u vᵀ) a = W A
+    assert isinstance(patches, TokenPatches) and patches.batched and patches.n_positions == 6
+    one = patches.prompt(1)
+    assert torch.equal(one.norms(), patches.norms()[:, 1]) and not one.batched
+    # the patch maps the kept input a (the MLP input of the patched context-free run) onto the contextual A:
+    # (W + u vᵀ) a = W A
+    _, cache = model.run_with_cache(p.tokens, names_filter=LAB_FAMILY.mlp_input(3))
+    got = {}
+    patched_context_free(model, p.tokens, patches,
+                         extra_hooks=[(LAB_FAMILY.mlp_input(3), lambda x, hook: got.__setitem__("a", x))])
     W = model.blocks[3].mlp.W_in.weight
-    a, A = patches.kept_input[3, 1], patches.contextual_input[3, 1]
-    lhs = a @ W.T + patches.u[3, 1] * (a * patches.v[3, 1]).sum(-1, keepdim=True)
+    a, A = got["a"].reshape(2, 6, -1)[1], cache[LAB_FAMILY.mlp_input(3)][1]
+    assert float((a - A).abs().max()) > 1e-3  # the context changes the MLP input
+    lhs = a @ W.T + patches.u_in[3, 1] * (a * patches.v[3, 1]).sum(-1, keepdim=True)
     assert torch.allclose(lhs, A @ W.T, atol=1e-12)
     assert len(one.to_frame()) == model.cfg.n_layers * 6
+    assert len(patches.to_frame()) == 2 * model.cfg.n_layers * 6
+    with pytest.raises(ValueError, match="batch"):
+        patches.save(tmp_path / "batch.safetensors")
 
 
 def test_attention_meta_gradients_converge(convergence):

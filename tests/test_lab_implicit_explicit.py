@@ -3,22 +3,27 @@ the factored SGD is dense SGD, the closed-form cosines are the dense ones, and t
 (with margins that fail if they flip)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from icl_lens.dynamics.sgd_alignment import trajectory_sgd_cosines
 from icl_lens.lab.checkpoints import load_lab_model
-from icl_lens.lab.dynamics import (
-    ORDERS,
-    implicit_trajectory,
-    pair_gradients,
-    sgd_on_pairs,
-    trajectory_identity_errors,
-)
-from icl_lens.lab.experiments.context_effect import context_effect
+from icl_lens.dynamics.trajectory import Trajectory
+from icl_lens.lab.experiments.patch_parts import patch_parts
 from icl_lens.lab.experiments.implicit_explicit import implicit_vs_explicit
 from icl_lens.lab.experiments.loss_curves import loss_curves
 from icl_lens.lab.patching import lab_token_patches, patched_forward
+from icl_lens.lab.regression_dynamics import (
+    ORDERS,
+    implicit_trajectory,
+    pair_gradients,
+    reproduced_predictions,
+    sgd_on_pairs,
+    step_edits,
+    trajectory_identity_errors,
+)
 from icl_lens.lab.tasks import sample_prompts
 
 
@@ -38,13 +43,18 @@ def test_both_orders_are_exact_and_share_their_endpoint(name):
     ctx, q = p.tokens[0, :-1], p.tokens[0, -1]
     trajs = {o: implicit_trajectory(model, ctx, q, order=o) for o in ORDERS}
     for order, traj in trajs.items():
+        assert isinstance(traj, Trajectory) and traj.order == order and traj.n_context == 7
         assert float(trajectory_identity_errors(model, ctx, q, traj).max()) <= 1e-10, order
-        assert float(traj.u[:, 0].abs().max()) <= 1e-12, order  # W₀ = W
+        assert float(traj.u_in[:, 0].abs().max()) <= 1e-12, order  # W₀ = W
     a, b = trajs["prefix"], trajs["absorb"]
-    assert torch.allclose(a.u[:, -1], b.u[:, -1], atol=1e-12) and torch.allclose(a.v[:, -1], b.v[:, -1], atol=1e-12)
-    assert float((a.u[:, 2] - b.u[:, 2]).abs().max()) > 1e-4  # the orders differ in between
+    assert torch.allclose(a.u_in[:, -1], b.u_in[:, -1], atol=1e-12) and torch.allclose(a.v[:, -1], b.v[:, -1], atol=1e-12)
+    assert float((a.u_in[:, 2] - b.u_in[:, 2]).abs().max()) > 1e-4  # the orders differ in between
+    # prefix: step i reproduces the model on [c₁..cᵢ, x_q]; absorb: the full prompt at every step
+    reference = torch.stack([model(torch.cat([ctx[:i], q[None]])[None])[0, -1] for i in range(8)])
+    assert torch.allclose(reproduced_predictions(model, ctx, q), reference, atol=1e-12)
+    assert torch.equal(reproduced_predictions(model, ctx, q, order="absorb"), reference[-1].expand(8))
     # The identity is not trivially satisfied: the other order's steps break it.
-    swapped = type(b)(b.arch, a.u, a.v, b.predictions, a.correction, "absorb")
+    swapped = dataclasses.replace(b, u_in=a.u_in, v=a.v, correction=a.correction)
     assert float(trajectory_identity_errors(model, ctx, q, swapped)[1:-1].max()) > 1e-4
 
 
@@ -57,7 +67,9 @@ def test_removed_prefix_patches_reproduce_the_full_forward():
         assert torch.allclose(patched_forward(model, p.tokens, patches, removed_prefix=k), full[:, k:], atol=1e-12)
         if k:
             assert float(patches.norms()[:, :, k:].max()) > 1e-3
-    assert float(lab_token_patches(model, p.tokens, removed_prefix=0).u.abs().max()) == 0.0
+    assert float(lab_token_patches(model, p.tokens, removed_prefix=0).u_in.abs().max()) == 0.0
+    kept = lab_token_patches(model, p.tokens, removed_prefix=2).kept  # {t} before the removed prefix ends, then 2..t
+    assert kept[1].nonzero().flatten().tolist() == [1] and kept[5].nonzero().flatten().tolist() == [2, 3, 4, 5]
     with pytest.raises(ValueError, match="removed_prefix"):
         lab_token_patches(model, p.tokens, removed_prefix=9)
 
@@ -98,8 +110,8 @@ def test_closed_form_cosines_and_gradient_at_implicit_weights_match_dense():
     xs, ys = p.context_pairs()
     traj = implicit_trajectory(model, p.tokens[0, :-1], p.tokens[0, -1], order="absorb")
     sgd = sgd_on_pairs(model, xs, ys, 0.1)
-    cum, step = trajectory_sgd_cosines(traj.u, traj.v, sgd.U[0][:, :, None], sgd.V[0][:, :, None])
-    P = torch.einsum("liu,lid->liud", traj.u, traj.v)
+    cum, step = trajectory_sgd_cosines(traj.u_in, traj.v, sgd.U[0][:, :, None], sgd.V[0][:, :, None])
+    P = torch.einsum("liu,lid->liud", traj.u_in, traj.v)
     E = torch.einsum("lju,ljd->ljud", sgd.U[0], sgd.V[0])
     cos = lambda a, b: float((a * b).sum() / (a.norm() * b.norm()))  # noqa: E731
     for layer, i in ((0, 1), (4, 3), (9, 6)):
@@ -107,12 +119,12 @@ def test_closed_form_cosines_and_gradient_at_implicit_weights_match_dense():
         assert float(step[layer, i - 1]) == pytest.approx(cos(P[layer, i] - P[layer, i - 1], E[layer, i - 1]), abs=1e-10)
     # pair_gradients with per-run edits: run r sits at the prefix trajectory's W(r).
     pre = implicit_trajectory(model, p.tokens[0, :-1], p.tokens[0, -1])
-    g, a, _ = pair_gradients(model, xs[0], ys[0], edits=pre.edits(6))
+    g, a, _ = pair_gradients(model, xs[0], ys[0], edits=step_edits(pre, 6))
     dense = load_lab_model("softmax", torch.float64)
     r = 3
     with torch.no_grad():
         for l, block in enumerate(dense.blocks):
-            block.mlp.W_in.weight += torch.outer(pre.u[l, r], pre.v[l, r])
+            block.mlp.W_in.weight += torch.outer(pre.u_in[l, r], pre.v[l, r])
             block.mlp.W_out.bias += pre.correction[l, r]  # the correction: a bias after the MLP
     for blk in dense.blocks:
         blk.mlp.W_in.weight.requires_grad_(True)
@@ -157,11 +169,11 @@ def test_loss_curves_and_function_space():
     assert float(sctx[:, -1].mean()) < 0.5 * float(sctx[:, 0].mean())
 
 
-def test_context_effect_parts():
-    single = context_effect("single_block", n_prompts=16).summary().set_index("variant")
+def test_patch_parts():
+    single = patch_parts("single_block", n_prompts=16).summary().set_index("variant")
     assert single.unexplained["full"] <= 1e-10 and single.unexplained["w_in"] <= 1e-10  # no skip: all in W_in
     assert single.unexplained["correction"] == pytest.approx(1.0)
-    lab = context_effect("softmax", n_prompts=16)
+    lab = patch_parts("softmax", n_prompts=16)
     s = lab.summary().set_index("variant")
     assert s.unexplained["full"] <= 1e-8 and s.unexplained["none"] == 1.0
     assert torch.allclose(lab.predictions["full"], lab.contextual, atol=1e-4)

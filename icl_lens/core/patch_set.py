@@ -46,18 +46,23 @@ class PatchFileError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class TokenPatches:
-    """Token patches of one prompt, all layers × positions, in factored form."""
+    """Token patches of one prompt, all layers × positions, in factored form.
+
+    A *batch* of prompts of equal length (the regression lab's) has one more axis after
+    the layer: ``u_in[layer, prompt, pos, d_mlp]`` and so on, with ``tokens``,
+    ``token_ids`` and ``kept`` shared; :meth:`prompt` picks one prompt's patches.
+    """
 
     model_name: str
     tokens: tuple[str, ...]
     token_ids: Int[Tensor, " pos"]
-    u_in: Float[Tensor, "layer pos d_mlp"]
-    u_gate: Float[Tensor, "layer pos d_mlp"] | None
-    v: Float[Tensor, "layer pos d_model"]
-    correction: Float[Tensor, "layer pos d_model"]
+    u_in: Float[Tensor, "layer *prompt pos d_mlp"]
+    u_gate: Float[Tensor, "layer *prompt pos d_mlp"] | None
+    v: Float[Tensor, "layer *prompt pos d_model"]
+    correction: Float[Tensor, "layer *prompt pos d_model"]
     kept: Bool[Tensor, "pos pos"]
     kept_bos: bool
-    zero_input: Bool[Tensor, "layer pos"] = field(repr=False)
+    zero_input: Bool[Tensor, "layer *prompt pos"] = field(repr=False)
 
     @property
     def n_layers(self) -> int:
@@ -65,7 +70,20 @@ class TokenPatches:
 
     @property
     def n_positions(self) -> int:
-        return self.v.shape[1]
+        return self.v.shape[-2]
+
+    @property
+    def batched(self) -> bool:
+        """Whether these are the patches of a batch of prompts (an axis after the layer)."""
+        return self.v.ndim == 4
+
+    def prompt(self, b: int) -> "TokenPatches":
+        """Prompt ``b`` of a batch, as the patches of one prompt."""
+        if not self.batched:
+            raise ValueError("these are the patches of one prompt, not a batch")
+        pick = lambda t: None if t is None else t[:, b]  # noqa: E731
+        return replace(self, u_in=pick(self.u_in), u_gate=pick(self.u_gate), v=pick(self.v),
+                       correction=pick(self.correction), zero_input=pick(self.zero_input))
 
     @property
     def positions(self) -> list[int]:
@@ -113,7 +131,10 @@ class TokenPatches:
         )
 
     def to_frame(self) -> pd.DataFrame:
-        """Tidy table: one row per (layer, position) with token, norm and correction norm."""
+        """Tidy table: one row per (layer, position) with token, norm and correction norm (and prompt, for a batch)."""
+        if self.batched:
+            frames = [self.prompt(b).to_frame() for b in range(self.v.shape[1])]
+            return pd.concat([f.assign(prompt=b) for b, f in enumerate(frames)], ignore_index=True)
         norms = self.norms().detach().cpu().double().numpy()
         corr = self.correction_norms().detach().cpu().double().numpy()
         layers, n = self.n_layers, self.n_positions
@@ -141,6 +162,8 @@ class TokenPatches:
 
         tensors, entries = {}, []
         for i, (key, p) in enumerate(patches.items()):
+            if p.batched:
+                raise ValueError(f"entry {key!r} holds a batch of prompts; save each one's TokenPatches.prompt(b)")
             default = p.has_default_kept()
             for name in _TENSORS + (() if default else ("kept",)):
                 value = getattr(p, name)

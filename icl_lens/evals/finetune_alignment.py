@@ -15,7 +15,7 @@ same examples. This command measures, with the library's functions:
    random-direction baseline (:func:`icl_lens.lab.experiments.implicit_explicit.implicit_vs_explicit`);
 3. function-space alignment (:meth:`LossCurves.function_cosines`);
 4. where the context effect lives: full patch, W_in patches only, corrections only
-   (:func:`icl_lens.lab.experiments.context_effect.context_effect`,
+   (:func:`icl_lens.lab.experiments.patch_parts.patch_parts`,
    :func:`icl_lens.model.context_effect.context_effect`);
 5. the per-token protocol on Gemma 3 270M and SmolLM2-135M
    (:func:`icl_lens.dynamics.context_alignment.context_alignment`), on few-shot prompts built
@@ -93,7 +93,7 @@ def _fmt(ci) -> str:
 
 def run_lab(names, n_prompts: int, n_probes: int, progress: bool) -> dict:
     from icl_lens.lab.checkpoints import load_lab_model, training_record
-    from icl_lens.lab.experiments.context_effect import context_effect
+    from icl_lens.lab.experiments.patch_parts import patch_parts
     from icl_lens.lab.experiments.implicit_explicit import implicit_vs_explicit
     from icl_lens.lab.experiments.loss_curves import loss_curves
 
@@ -103,7 +103,7 @@ def run_lab(names, n_prompts: int, n_probes: int, progress: bool) -> dict:
         curves = loss_curves(name, n_prompts=n_prompts, n_probes=n_probes, model=model)
         lr = curves.lrs[curves.best]
         align = implicit_vs_explicit(name, n_prompts=n_prompts, lr=lr, model=model)
-        effect = context_effect(name, n_prompts=n_prompts, model=model)
+        effect = patch_parts(name, n_prompts=n_prompts, model=model)
         out[name] = {"curves": curves, "align": align, "effect": effect, "record": training_record(name)}
     return out
 

@@ -8,37 +8,43 @@ experiments (Dherin et al. 2025, arXiv 2507.16003; Mazzawi, Dherin et al. 2025, 
 2510.08734; McDermott, Heath, Parhi 2026, arXiv 2606.25342) each return a frozen result
 with ``.to_frame()``; ``python -m icl_lens.evals.lab`` writes ``reports/eval_lab.md`` and
 ``python -m icl_lens.evals.finetune_alignment`` the implicit-vs-explicit section.
+
+The lab speaks the package's dialect: its token patches are a batched
+:class:`~icl_lens.core.patch_set.TokenPatches` (``layer × prompt × position``), its implicit
+trajectories are :class:`~icl_lens.dynamics.trajectory.Trajectory`, and its hook names come
+from its block-family entry :data:`LAB_FAMILY`.
 """
 from icl_lens.lab.checkpoints import LAB_MODELS, CheckpointNotFoundError, load_lab_model, training_record
-from icl_lens.lab.dynamics import (
-    ExplicitSGD,
-    ImplicitTrajectory,
-    explicit_sgd,
-    implicit_trajectory,
-    pair_gradients,
-    sgd_on_pairs,
-    trajectory_identity_errors,
-)
-from icl_lens.lab.experiments.context_effect import LabContextEffect, context_effect
 from icl_lens.lab.experiments.attention_regression import RegressionViewResult, attention_as_regression
 from icl_lens.lab.experiments.convergence import ConvergenceResult, convergence_by_architecture
 from icl_lens.lab.experiments.equivalence import EquivalenceResult, numerical_equivalence
 from icl_lens.lab.experiments.implicit_explicit import AlignmentResult, implicit_vs_explicit
 from icl_lens.lab.experiments.loss_curves import LossCurves, loss_curves
 from icl_lens.lab.experiments.memory_cost import MemoryCostResult, decode_matches_forward, memory_and_cost
+from icl_lens.lab.experiments.patch_parts import PatchPartsResult, patch_parts
 from icl_lens.lab.experiments.thought_patch import ThoughtPatchResult, fit_thought_patch, static_thought_patch
 from icl_lens.lab.mixers import ARCHITECTURES
-from icl_lens.lab.model import LabConfig, RegressionModel
-from icl_lens.lab.patching import LabPatches, lab_token_patches, patched_context_free, patched_forward
+from icl_lens.lab.model import LAB_FAMILY, LabConfig, RegressionModel
+from icl_lens.lab.patching import lab_token_patches, patched_context_free, patched_forward
+from icl_lens.lab.regression_dynamics import (
+    ExplicitSGD,
+    explicit_sgd,
+    implicit_trajectory,
+    pair_gradients,
+    reproduced_predictions,
+    sgd_on_pairs,
+    step_edits,
+    trajectory_identity_errors,
+)
 from icl_lens.lab.tasks import RegressionPrompts, sample_prompts
 
 __all__ = [
     "ARCHITECTURES", "AlignmentResult", "CheckpointNotFoundError", "ConvergenceResult", "EquivalenceResult",
-    "ExplicitSGD", "ImplicitTrajectory", "LAB_MODELS", "LabConfig", "LabContextEffect", "LabPatches", "LossCurves",
-    "MemoryCostResult", "RegressionModel", "RegressionPrompts", "RegressionViewResult", "ThoughtPatchResult",
-    "attention_as_regression", "context_effect", "convergence_by_architecture", "decode_matches_forward",
-    "explicit_sgd", "fit_thought_patch", "implicit_trajectory", "implicit_vs_explicit", "lab_token_patches",
-    "load_lab_model", "loss_curves", "memory_and_cost", "numerical_equivalence", "pair_gradients",
-    "patched_context_free", "patched_forward", "sample_prompts", "sgd_on_pairs", "static_thought_patch",
-    "training_record", "trajectory_identity_errors",
+    "ExplicitSGD", "LAB_FAMILY", "LAB_MODELS", "LabConfig", "LossCurves", "MemoryCostResult", "PatchPartsResult",
+    "RegressionModel", "RegressionPrompts", "RegressionViewResult", "ThoughtPatchResult", "attention_as_regression",
+    "convergence_by_architecture", "decode_matches_forward", "explicit_sgd", "fit_thought_patch",
+    "implicit_trajectory", "implicit_vs_explicit", "lab_token_patches", "load_lab_model", "loss_curves",
+    "memory_and_cost", "numerical_equivalence", "pair_gradients", "patch_parts", "patched_context_free",
+    "patched_forward", "reproduced_predictions", "sample_prompts", "sgd_on_pairs", "static_thought_patch",
+    "step_edits", "training_record", "trajectory_identity_errors",
 ]

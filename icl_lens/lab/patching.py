@@ -20,15 +20,11 @@ reproduces the contextual forward exactly (:func:`patched_forward`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
-import pandas as pd
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.factored import patch_norm
-from icl_lens.core.kept_attention import default_kept_mask
+from icl_lens.core.kept_attention import default_kept_mask, removal_kept_mask
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.token_patch import token_patch
 from icl_lens.lab.model import LAB_FAMILY, RegressionModel
@@ -37,55 +33,28 @@ from icl_lens.model.weight_edits import MLPEdit, edits_applied
 _MIXER_CACHE = ("attn_scores", "v")
 
 
-@dataclass(frozen=True, eq=False)
-class LabPatches:
-    """Factored token patches of a batch of prompts: every layer × prompt × position."""
+def _batched_patches(model: RegressionModel, u: Tensor, v: Tensor, correction: Tensor, zero: Tensor,
+                removed_prefix: int | None) -> TokenPatches:
+    """A batch of lab patches as a batched :class:`~icl_lens.core.patch_set.TokenPatches`.
 
-    arch: str
-    u: Float[Tensor, "layer batch pos d_mlp"]
-    v: Float[Tensor, "layer batch pos d_model"]
-    correction: Float[Tensor, "layer batch pos d_model"]
-    contextual_input: Float[Tensor, "layer batch pos d_model"]
-    kept_input: Float[Tensor, "layer batch pos d_model"]
-    zero_input: Bool[Tensor, "layer batch pos"]
+    The tokens are ``(x,y)`` pairs and the query; the kept set of position ``t`` is ``{t}``,
+    or ``k..t`` when the first ``k`` tokens are removed (``{t}`` for ``t < k``).
+    """
+    n = u.shape[2]
+    kept = (default_kept_mask(n, keep_bos=False) if removed_prefix is None
+            else removal_kept_mask(n, torch.arange(n) < removed_prefix))
+    return TokenPatches(model_name=f"lab-{model.cfg.arch}", tokens=tuple(["(x,y)"] * (n - 1) + ["query"]),
+                        token_ids=torch.arange(n), u_in=u, u_gate=None, v=v, correction=correction, kept=kept,
+                        kept_bos=False, zero_input=zero)
 
-    @property
-    def n_layers(self) -> int:
-        return self.u.shape[0]
 
-    def norms(self) -> Float[Tensor, "layer batch pos"]:
-        """``‖ΔW_in‖_F = ‖u‖·‖v‖``."""
-        return patch_norm(self.u, self.v)
-
-    def for_prompt(self, b: int) -> TokenPatches:
-        """Prompt ``b`` as the foundation's :class:`~icl_lens.core.patch_set.TokenPatches`."""
-        n = self.u.shape[2]
-        return TokenPatches(
-            model_name=f"lab-{self.arch}", tokens=tuple(["(x,y)"] * (n - 1) + ["query"]),
-            token_ids=torch.arange(n), u_in=self.u[:, b], u_gate=None, v=self.v[:, b],
-            correction=self.correction[:, b], kept=default_kept_mask(n, keep_bos=False), kept_bos=False,
-            zero_input=self.zero_input[:, b])
-
-    def keep_parts(self, *, w_in: bool = True, correction: bool = True) -> "LabPatches":
-        """The same patches with the ``W_in`` part and/or the skip correction zeroed (to see where the effect lives)."""
-        return replace(self, u=self.u if w_in else torch.zeros_like(self.u),
-                       correction=self.correction if correction else torch.zeros_like(self.correction))
-
-    def edits(self, per_prompt: bool = False) -> dict[int, MLPEdit]:
-        """Per-position edits: for single tokens run alone (``batch·pos`` sequences of length 1), or,
-        with ``per_prompt=True``, for the prompts run as ``batch`` sequences."""
-        L, B, T = self.u.shape[:3]
-        shape = (B, T) if per_prompt else (B * T, 1)
-        return {l: MLPEdit(v=self.v[l].reshape(*shape, 1, -1), u_in=self.u[l].reshape(*shape, 1, -1),
-                           bias=self.correction[l].reshape(*shape, -1)) for l in range(L)}
-
-    def to_frame(self) -> pd.DataFrame:
-        norms = self.norms().detach().double()
-        corr = torch.linalg.vector_norm(self.correction, dim=-1).detach().double()
-        L, B, T = norms.shape
-        idx = torch.cartesian_prod(torch.arange(L), torch.arange(B), torch.arange(T))
-        return pd.DataFrame({"layer": idx[:, 0].numpy(), "prompt": idx[:, 1].numpy(), "position": idx[:, 2].numpy(),
-                             "norm": norms.flatten().numpy(), "correction_norm": corr.flatten().numpy()})
+def patch_edits(patches: TokenPatches, per_prompt: bool = False) -> dict[int, MLPEdit]:
+    """Per-position edits of a batch of lab patches: for single tokens run alone (``batch·pos`` sequences
+    of length 1), or, with ``per_prompt=True``, for the prompts run as ``batch`` sequences."""
+    L, B, T = patches.u_in.shape[:3]
+    shape = (B, T) if per_prompt else (B * T, 1)
+    return {l: MLPEdit(v=patches.v[l].reshape(*shape, 1, -1), u_in=patches.u_in[l].reshape(*shape, 1, -1),
+                       bias=patches.correction[l].reshape(*shape, -1)) for l in range(L)}
 
 
 def _hook_names(model: RegressionModel) -> set[str]:
@@ -106,7 +75,7 @@ def _kept_output(block, h: Tensor, cached: dict[str, Tensor], removed_prefix: in
 
 @torch.no_grad()
 def lab_token_patches(model: RegressionModel, tokens: Float[Tensor, "batch pos d_token"], *,
-                      removed_prefix: int | None = None) -> LabPatches:
+                      removed_prefix: int | None = None) -> TokenPatches:
     """Token patches of every layer and position from one contextual pass.
 
     ``removed_prefix=None``: each position's context is removed (kept set ``{t}``).
@@ -118,7 +87,7 @@ def lab_token_patches(model: RegressionModel, tokens: Float[Tensor, "batch pos d
 
 @torch.no_grad()
 def patches_by_removed_prefix(model: RegressionModel, tokens: Float[Tensor, "batch pos d_token"],
-                              removed_prefixes) -> list[LabPatches]:
+                              removed_prefixes) -> list[TokenPatches]:
     """:func:`lab_token_patches` for several ``removed_prefix`` values from ONE contextual pass."""
     tokens = model.check_tokens(tokens)
     for k in removed_prefixes:
@@ -126,7 +95,7 @@ def patches_by_removed_prefix(model: RegressionModel, tokens: Float[Tensor, "bat
             raise ValueError(f"removed_prefix must lie in 0..{tokens.shape[1]}, got {k}")
     names = _hook_names(model)
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-    outs = [{k: [] for k in ("u", "v", "correction", "A", "a", "zero")} for _ in removed_prefixes]
+    outs = [{k: [] for k in ("u", "v", "correction", "zero")} for _ in removed_prefixes]
     for l, block in enumerate(model.blocks):
         r, h = cache[LAB_FAMILY.resid_pre(l)], cache[LAB_FAMILY.mix_in(l)]
         attn_C, A = cache[LAB_FAMILY.attn_out(l)], cache[LAB_FAMILY.mlp_input(l)]
@@ -142,17 +111,14 @@ def patches_by_removed_prefix(model: RegressionModel, tokens: Float[Tensor, "bat
             correction = attn_C - attn_0 if block.skip else torch.zeros_like(attn_C)
             if removed == 0:  # nothing removed: the patch is zero by definition
                 u, correction = torch.zeros_like(u), torch.zeros_like(correction)
-            for k, x in (("u", u), ("v", v), ("correction", correction), ("A", A), ("a", a), ("zero", zero)):
+            for k, x in (("u", u), ("v", v), ("correction", correction), ("zero", zero)):
                 out[k].append(x)
-    results = []
-    for out in outs:
-        st = {k: torch.stack(x) for k, x in out.items()}
-        results.append(LabPatches(model.cfg.arch, st["u"], st["v"], st["correction"], st["A"], st["a"], st["zero"]))
-    return results
+    return [_batched_patches(model, *(torch.stack(out[k]) for k in ("u", "v", "correction", "zero")), removed)
+            for removed, out in zip(removed_prefixes, outs)]
 
 
 @torch.no_grad()
-def patched_forward(model: RegressionModel, tokens: Float[Tensor, "batch pos d_token"], patches: LabPatches, *,
+def patched_forward(model: RegressionModel, tokens: Float[Tensor, "batch pos d_token"], patches: TokenPatches, *,
                     removed_prefix: int | None = None, extra_hooks: list | None = None) -> Float[Tensor, "batch pos"]:
     """The kept tokens run with their patches applied in every layer: predictions per position.
 
@@ -162,18 +128,18 @@ def patched_forward(model: RegressionModel, tokens: Float[Tensor, "batch pos d_t
     """
     tokens = model.check_tokens(tokens)
     B, T, d = tokens.shape
-    if patches.u.shape[1:3] != (B, T):
-        raise ValueError(f"patches are for {tuple(patches.u.shape[1:3])} prompts × positions, tokens are {(B, T)}")
+    if not patches.batched or patches.u_in.shape[1:3] != (B, T):
+        raise ValueError(f"patches are for {tuple(patches.u_in.shape[1:-1])} prompts × positions, tokens are {(B, T)}")
     if removed_prefix is None:
-        with edits_applied(model, patches.edits(), extra_hooks=extra_hooks or ()):
+        with edits_applied(model, patch_edits(patches), extra_hooks=extra_hooks or ()):
             return model(tokens.reshape(B * T, 1, d)).reshape(B, T)
     k = removed_prefix
-    edits = {l: MLPEdit(v=e.v[:, k:], u_in=e.u_in[:, k:], bias=e.bias[:, k:]) for l, e in patches.edits(per_prompt=True).items()}
+    edits = {l: MLPEdit(v=e.v[:, k:], u_in=e.u_in[:, k:], bias=e.bias[:, k:]) for l, e in patch_edits(patches, per_prompt=True).items()}
     with edits_applied(model, edits, extra_hooks=extra_hooks or ()):
         return model(tokens[:, k:])
 
 
 def patched_context_free(model: RegressionModel, tokens: Float[Tensor, "batch pos d_token"],
-                         patches: LabPatches, extra_hooks: list | None = None) -> Float[Tensor, "batch pos"]:
+                         patches: TokenPatches, extra_hooks: list | None = None) -> Float[Tensor, "batch pos"]:
     """Each token run ALONE (no context) with its patches applied in every layer: predictions per position."""
     return patched_forward(model, tokens, patches, extra_hooks=extra_hooks)

@@ -18,9 +18,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from icl_lens.core.factored import diff_norm
 from icl_lens.core.power_law import power_law_fit
 from icl_lens.lab.checkpoints import load_lab_model
-from icl_lens.lab.dynamics import implicit_trajectory
+from icl_lens.lab.regression_dynamics import implicit_trajectory, reproduced_predictions
 from icl_lens.lab.mixers import ARCHITECTURES
 from icl_lens.lab.tasks import sample_prompts
 
@@ -92,8 +93,10 @@ def convergence_by_architecture(archs=ARCHITECTURES, *, n_prompts: int = 16, n_m
         p = sample_prompts(n_prompts, n_max, model.cfg.d_x, generator=torch.Generator().manual_seed(seed))
         per_prompt, errs = [], []
         for b in range(n_prompts):
-            traj = implicit_trajectory(model, p.tokens[b, :-1], p.tokens[b, -1])
-            per_prompt.append(traj.step_norms())
-            errs.append((traj.predictions - p.targets[b]) ** 2 / model.cfg.d_x)
+            ctx, q = p.tokens[b, :-1], p.tokens[b, -1]
+            traj = implicit_trajectory(model, ctx, q)
+            # ‖W(i) − W(i−1)‖ in the model's dtype (Trajectory.meta_gradient_norms works in float64)
+            per_prompt.append(diff_norm(traj.u_in[:, 1:], traj.v[:, 1:], traj.u_in[:, :-1], traj.v[:, :-1]))
+            errs.append((reproduced_predictions(model, ctx, q) - p.targets[b]) ** 2 / model.cfg.d_x)
         norms[arch], errors[arch] = torch.stack(per_prompt), torch.stack(errs)
     return ConvergenceResult(n_train, norms, errors, fit_from)

@@ -4,9 +4,9 @@ For a prompt ``[c₁ … cₙ, x_q]`` and each layer ``l`` (docs/design.md §3):
 
 - implicit: the query's patch ``Pᵢ = W_l(i) − W_l(0)`` after ``i`` pairs, in the prefix
   order (the query sees ``c₁..cᵢ``) and in the paper's absorb order (``c₁..cᵢ`` absorbed,
-  ``c_{i+1}..cₙ`` still in context) (:func:`icl_lens.lab.dynamics.implicit_trajectory`);
+  ``c_{i+1}..cₙ`` still in context) (:func:`icl_lens.lab.regression_dynamics.implicit_trajectory`);
 - explicit: SGD on the context-free model's ``W_in`` (every layer), one pair per step in
-  the same order, loss ``½(ŷ − y)²``, rate ``lr`` (:func:`icl_lens.lab.dynamics.sgd_on_pairs`);
+  the same order, loss ``½(ŷ − y)²``, rate ``lr`` (:func:`icl_lens.lab.regression_dynamics.sgd_on_pairs`);
   step ``Eⱼ = −η ∇ℓⱼ``.
 
 Cosines (normalised Frobenius inner products, closed form,
@@ -51,7 +51,7 @@ from icl_lens.dynamics.sgd_alignment import (
     trajectory_sgd_cosines,
 )
 from icl_lens.lab.checkpoints import load_lab_model
-from icl_lens.lab.dynamics import ORDERS, implicit_trajectory, pair_gradients, sgd_on_pairs
+from icl_lens.lab.regression_dynamics import ORDERS, implicit_trajectory, pair_gradients, sgd_on_pairs, step_edits
 from icl_lens.lab.model import RegressionModel
 from icl_lens.lab.tasks import sample_prompts
 
@@ -125,15 +125,15 @@ def implicit_vs_explicit(name: str = "softmax", *, n_prompts: int = 64, n_contex
             for comparison, (U, V, G) in (("sgd", (sgd.U[b], sgd.V[b], sgd_gram[b])),
                                           ("control", (sgd.U[nxt], sgd.V[nxt], sgd_gram[nxt])),
                                           ("small_lr", (g0[b], a0[b], small_gram[b]))):
-                cum, step = trajectory_sgd_cosines(traj.u, traj.v, *_steps(U, V), gram=G)
+                cum, step = trajectory_sgd_cosines(traj.u_in, traj.v, *_steps(U, V), gram=G)
                 add(f"{comparison}:{order}:cumulative", cum)
                 add(f"{comparison}:{order}:step", step)
-            add(f"query_input:{order}:cumulative", patches_vs_update(traj.u[:, 1:], traj.v[:, 1:], -gq[b][:, None], aq[b][:, None]))
+            add(f"query_input:{order}:cumulative", patches_vs_update(traj.u_in[:, 1:], traj.v[:, 1:], -gq[b][:, None], aq[b][:, None]))
             add(f"input_side:{order}:step", torch.nn.functional.cosine_similarity(traj.v[:, 1:], a0[b], dim=-1))
             if order == "prefix":
                 # each pair's gradient at the implicit weights W(i−1) reached before it (run i−1 of the batch)
-                gi, ai, _ = pair_gradients(model, xs[b], ys[b], edits=traj.edits(n))
-                cum, step = trajectory_sgd_cosines(traj.u, traj.v, *_steps(-gi.transpose(0, 1), ai.transpose(0, 1)))
+                gi, ai, _ = pair_gradients(model, xs[b], ys[b], edits=step_edits(traj, n))
+                cum, step = trajectory_sgd_cosines(traj.u_in, traj.v, *_steps(-gi.transpose(0, 1), ai.transpose(0, 1)))
                 add("at_implicit:prefix:cumulative", cum)
                 add("at_implicit:prefix:step", step)
     cosines = {k: torch.stack(v) for k, v in out.items()}

@@ -7,7 +7,7 @@ The first experiment of Dherin et al. 2025, on any lab model. For each prompt (t
   ``i = 0..n`` (``i = 0`` is the context-free model);
 - *finetuned*: the context-free model (``x_p`` alone) after ``i`` SGD steps on the first
   MLP matrix ``W_in`` (every layer's), one pair per step in the same order, loss
-  ``½(ŷ − y)²`` (:func:`icl_lens.lab.dynamics.sgd_on_pairs`), for every learning rate of
+  ``½(ŷ − y)²`` (:func:`icl_lens.lab.regression_dynamics.sgd_on_pairs`), for every learning rate of
   a sweep (half decades from 1e-3 to 10); the best rate minimises the test error averaged
   over ``i = 1..n`` (diverging rates excluded).
 
@@ -32,7 +32,7 @@ from torch import Tensor
 from icl_lens.core.bootstrap import bootstrap_mean
 from icl_lens.core.factored import safe_divide
 from icl_lens.lab.checkpoints import load_lab_model
-from icl_lens.lab.dynamics import sgd_on_pairs
+from icl_lens.lab.regression_dynamics import sgd_on_pairs
 from icl_lens.lab.model import RegressionModel
 from icl_lens.lab.tasks import prefix_batch, sample_prompts
 

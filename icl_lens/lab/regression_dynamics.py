@@ -13,6 +13,8 @@ one of two orders (both end at the full token patch, ``i = n``, and start at 0):
   FULL-context output. All steps come from one contextual pass
   (:func:`icl_lens.lab.patching.patches_by_removed_prefix`).
 
+Both give the main :class:`~icl_lens.dynamics.trajectory.Trajectory` (the query is prompt
+position ``n``; :func:`reproduced_predictions` gives the outputs it reproduces).
 ``W(i) − W(i−1)`` is the meta-gradient of pair ``i``; :func:`trajectory_identity_errors`
 checks each step's exactness identity.
 
@@ -34,7 +36,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.factored import diff_norm
+from icl_lens.dynamics.trajectory import Trajectory
 from icl_lens.lab.model import LAB_FAMILY, RegressionModel
 from icl_lens.lab.patching import lab_token_patches, patched_forward, patches_by_removed_prefix
 from icl_lens.lab.tasks import prefix_batch
@@ -43,71 +45,61 @@ from icl_lens.model.weight_edits import MLPEdit, edits_applied
 ORDERS = ("prefix", "absorb")
 
 
-@dataclass(frozen=True, eq=False)
-class ImplicitTrajectory:
-    """``ΔW_l(i) = u[l, i] v[l, i]ᵀ`` and correction ``[l, i]`` for ``i = 0..n`` pairs consumed.
+def _trajectory(model: RegressionModel, u: Tensor, v: Tensor, correction: Tensor, order: str) -> Trajectory:
+    n = u.shape[1] - 1
+    return Trajectory(tokens=tuple(["(x,y)"] * n + ["query"]), query=n, layers=tuple(range(u.shape[0])),
+                      context_positions=tuple(range(n)), u_in=u, u_gate=None, v=v, correction=correction,
+                      model_name=f"lab-{model.cfg.arch}", kept_bos=False, order=order)
 
-    ``predictions[i]``: the output the patched query reproduces (``order="prefix"``: the
-    model with context ``c₁..cᵢ``; ``"absorb"``: the full-context output at every ``i``).
-    """
 
-    arch: str
-    u: Float[Tensor, "layer n_plus_1 d_mlp"]
-    v: Float[Tensor, "layer n_plus_1 d_model"]
-    predictions: Float[Tensor, " n_plus_1"]
-    correction: Float[Tensor, "layer n_plus_1 d_model"] | None = None
-    order: str = "prefix"
-
-    @property
-    def n_context(self) -> int:
-        return self.u.shape[1] - 1
-
-    def step_norms(self) -> Float[Tensor, "layer n"]:
-        """Meta-gradient norms ``‖ΔW_l(i) − ΔW_l(i−1)‖_F`` for ``i = 1..n``."""
-        return diff_norm(self.u[:, 1:], self.v[:, 1:], self.u[:, :-1], self.v[:, :-1])
-
-    def edits(self, steps: int | None = None) -> dict[int, MLPEdit]:
-        """``W(i)`` as per-row edits: input row ``i`` (a single token) gets step ``i``, for the first
-        ``steps`` steps (default all ``n + 1``)."""
-        k = self.n_context + 1 if steps is None else steps
-        corr = self.correction if self.correction is not None else torch.zeros_like(self.v)
-        return {l: MLPEdit(v=self.v[l, :k, None, None], u_in=self.u[l, :k, None, None], bias=corr[l, :k, None])
-                for l in range(self.u.shape[0])}
-
-    def to_frame(self) -> pd.DataFrame:
-        steps = self.step_norms().double()
-        L, n = steps.shape
-        return pd.DataFrame({"layer": torch.arange(L).repeat_interleave(n).numpy(),
-                             "pairs_seen": torch.arange(1, n + 1).repeat(L).numpy(),
-                             "meta_gradient_norm": steps.flatten().numpy()})
+def _prompt(model: RegressionModel, context: Tensor, query: Tensor) -> tuple[Tensor, Tensor]:
+    context = model.check_tokens(context[None])[0] if context.shape[0] else context.to(model.dtype)
+    return context, query.to(model.dtype)
 
 
 @torch.no_grad()
 def implicit_trajectory(model: RegressionModel, context: Float[Tensor, "n d_token"],
-                        query: Float[Tensor, " d_token"], *, order: str = "prefix") -> ImplicitTrajectory:
-    """The query's token patches after each of the ``n + 1`` steps of consuming the context, all layers."""
+                        query: Float[Tensor, " d_token"], *, order: str = "prefix") -> Trajectory:
+    """The query's token patches after each of the ``n + 1`` steps of consuming the context, all layers
+    (prompt position ``i`` is context pair ``cᵢ₊₁``, position ``n`` the query)."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    context = model.check_tokens(context[None])[0] if context.shape[0] else context.to(model.dtype)
-    query = query.to(model.dtype)
+    context, query = _prompt(model, context, query)
     if order == "prefix":
         rows = prefix_batch(context, query)
         patches = lab_token_patches(model, rows)
         idx = torch.arange(rows.shape[0])
-        return ImplicitTrajectory(model.cfg.arch, patches.u[:, idx, idx], patches.v[:, idx, idx], model(rows)[idx, idx],
-                                  patches.correction[:, idx, idx], order)
+        return _trajectory(model, patches.u_in[:, idx, idx], patches.v[:, idx, idx], patches.correction[:, idx, idx],
+                           order)
     full = torch.cat([context, query[None]])[None]
-    n = context.shape[0]
-    steps = patches_by_removed_prefix(model, full, range(n + 1))
-    u = torch.stack([p.u[:, 0, -1] for p in steps], dim=1)
-    v = torch.stack([p.v[:, 0, -1] for p in steps], dim=1)
-    corr = torch.stack([p.correction[:, 0, -1] for p in steps], dim=1)
-    return ImplicitTrajectory(model.cfg.arch, u, v, model(full)[0, -1].expand(n + 1).clone(), corr, order)
+    steps = patches_by_removed_prefix(model, full, range(context.shape[0] + 1))
+    u, v, corr = (torch.stack([getattr(p, k)[:, 0, -1] for p in steps], dim=1) for k in ("u_in", "v", "correction"))
+    return _trajectory(model, u, v, corr, order)
+
+
+@torch.no_grad()
+def reproduced_predictions(model: RegressionModel, context: Float[Tensor, "n d_token"],
+                           query: Float[Tensor, " d_token"], *, order: str = "prefix") -> Float[Tensor, " n_plus_1"]:
+    """The output the patched query reproduces at each step ``i = 0..n`` of :func:`implicit_trajectory`:
+    the model with context ``c₁..cᵢ`` (``order="prefix"``), or the full-context output (``"absorb"``)."""
+    context, query = _prompt(model, context, query)
+    if order == "prefix":
+        idx = torch.arange(context.shape[0] + 1)
+        return model(prefix_batch(context, query))[idx, idx]
+    return model(torch.cat([context, query[None]])[None])[0, -1].expand(context.shape[0] + 1).clone()
+
+
+def step_edits(traj: Trajectory, steps: int | None = None) -> dict[int, MLPEdit]:
+    """``W(i)`` of a lab trajectory as per-row edits: input row ``i`` (a single token) gets step ``i``,
+    for the first ``steps`` steps (default all ``n + 1``)."""
+    k = traj.n_context + 1 if steps is None else steps
+    return {l: MLPEdit(v=traj.v[l, :k, None, None], u_in=traj.u_in[l, :k, None, None], bias=traj.correction[l, :k, None])
+            for l in range(traj.v.shape[0])}
 
 
 @torch.no_grad()
 def trajectory_identity_errors(model: RegressionModel, context: Float[Tensor, "n d_token"],
-                               query: Float[Tensor, " d_token"], traj: ImplicitTrajectory) -> Float[Tensor, " n_plus_1"]:
+                               query: Float[Tensor, " d_token"], traj: Trajectory) -> Float[Tensor, " n_plus_1"]:
     """Per step ``i``: |patched prediction − reference| / max(|reference|), the exactness identity of each order.
 
     ``prefix``: the query ALONE with ``W(i)`` vs the model on ``[c₁..cᵢ, x_q]`` (a forward of its own).
@@ -121,13 +113,13 @@ def trajectory_identity_errors(model: RegressionModel, context: Float[Tensor, "n
     full = torch.cat([context, query[None]])[None]
     if traj.order == "prefix":
         reference = torch.stack([model(full[:, list(range(i)) + [n]])[0, -1] for i in range(n + 1)])
-        with edits_applied(model, traj.edits()):
+        with edits_applied(model, step_edits(traj)):
             got = model(query.expand(n + 1, 1, -1))[:, 0]
     else:
         reference = model(full)[0, -1].expand(n + 1)
         got = []
         for i, p in enumerate(patches_by_removed_prefix(model, full, range(n + 1))):
-            p.u[:, 0, -1], p.v[:, 0, -1], p.correction[:, 0, -1] = traj.u[:, i], traj.v[:, i], traj.correction[:, i]
+            p.u_in[:, 0, -1], p.v[:, 0, -1], p.correction[:, 0, -1] = traj.u_in[:, i], traj.v[:, i], traj.correction[:, i]
             got.append(patched_forward(model, full, p, removed_prefix=i)[0, -1])
         got = torch.stack(got)
     return (got - reference).abs() / reference.abs().max()

@@ -3,7 +3,7 @@
 For each prompt's query (``n`` context pairs), the query token is run ALONE with every
 layer's token patch split in two (Dherin et al. 2025, arXiv 2507.16003): the rank-1
 ``W_in`` edit ``u vᵀ`` and the skip-connection correction ``attn_C − attn_0``
-(:meth:`icl_lens.lab.patching.LabPatches.keep_parts`). Variants: ``none`` (the
+(:meth:`icl_lens.core.patch_set.TokenPatches.keep_parts`). Variants: ``none`` (the
 context-free model), ``w_in`` (only the weight patches), ``correction`` (only the
 corrections), ``full`` (both: the contextual prediction, exactly). Reported per variant:
 
@@ -32,7 +32,7 @@ VARIANTS = {"none": (False, False), "w_in": (True, False), "correction": (False,
 
 
 @dataclass(frozen=True, eq=False)
-class LabContextEffect:
+class PatchPartsResult:
     """Query predictions per variant and prompt, the contextual prediction and the target."""
 
     name: str
@@ -57,8 +57,8 @@ class LabContextEffect:
 
 
 @torch.no_grad()
-def context_effect(name: str = "softmax", *, n_prompts: int = 64, n_context: int | None = None, seed: int = 3,
-                   model: RegressionModel | None = None) -> LabContextEffect:
+def patch_parts(name: str = "softmax", *, n_prompts: int = 64, n_context: int | None = None, seed: int = 3,
+                model: RegressionModel | None = None) -> PatchPartsResult:
     """Query predictions with the full patch, only the ``W_in`` patches, only the corrections, and none."""
     model = model if model is not None else load_lab_model(name)
     cfg = model.cfg
@@ -68,4 +68,4 @@ def context_effect(name: str = "softmax", *, n_prompts: int = 64, n_context: int
     patches = lab_token_patches(model, p.tokens)
     preds = {k: patched_context_free(model, p.tokens, patches.keep_parts(w_in=w, correction=c))[:, -1]
              for k, (w, c) in VARIANTS.items()}
-    return LabContextEffect(name, cfg.d_x, preds, model(p.tokens)[:, -1], p.targets)
+    return PatchPartsResult(name, cfg.d_x, preds, model(p.tokens)[:, -1], p.targets)
