@@ -66,11 +66,29 @@ def dense_gradients(model, ids: Tensor, positions: Tensor, loss_fn: Callable[[Te
     ``∇_{W_in} L = Σ_rows g_in xᵀ`` (``g_gate`` is None for ungated MLPs). ``edits`` are applied
     during the forward (:mod:`icl_lens.model.weight_edits`); the model is left unchanged.
     """
+    def forward_loss() -> Tensor:
+        logits = model(ids, position_ids=positions, attention_mask=kept_only_masks(model, positions),
+                       logits_to_keep=1)[:, -1]  # the unembedding of the last row only
+        value = loss_fn(logits)
+        if value.ndim != 0 or not torch.isfinite(value):
+            raise ValueError(f"the loss must be a finite scalar, got {value!r}")
+        return value
+
+    return dense_gradient_factors(model, forward_loss, tuple(ids.shape), dtype=model.cfg.dtype, device=ids.device,
+                                  edits=edits, layers=layers)
+
+
+def dense_gradient_factors(model, forward_loss: Callable[[], Tensor], shape: tuple[int, int], *, dtype: torch.dtype,
+                           device: torch.device | str, edits: dict[int, MLPEdit] | None = None,
+                           layers: Sequence[int] | None = None):
+    """The gradient mechanism of :func:`dense_gradients` for any model with a block family (the
+    regression lab's too): ``forward_loss()`` runs ``model`` on inputs of ``shape`` = ``[batch, row]``
+    and returns a scalar loss; zero probes added to every dense output carry ``g = ∂L/∂(W x)``.
+    Returns ``(loss, g_in, g_gate, x)`` as :func:`dense_gradients` does.
+    """
     family = block_family(model)
-    n_layers = model.cfg.n_layers
-    layers = tuple(range(n_layers)) if layers is None else tuple(layers)
-    B, R = ids.shape
-    dtype, device = model.cfg.dtype, ids.device
+    layers = tuple(range(model.cfg.n_layers)) if layers is None else tuple(layers)
+    B, R = shape
 
     def zeros() -> dict[int, Tensor]:
         return {layer: torch.zeros(B, R, model.cfg.d_mlp, dtype=dtype, device=device, requires_grad=True)
@@ -86,11 +104,7 @@ def dense_gradients(model, ids: Tensor, positions: Tensor, loss_fn: Callable[[Te
     hooks += [(family.dense_in_out(layer), lambda x, hook, p=probes_in[layer]: x + p) for layer in layers]
     hooks += [(family.dense_gate_out(layer), lambda x, hook, p=probes_gate[layer]: x + p) for layer in probes_gate]
     with torch.enable_grad(), edits_applied(model, edits or {}, family=family, extra_hooks=hooks):
-        logits = model(ids, position_ids=positions, attention_mask=kept_only_masks(model, positions),
-                       logits_to_keep=1)[:, -1]  # the unembedding of the last row only
-        value = loss_fn(logits)
-        if value.ndim != 0 or not torch.isfinite(value):
-            raise ValueError(f"the loss must be a finite scalar, got {value!r}")
+        value = forward_loss()
         wrt = [probes_in[layer] for layer in layers] + [probes_gate[layer] for layer in probes_gate]
         grads = torch.autograd.grad(value, wrt, allow_unused=True)
     grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, wrt)]

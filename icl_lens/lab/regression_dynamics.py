@@ -22,7 +22,9 @@ Explicit: SGD on the context-free model (``ŷ(x)`` = the query token ``x`` run a
 pair per step, loss ``½(ŷ(xⱼ) − yⱼ)²``, on the first MLP matrix ``W_in`` of the chosen
 layers. A step is rank-1 per layer, ``−η (∂ℓ/∂pre_l) a_lᵀ`` (``a_l`` the MLP input), kept
 factored and applied through :mod:`icl_lens.model.weight_edits`. :func:`pair_gradients`
-computes these factors for a batch of independent runs, each at its own weights;
+computes these factors for a batch of independent runs, each at its own weights, with the
+package's one gradient mechanism (:func:`icl_lens.dynamics.explicit_finetune.dense_gradient_factors`,
+which the language-model SGD uses too);
 :func:`sgd_on_pairs` chains them into SGD runs (prompts × learning rates at once) and
 records the predictions on probe queries after every step.
 """
@@ -36,8 +38,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from icl_lens.dynamics.explicit_finetune import dense_gradient_factors
 from icl_lens.dynamics.trajectory import Trajectory
-from icl_lens.lab.model import LAB_FAMILY, RegressionModel
+from icl_lens.lab.model import RegressionModel
 from icl_lens.lab.patching import lab_token_patches, patched_forward, patches_by_removed_prefix
 from icl_lens.lab.tasks import prefix_batch
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
@@ -145,20 +148,16 @@ def pair_gradients(model: RegressionModel, x: Float[Tensor, "run d_x"], y: Float
     ``a`` (the MLP input; ``∇_{W_in} ℓ = g aᵀ``) for the chosen layers, and the losses.
     """
     layers = _layers(model, layers)
-    store: dict[str, Tensor] = {}
+    tok = model.query_tokens(x)[:, None]
+    losses: list[Tensor] = []
 
-    def keep(t, hook):
-        store[hook.name] = t
+    def forward_loss() -> Tensor:
+        losses.append(0.5 * (model(tok)[:, 0] - y.to(model.dtype)) ** 2)
+        return losses[0].sum()
 
-    reads = [(LAB_FAMILY.mlp_input(l), keep) for l in layers] + [(LAB_FAMILY.dense_in_out(l), keep) for l in layers]
-    tok = model.query_tokens(x)[:, None].requires_grad_(True)  # the weights are frozen: this builds the graph
-    with torch.enable_grad(), edits_applied(model, edits or {}, extra_hooks=reads):
-        pred = model(tok)[:, 0]
-        losses = 0.5 * (pred - y.to(model.dtype)) ** 2
-        grads = torch.autograd.grad(losses.sum(), [store[LAB_FAMILY.dense_in_out(l)] for l in layers])
-    g = torch.stack([gr[:, 0] for gr in grads], dim=1)
-    a = torch.stack([store[LAB_FAMILY.mlp_input(l)][:, 0].detach() for l in layers], dim=1)
-    return g.detach(), a, losses.detach()
+    _, g, _, a = dense_gradient_factors(model, forward_loss, tuple(tok.shape[:2]), dtype=model.dtype,
+                                        device=tok.device, edits=edits, layers=layers)
+    return g[:, :, 0].transpose(0, 1), a[:, :, 0].transpose(0, 1), losses[0].detach()
 
 
 @dataclass(frozen=True, eq=False)
