@@ -16,7 +16,7 @@ import torch
 
 from icl_lens import load_model, load_task, thought_patch
 from icl_lens.evals.report import load_average, machine, write_fragment
-from icl_lens.thought.batches import continuation_ids, pad_id, query_batch, right_padded, text_ids
+from icl_lens.thought.instruction_batches import continuation_ids, pad_id, query_batch, right_padded, text_ids
 from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS
 
 

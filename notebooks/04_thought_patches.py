@@ -112,7 +112,7 @@ assert result.agreement_with_full["patched"] > result.agreement_with_full["contr
 
 # %%
 from icl_lens.model.greedy import greedy_continuations
-from icl_lens.thought.batches import text_ids, with_bos
+from icl_lens.thought.instruction_batches import text_ids, with_bos
 
 queries = [q for q, _ in task.test[:5]]
 prompts = [with_bos(model, text_ids(model, q)) for q in queries]

@@ -18,7 +18,7 @@ from icl_lens.core.least_squares import gain_vector, input_map
 from icl_lens.model.block_family import block_family
 from icl_lens.model.greedy import greedy_continuations, last_logits
 from icl_lens.model.tiny_models import TINY_NAMES
-from icl_lens.thought.batches import continuation_ids, text_ids, with_bos
+from icl_lens.thought.instruction_batches import continuation_ids, text_ids, with_bos
 from icl_lens.thought.divergence import answer_kl
 from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS
 from icl_lens.thought.tasks import TaskFormatError, load_task, shipped_task_paths
@@ -151,7 +151,7 @@ def test_export_reloads_in_plain_transformers(load, name, tmp_path):
     refuses a patch with a vector before writing anything, and exports the matrix part."""
     from transformers import AutoModelForCausalLM
 
-    from icl_lens.thought.export import VectorNotExportableError
+    from icl_lens.thought.hf_export import VectorNotExportableError
 
     model = load(name)
     queries = ["dog ->", "house ->", "tree ->"]

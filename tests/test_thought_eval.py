@@ -11,7 +11,7 @@ import torch
 from icl_lens import thought_patch
 from icl_lens.model.block_family import block_family, down_weight
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
-from icl_lens.thought.batches import prefix_ids, text_ids, with_bos
+from icl_lens.thought.instruction_batches import prefix_ids, text_ids, with_bos
 from icl_lens.thought.locality import load_locality
 from icl_lens.thought.tasks import SHIPPED_TASKS, TASK_DIR, load_task
 

@@ -124,7 +124,7 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
     """Evaluate what the cache lacks; ``run`` (command and machine) is recorded with the keys it computed."""
     from icl_lens.model.loading import load_model
     from icl_lens.thought.diagnose import diagnose
-    from icl_lens.thought.batches import text_ids, with_bos
+    from icl_lens.thought.instruction_batches import text_ids, with_bos
     from icl_lens.thought.divergence import answer_kl, text_kl
     from icl_lens.thought.evaluate import evaluate_thought
     from icl_lens.thought.fit import (DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE,
@@ -814,7 +814,7 @@ def _diagnosis_lines(caches: dict) -> list[str]:
 def _answer_tokens(out: Path, models: list[str], tasks: list[str]) -> dict:
     """Tokens per test answer (``" " + answer``) for every cached table row, read with each model's tokenizer."""
     from icl_lens.model.loading import load_model
-    from icl_lens.thought.batches import text_ids
+    from icl_lens.thought.instruction_batches import text_ids
 
     counts = {}
     for model_name in models:

@@ -28,7 +28,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from icl_lens.model.block_family import block_family
-from icl_lens.thought.batches import prefix_ids, text_ids, with_bos
+from icl_lens.thought.instruction_batches import prefix_ids, text_ids, with_bos
 
 
 COLUMNS = ("divergence", "attn_bos", "attn_pos1", "attn_qfirst", "norm_pos1", "norm_qfirst", "attn_bos_context",

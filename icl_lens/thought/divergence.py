@@ -17,7 +17,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from icl_lens.model.greedy import tail_logits
-from icl_lens.thought.batches import continuation_ids, prefix_ids, text_ids, with_bos
+from icl_lens.thought.instruction_batches import continuation_ids, prefix_ids, text_ids, with_bos
 
 
 def mean_kl(reference: Float[Tensor, "n vocab"], other: Float[Tensor, "n vocab"]) -> float:
@@ -35,7 +35,7 @@ def answer_kl(model, instruction: str, queries: Sequence[str], edit=None, *, que
 
     ``[BOS, I, x, y]`` vs ``[BOS, p, x, y]`` under ``edit``, where ``y`` is the full
     model's own greedy answer (at most ``answer_tokens`` tokens, ending after its first
-    newline; :func:`~icl_lens.thought.batches.continuation_ids`), read by both (teacher
+    newline; :func:`~icl_lens.thought.instruction_batches.continuation_ids`), read by both (teacher
     forcing). The positions are the query's last token and every answer token but the
     last, i.e. where ``y₁ … y_m`` are predicted; ``answer_tokens=0``: the last query token
     only. ``edit``: anything with ``.applied(model)`` (a thought patch, a steering

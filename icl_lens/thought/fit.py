@@ -105,7 +105,7 @@ from icl_lens.model.block_family import block_family, original, post_norm_eps
 from icl_lens.model.capture import NonFiniteActivationError, patch_dtype
 from icl_lens.model.prompts import PromptError, bos_id
 from icl_lens.model.weight_edits import edit_hooks
-from icl_lens.thought.batches import calibration_ids, continuation_ids, query_batch, read_query_tokens, text_ids
+from icl_lens.thought.instruction_batches import calibration_ids, continuation_ids, query_batch, read_query_tokens, text_ids
 from icl_lens.thought.result import ThoughtPatch, thought_edits
 
 #: What each ``kind`` fits: the paper's parts (``matrix``, ``vector``) and the down-projection map.

@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from icl_lens.model.greedy import greedy_continuations
-from icl_lens.thought.batches import text_ids, with_bos
+from icl_lens.thought.instruction_batches import text_ids, with_bos
 from icl_lens.thought.divergence import text_kl
 from icl_lens.thought.tasks import TASK_DIR, TaskFormatError
 

@@ -99,7 +99,7 @@ class ThoughtPatch:
 
     def prompt_ids(self, query: str, model=None) -> list[int]:
         """Token ids the patched model reads for ``query``: ``[BOS] + query_prefix + query`` (as fitted)."""
-        from icl_lens.thought.batches import prefix_ids, text_ids, with_bos
+        from icl_lens.thought.instruction_batches import prefix_ids, text_ids, with_bos
 
         model = self._model(model)
         return with_bos(model, prefix_ids(model, self.query_prefix) + text_ids(model, query, what="query"))
@@ -162,7 +162,7 @@ class ThoughtPatch:
 
     def save_pretrained(self, directory: str | Path, model=None) -> Path:
         """Write a Hugging Face model directory (weights edited, tokenizer included)."""
-        from icl_lens.thought.export import export_thought_model
+        from icl_lens.thought.hf_export import export_thought_model
 
         maps, vecs, downs = self._parts()
         return export_thought_model(self._model(model), maps, vecs, directory, downs=downs)

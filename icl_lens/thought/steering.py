@@ -6,7 +6,7 @@ it). For an instruction ``I``, calibration queries ``x₁…x_q`` and a layer ``
 
     s_l = mean over every query token i of  ( resid_post_l([BOS, I, xⱼ])ᵢ − resid_post_l([BOS, p, xⱼ])ᵢ )
 
-(``p``: the same query prefix as the thought patch, :mod:`icl_lens.thought.batches`).
+(``p``: the same query prefix as the thought patch, :mod:`icl_lens.thought.instruction_batches`).
 Steering adds ``s_l`` to the output of block ``l`` at every position; that is the edit
 ``MLPEdit(bias=s_l)`` of layer ``l`` (the bias enters the residual stream after the MLP
 branch, after the post-FFN norm where there is one), applied through the one edit
@@ -33,7 +33,7 @@ from icl_lens.model.block_family import block_family
 from icl_lens.model.capture import patch_dtype
 from icl_lens.model.greedy import last_logits
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
-from icl_lens.thought.batches import calibration_ids, prefix_ids, query_batch, read_query_tokens, text_ids, with_bos
+from icl_lens.thought.instruction_batches import calibration_ids, prefix_ids, query_batch, read_query_tokens, text_ids, with_bos
 from icl_lens.thought.divergence import mean_kl
 
 
