@@ -83,18 +83,18 @@ px.bar(df, x="arch", y="rel_error_prediction", color="dtype", barmode="group", l
 # %% [markdown]
 # ### Exercise 1 · Predict, then check: how much of the context effect do the W_in patches carry alone?
 #
-# `lab.context_effect(name)` runs the query context-free with only the `W_in` patches, only the skip
+# `lab.patch_parts(name)` runs the query context-free with only the `W_in` patches, only the skip
 # corrections, or both. Its `unexplained` column is the share of the context effect a variant leaves
 # unexplained (0 = all of it reproduced, 1 = none). **Predict** for the 10-layer softmax model: do the `W_in`
 # patches alone (no corrections) leave *less* than half of the effect unexplained? Write `"yes"` or `"no"` into
-# `prediction_1`, then compute `effect = lab.context_effect("softmax", n_prompts=16).summary()` and run the check.
+# `prediction_1`, then compute `effect = lab.patch_parts("softmax", n_prompts=16).summary()` and run the check.
 
 # %%
 prediction_1 = None  # "yes" or "no"
 effect = None
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-effect = lab.context_effect("softmax", n_prompts=16).summary()
+effect = lab.patch_parts("softmax", n_prompts=16).summary()
 prediction_1 = "yes" if float(effect.set_index("variant").unexplained["w_in"]) < 0.5 else "no"
 
 # %%
@@ -153,7 +153,7 @@ table
 # the table below does it for three models.
 
 # %%
-pd.concat([lab.context_effect(name, n_prompts=16).summary().assign(model=name)
+pd.concat([lab.patch_parts(name, n_prompts=16).summary().assign(model=name)
            for name in ("single_block", "one_block_preln", "softmax")]).pivot(index="model", columns="variant",
                                                                              values="unexplained").round(3)
 
