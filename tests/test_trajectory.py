@@ -225,3 +225,25 @@ def test_gemma_float32_absorb_steps_are_exact(gemma):
 def test_unknown_order_fails_fast(load):
     with pytest.raises(ValueError, match="order"):
         trajectory(load("tiny-gpt2", torch.float64), TINY_PROMPT, order="suffix")
+
+
+def test_dynamics_imports_only_core_and_model():
+    """The dynamics folder is a feature: it may import the math core and the model side, no other feature
+    or front end; and neither core nor model imports it."""
+    import ast
+    import pathlib
+
+    import icl_lens
+
+    package = pathlib.Path(icl_lens.__file__).parent
+
+    def modules(path):
+        nodes = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        return [name for n in nodes for name in ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""])]
+
+    forbidden = tuple(f"icl_lens.{m}" for m in ("thought", "lab", "sweep", "ui", "cli", "evals"))
+    for path in (package / "dynamics").rglob("*.py"):
+        assert not [m for m in modules(path) if m.startswith(forbidden)], path.name
+    for layer in ("core", "model"):
+        for path in (package / layer).rglob("*.py"):
+            assert not [m for m in modules(path) if m.startswith("icl_lens.dynamics")], path.name
