@@ -1,4 +1,4 @@
-"""``python -m icl_lens.evals.thought``: thought patches on the shipped tasks → ``reports/eval_thought.md``.
+"""``python -m experiments.thought``: thought patches on the shipped tasks → ``reports/eval_thought.md``.
 
 For each embedded model and each shipped task (``icl_lens/thought/tasks/``), on the
 held-out test queries: accuracy with no instruction, with the full instruction, with
@@ -37,14 +37,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from icl_lens.core.bootstrap import bootstrap_ratio
-from icl_lens.evals.intervals import wilson_interval
-from icl_lens.evals.report import command, machine, write_fragment
+from icl_lens.stats.bootstrap import bootstrap_ratio
+from icl_lens.stats.intervals import wilson_interval
+from experiments.report import command, machine, write_fragment
 from icl_lens.model.loading import EMBEDDED_MODELS
 from icl_lens.thought.tasks import SHIPPED_TASKS, Task, load_task
 
 SIZES = (1, 2, 4, 8, 16, 32)
-COMMAND = "python -m icl_lens.evals.thought"
+COMMAND = "python -m experiments.thought"
 PAPER = {"kind": "both", "ridge": 0.0, "query_prefix": "", "answer_tokens": 0}  # Algorithm 1 as published
 CURVE_TASKS = ("capitals", "antonyms")
 SELECT_TASKS = ("capitals", "antonyms", "plus_one", "en_fr")
