@@ -16,8 +16,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
 
 OUT = Path(__file__).resolve().parent.parent / "reports" / "bench_dashboard.md"
 BASE = ("In the beginning the garden was quiet. The gardener planted roses, tulips and lilies along "
@@ -114,7 +117,7 @@ def main() -> None:
     import torch
 
     import icl_lens
-    from icl_lens.evals.report import load_average, machine, write_fragment
+    from experiments.report import load_average, machine, write_fragment
 
     torch.set_num_threads(args.threads)
     load_before = load_average()

@@ -21,10 +21,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
 from common import peak_memory, prompt_ids, time_it  # noqa: E402
 
+from experiments.report import command, machine, write_fragment  # noqa: E402
 from icl_lens import load_model, patch_norms, token_patches  # noqa: E402
-from icl_lens.evals.report import command, machine, write_fragment  # noqa: E402
 from icl_lens.model.capture import token_patches_naive  # noqa: E402
 
 

@@ -9,15 +9,17 @@ process's peak resident set (VmHWM), reset before each measurement.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from icl_lens import load_model, load_task, thought_patch
-from icl_lens.evals.report import load_average, machine, write_fragment
-from icl_lens.thought.instruction_batches import continuation_ids, pad_id, query_batch, right_padded, text_ids
-from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
+from experiments.report import load_average, machine, write_fragment  # noqa: E402
+from icl_lens import load_model, load_task, thought_patch  # noqa: E402
+from icl_lens.thought.instruction_batches import continuation_ids, pad_id, query_batch, right_padded, text_ids  # noqa: E402
+from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS  # noqa: E402
 
 
 def _reset_peak() -> None:

@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
 
 TEXT = (
     "In-context learning lets a language model pick up a task from examples in its prompt. "
@@ -58,8 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="reports/bench_trajectory.md")
     args = parser.parse_args(argv)
 
+    from experiments.report import command, load_average, machine, write_fragment
     from icl_lens import load_model, trajectory
-    from icl_lens.evals.report import command, load_average, machine, write_fragment
     from icl_lens.dynamics.trajectory_capture import trajectory_naive
 
     torch.set_num_threads(args.threads)

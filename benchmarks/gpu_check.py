@@ -33,10 +33,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
 from common import sync  # noqa: E402
 
 import icl_lens  # noqa: E402
-from icl_lens.evals.report import command, machine, write_fragment  # noqa: E402
+from experiments.report import command, machine, write_fragment  # noqa: E402
 from icl_lens.model.kept_only import noise_floor  # noqa: E402
 
 GEMMA_270M = dict(

@@ -125,7 +125,7 @@ def _thought_eval(args: argparse.Namespace) -> int:
     if args.answer_tokens < 0:
         raise CommandError(f"--answer-tokens must be >= 0, got {args.answer_tokens}")
     from icl_lens import load_model
-    from icl_lens.evals.intervals import wilson_interval
+    from icl_lens.stats import wilson_interval
 
     model = load_model(args.model)
     result = evaluate_thought(model, task, kind=args.kind, eta=args.eta, ridge=args.ridge, n_train=args.n_train,

@@ -38,8 +38,8 @@ import dataclasses
 import torch
 
 import icl_lens
-from icl_lens.evals.claims import claim, claims_view
-from icl_lens.evals.exercise_checks import check_answer, check_below, check_choice
+from workshop.claims import claim, claims_view
+from workshop.exercise_checks import check_answer, check_below, check_choice
 
 torch.set_num_threads(1)  # a shared 2-core laptop: one thread per notebook
 model = icl_lens.load_model("gemma-3-270m")

@@ -43,8 +43,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from icl_lens import lab
 from icl_lens.core.power_law import power_law_fit
-from icl_lens.evals.claims import claim, claims_view, count_where
-from icl_lens.evals.exercise_checks import check_answer, check_choice
+from workshop.claims import claim, claims_view, count_where
+from workshop.exercise_checks import check_answer, check_choice
 from icl_lens.ui.panels import vertical_marker
 
 torch.set_num_threads(1)  # the models are tiny: one thread is fastest
@@ -307,8 +307,8 @@ check_answer(mean_beta, float(reference["blocks.0.mix.hook_beta"].mean()), "mean
 # %% [markdown]
 # ## Paper says / we measure
 #
-# Every number below is computed in this notebook (small samples: `python -m icl_lens.evals.lab` and
-# `python -m icl_lens.evals.finetune_alignment` measure the same with 64 prompts and 95% intervals; see EVAL.md).
+# Every number below is computed in this notebook (small samples: `python -m experiments.lab` and
+# `python -m experiments.finetune_alignment` measure the same with 64 prompts and 95% intervals; see EVAL.md).
 
 # %%
 sgd, control = table["sgd absorb step"], table["control absorb step"]  # the alignment table of section 2

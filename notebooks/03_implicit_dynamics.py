@@ -37,8 +37,8 @@ import plotly.graph_objects as go
 import torch
 
 import icl_lens
-from icl_lens.evals.claims import alignment_row, claim, claims_view, count_where, mean_ci, verdict_above
-from icl_lens.evals.exercise_checks import check_answer, check_below, check_choice
+from workshop.claims import alignment_row, claim, claims_view, count_where, mean_ci, verdict_above
+from workshop.exercise_checks import check_answer, check_below, check_choice
 from icl_lens.ui.panels import layer_lines
 
 torch.set_num_threads(1)
@@ -128,7 +128,7 @@ fig.update_layout(barmode="group", xaxis_title="layer", yaxis_title="cos(implici
 fig
 
 # %% [markdown]
-# The evaluation (`python -m icl_lens.evals.finetune_alignment`: 64 prompts, the paper's per-token protocol, 95%
+# The evaluation (`python -m experiments.finetune_alignment`: 64 prompts, the paper's per-token protocol, 95%
 # intervals; EVAL.md) measured the same question at scale; its numbers are read in the table at the end.
 #
 # ## Exercises (20 min)

@@ -40,8 +40,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from icl_lens import Task, evaluate_thought, load_model, load_task, thought_patch
-from icl_lens.evals.claims import claim, claims_view, rate, thought_counts
-from icl_lens.evals.exercise_checks import check_answer, check_choice
+from workshop.claims import claim, claims_view, rate, thought_counts
+from workshop.exercise_checks import check_answer, check_choice
 
 torch.set_num_threads(1)
 model = load_model("gemma-3-270m")
@@ -202,7 +202,7 @@ check_choice(prediction_2, "lower" if one < eight else "not lower", ("lower", "n
 # ## Paper says / we measure
 #
 # This notebook's numbers (8 calibration queries, 24 test queries, 95% Wilson intervals) beside the evaluation
-# reports (`python -m icl_lens.evals.thought`, `reports/eval_thought.<model>.json`; a checkout without them says
+# reports (`python -m experiments.thought`, `reports/eval_thought.<model>.json`; a checkout without them says
 # "not measured in this checkout").
 
 # %%

@@ -36,8 +36,8 @@
 import torch
 
 import icl_lens
-from icl_lens.evals.claims import claim, claims_view, count_where
-from icl_lens.evals.exercise_checks import check_answer, check_choice
+from workshop.claims import claim, claims_view, count_where
+from workshop.exercise_checks import check_answer, check_choice
 
 torch.set_num_threads(1)
 dash = icl_lens.dashboard()  # embedded Gemma 3 270M; try model='smollm2-135m'

@@ -30,8 +30,8 @@
 import torch
 
 import icl_lens
-from icl_lens.evals.claims import auroc_ci, claim, claims_view, spike_auroc, spike_difference
-from icl_lens.evals.exercise_checks import check_answer, check_choice
+from workshop.claims import auroc_ci, claim, claims_view, spike_auroc, spike_difference
+from workshop.exercise_checks import check_answer, check_choice
 
 torch.set_num_threads(1)
 model = icl_lens.load_model("gemma-3-270m")
@@ -153,7 +153,7 @@ check_answer(n_flagged, [int(g.to_frame().flagged.sum()) for g in samples], "fla
 # ## Paper says / we measure
 #
 # Spike flags are icl_lens's own hypothesis, not a paper's claim. Their value is measured by
-# `python -m icl_lens.evals.spikes` (`reports/eval_spikes.json`): AUROC for telling wrong answers from right ones,
+# `python -m experiments.spikes` (`reports/eval_spikes.json`): AUROC for telling wrong answers from right ones,
 # within a kind of question, against the log-probability baseline. A checkout without that report says
 # "not measured in this checkout".
 

@@ -1,5 +1,5 @@
 """The workshop helpers: claims tables and report readers (missing reports read as "not measured"),
-Wilson intervals, exercise checks (a right answer passes, a wrong or missing one fails and says why),
+accuracies with their Wilson intervals, exercise checks (a right answer passes, a wrong or missing one fails and says why),
 and the figure helpers for log axes and many layers."""
 import json
 
@@ -8,25 +8,16 @@ import pandas as pd
 import plotly.express as px
 import pytest
 
-from icl_lens.evals import claims
-from icl_lens.evals.claims import (
+from icl_lens.ui.panels import layer_lines, vertical_marker
+from workshop import claims
+from workshop.claims import (
     NOT_MEASURED, alignment_row, auroc_ci, claim, claims_table, count_where, mean_ci, rate, read_report,
     spike_auroc, spike_difference, thought_counts, verdict_above,
 )
-from icl_lens.evals.exercise_checks import ExerciseCheckFailed, check_answer, check_below, check_choice
-from icl_lens.evals.intervals import wilson_interval
-from icl_lens.ui.panels import layer_lines, vertical_marker
+from workshop.exercise_checks import ExerciseCheckFailed, check_answer, check_below, check_choice
 
 
-def test_wilson_interval_known_values():
-    # p = 1/2, n = 24, z = 1.96: centre 0.5, half 1.96·sqrt(1/96 + z²/2304)/1.16007 = 0.18573
-    low, high = wilson_interval(12, 24)
-    assert low == pytest.approx(0.31427, abs=1e-4) and high == pytest.approx(0.68573, abs=1e-4)
-    low, high = wilson_interval(0, 24)
-    assert low == 0.0 and high == pytest.approx(0.1380, abs=1e-3)
-    assert wilson_interval(24, 24)[1] == 1.0
-    with pytest.raises(ValueError):
-        wilson_interval(3, 2)
+def test_rate_states_the_wilson_interval():
     assert rate(12, 24) == "0.50 [0.31, 0.69] (12/24)"
 
 

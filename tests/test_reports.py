@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import pandas as pd
 import torch
 
-from icl_lens.evals import lab, thought
-from icl_lens.evals.report import machine, write_fragment
+from experiments import lab
+from experiments.report import machine, write_fragment
+from experiments.thought import run as thought
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
 import assemble_reports  # noqa: E402
@@ -73,14 +74,14 @@ def test_thought_report_names_the_runs_and_reads_the_target_from_the_numbers(tmp
     """The 0.9 × full target is decided by the rule, per row: 18/20 = 0.90 is met, 17/20 missed, full < 50% n/a."""
     out = tmp_path / "eval_thought.md"
     base = {"none": 0, "control": 0, "steering": 3}
-    cache = {"runs": {"`python -m icl_lens.evals.thought --models m` on 3 CPU cores": ["table/t", "table/u"]},
+    cache = {"runs": {"`python -m experiments.thought --models m` on 3 CPU cores": ["table/t", "table/u"]},
              "table/t": _thought_row(24, {**base, "full": 20, "patched": 18}),
              "table/u": _thought_row(24, {**base, "full": 20, "patched": 17})}
     (tmp_path / "eval_thought.m.json").write_text(json.dumps(cache))
     (tmp_path / "eval_thought.n.json").write_text(json.dumps({"table/t": _thought_row(24, {**base, "full": 11,
                                                                                            "patched": 2})}))
-    text = thought.write_report(out, ["m", "n"], ["t", "u"], "python -m icl_lens.evals.thought --report-only")
-    assert "- m: 2 result(s) by `python -m icl_lens.evals.thought --models m` on 3 CPU cores" in text
+    text = thought.write_report(out, ["m", "n"], ["t", "u"], "python -m experiments.thought --report-only")
+    assert "- m: 2 result(s) by `python -m experiments.thought --models m` on 3 CPU cores" in text
     assert "- n: command and machine not recorded" in text
     rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in text.splitlines() if line.startswith("| m |")
             or line.startswith("| n |")}
@@ -92,8 +93,8 @@ def test_thought_report_names_the_runs_and_reads_the_target_from_the_numbers(tmp
 
 
 def test_finetune_alignment_verdict_rule():
-    from icl_lens.core.bootstrap import MeanCI
-    from icl_lens.evals.finetune_alignment import ALIGNED, verdict
+    from experiments.finetune_alignment import ALIGNED, verdict
+    from icl_lens.stats.bootstrap import MeanCI
 
     control = MeanCI(0.0, -0.02, 0.03, 64)
     assert verdict(MeanCI(ALIGNED + 0.1, ALIGNED, ALIGNED + 0.2, 64), control) == "holds"
@@ -105,7 +106,7 @@ def test_finetune_alignment_verdict_rule():
 
 def test_finetune_alignment_eval_quick(tmp_path):
     """The whole command in --quick mode: every section present, JSON beside the Markdown, readings computed."""
-    from icl_lens.evals import finetune_alignment
+    from experiments import finetune_alignment
 
     out = tmp_path / "eval_finetune_alignment.md"
     before = torch.get_num_threads()

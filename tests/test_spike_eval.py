@@ -11,13 +11,11 @@ import pytest
 import torch
 
 import icl_lens
+from experiments import build_questions
+from experiments.factual_prompts import DATA_FILE, FEW_SHOT, FactualPrompt, is_correct, load_factual_prompts
+from experiments.spikes.answers import Answered, AnswerSet, cache_matches
 from icl_lens.core.spike_scores import MAD_TO_SIGMA
-from icl_lens.evals import build_questions
-from icl_lens.evals.auroc import auroc, bootstrap_auroc_difference
-from icl_lens.evals.factual_prompts import DATA_FILE, FEW_SHOT, FactualPrompt, is_correct, load_factual_prompts
-from icl_lens.evals.logistic import fit_logistic, grouped_folds, logistic_loss
-from icl_lens.evals.spikes.answers import Answered, AnswerSet, cache_matches
-from icl_lens.evals.spikes.calibration import (
+from experiments.spikes.calibration import (
     answer_token_scores,
     calibration_split,
     check_flag,
@@ -25,7 +23,7 @@ from icl_lens.evals.spikes.calibration import (
     wilson_upper,
     write_thresholds,
 )
-from icl_lens.evals.spikes.run import DEFAULT_FLAG, QUICK_LAMBDAS, RATE, evaluate_model, main
+from experiments.spikes.run import DEFAULT_FLAG, QUICK_LAMBDAS, RATE, evaluate_model, main
 from icl_lens.model import spike_thresholds
 from icl_lens.model.residual_stream import recording_residual
 
@@ -35,7 +33,7 @@ from icl_lens.model.residual_stream import recording_residual
 def test_question_file_is_what_the_builder_writes(tmp_path):
     out = tmp_path / "q.jsonl"
     build_questions.main(["--out", str(out)])
-    assert out.read_text() == DATA_FILE.read_text(), "rerun python -m icl_lens.evals.build_questions"
+    assert out.read_text() == DATA_FILE.read_text(), "rerun python -m experiments.build_questions"
     items = load_factual_prompts()
     kinds = {i.kind for i in items}
     assert len(items) >= 600 and len(kinds - {"invented"}) >= 8
@@ -68,92 +66,6 @@ def test_labelling_ignores_case_accents_and_a_leading_article():
     assert is_correct(" Bogotá", ("Bogota",)) and is_correct(" BOGOTA, Colombia", ("Bogotá",))
     assert is_correct(" a kitten", ("kitten",)) and not is_correct(" another", ("other",))
     assert not is_correct(" He", ("H",)) and is_correct(" 12.", ("12",)) and not is_correct(" 123", ("12",))
-
-
-# ---------------------------------------------------------------- logistic regression and folds
-
-
-def _logistic_data(n=400, d=12, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, d)) * rng.uniform(0.5, 5.0, size=d) + rng.normal(size=d)
-    w = np.zeros(d)
-    w[:3] = [1.5, -1.0, 0.5]
-    y = ((x - x.mean(0)) / x.std(0)) @ w + rng.logistic(size=n) > 0
-    return x, y, w
-
-
-def test_logistic_fit_is_the_minimum():
-    x, y, w_true = _logistic_data()
-    for lam, method in ((1e-3, "newton"), (1.0, "newton"), (1e-3, "lbfgs")):
-        m = fit_logistic(x, y, lam=lam, tol=1e-9, method=method)
-        xt = torch.tensor((x - m.mean) / m.scale)
-        w = torch.tensor(m.w, requires_grad=True)
-        b = torch.tensor(m.b, requires_grad=True)
-        logistic_loss(xt, torch.tensor(y, dtype=torch.float64), w, b, lam).backward()
-        assert w.grad.abs().max() < 1e-7 and abs(float(b.grad)) < 1e-7  # ∇L = 0
-    for lam in (1e-4, 1.0):  # Newton (default at this size) and L-BFGS reach the same minimum
-        newton, lbfgs = (fit_logistic(x, y, lam=lam, tol=1e-9, method=m) for m in ("newton", "lbfgs"))
-        np.testing.assert_allclose(newton.w, lbfgs.w, atol=1e-5)
-        assert newton.b == pytest.approx(lbfgs.b, abs=1e-6)
-    m = fit_logistic(x, y, lam=1e-3)
-    cos = m.w @ w_true / np.linalg.norm(m.w) / np.linalg.norm(w_true)
-    assert cos > 0.9  # recovers the planted direction
-    assert auroc(m.decision(x), y) > 0.75
-    one = fit_logistic(x, np.ones(len(y), bool), lam=1.0)
-    assert np.all(one.w == 0) and one.b > 10  # one class: the constant model
-    with pytest.raises(ValueError, match="NaN"):
-        fit_logistic(np.full((3, 2), np.nan), np.array([True, False, True]), lam=1.0)
-
-
-def test_logistic_fit_matches_closed_forms():
-    # one binary feature, (almost) no penalty: the fitted probabilities are the two groups' label rates,
-    # σ(score(0)) = 10/50 and σ(score(1)) = 35/50, whatever the standardisation
-    x = np.repeat([0.0, 1.0], 50)[:, None]
-    y = np.concatenate([np.arange(50) < 10, np.arange(50) < 35])
-    m = fit_logistic(x, y, lam=1e-10, tol=1e-12)
-    logit = lambda p: np.log(p / (1 - p))  # noqa: E731
-    np.testing.assert_allclose(m.decision(np.array([[0.0], [1.0]])), [logit(0.2), logit(0.7)], atol=1e-6)
-    # a strong penalty shrinks w to ~0 but not the bias: σ(b) is then the positive rate, 45/100
-    m = fit_logistic(x, y, lam=1e4, tol=1e-12)
-    assert abs(m.w[0]) < 1e-4 and m.b == pytest.approx(logit(0.45), abs=1e-6)
-    # separable, symmetric: x̃ = ±1, y = [x > 0], so b = 0 and L(w) = log(1 + e^(−w)) + λw²/2,
-    # whose minimiser solves σ(−w) = λw (found here by bisection); w grows without bound as λ → 0
-    x = np.repeat([-1.0, 1.0], 20)[:, None]
-    y = x[:, 0] > 0
-    previous = 0.0
-    for lam in (1.0, 0.1, 0.01, 0.001):
-        lo, hi = 0.0, 1.0 / lam
-        for _ in range(200):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if 1 / (1 + np.exp(mid)) > lam * mid else (lo, mid)
-        for method in ("newton", "lbfgs"):
-            m = fit_logistic(x, y, lam=lam, tol=1e-12, method=method)
-            assert m.w[0] == pytest.approx(lo, rel=1e-6) and abs(m.b) < 1e-8
-        assert lo > previous
-        previous = lo
-        assert auroc(m.decision(x), y) == 1.0
-
-
-def test_grouped_folds_keep_groups_together():
-    groups = np.array([f"g{i // 3}" for i in range(60)] + ["big"] * 9)
-    folds = grouped_folds(groups, 5, seed=1)
-    for g in np.unique(groups):
-        assert len(set(folds[groups == g])) == 1
-    sizes = np.bincount(folds, minlength=5)
-    assert sizes.max() - sizes.min() <= 9 and set(folds) == set(range(5))
-    with pytest.raises(ValueError):
-        grouped_folds(["a", "a", "b"], 3)
-
-
-def test_paired_auroc_difference():
-    rng = np.random.default_rng(0)
-    y = rng.random(200) < 0.4
-    good, noise = y + rng.normal(scale=0.8, size=200), rng.normal(size=200)
-    same = bootstrap_auroc_difference(good, good, y, n_boot=300)
-    assert same.difference == 0 and same.low == 0 and same.high == 0
-    d = bootstrap_auroc_difference(good, noise, y, n_boot=300)
-    assert d.difference == pytest.approx(auroc(good, y) - auroc(noise, y))
-    assert 0 < d.low <= d.difference <= d.high
 
 
 # ---------------------------------------------------------------- calibration and verdict on planted signals

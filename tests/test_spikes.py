@@ -20,9 +20,8 @@ from icl_lens import (
     spike_scores_from_norms,
     token_patches,
 )
+from experiments.factual_prompts import is_correct, load_factual_prompts
 from icl_lens.core.spike_scores import MAD_TO_SIGMA, MEAN_AD_TO_SIGMA, SCORE_CAP
-from icl_lens.evals.auroc import auroc, bootstrap_auroc
-from icl_lens.evals.factual_prompts import is_correct, load_factual_prompts
 
 WINDOW = 16
 
@@ -277,20 +276,3 @@ def test_answer_key_and_labelling():
     assert not is_correct(" Rome", ()) and not is_correct("\nParis", ("Paris",))
 
 
-def test_auroc_identities():
-    assert auroc([0.1, 0.2, 0.8, 0.9], [False, False, True, True]) == 1.0
-    assert auroc([0.1, 0.2, 0.8, 0.9], [True, True, False, False]) == 0.0
-    assert auroc([1.0, 1.0, 1.0], [True, False, False]) == 0.5
-    g = torch.Generator().manual_seed(0)
-    s, y = torch.rand(100, generator=g).numpy(), (torch.rand(100, generator=g) < 0.5).numpy()
-    r = bootstrap_auroc(s, y, n_boot=300)
-    assert r.low <= r.auroc <= r.high and 0 <= r.low and r.high <= 1
-    flipped = auroc(-s, y)
-    assert flipped == pytest.approx(1 - r.auroc)
-    with pytest.raises(ValueError):
-        auroc([0.1, 0.2], [True, True])
-    # within-stratum AUROC: a score that only separates the strata earns 0.5
-    strata = [0, 0, 0, 1, 1, 1]
-    between = [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
-    labels = [True, False, False, True, True, False]
-    assert auroc(between, labels) > 0.5 and auroc(between, labels, strata) == 0.5

@@ -21,14 +21,15 @@ INSTRUCTION = "Remember: the secret word is banana, and 7 follows 3.\n"
 # --- task suite --------------------------------------------------------------------------------
 
 def test_task_builder_is_deterministic_and_matches_the_committed_files():
-    from icl_lens.thought.tasks.build_tasks import extra_tasks, tasks
+    from experiments.build_tasks import extra_tasks, task_line, tasks
 
     first, second = tasks(), tasks()
     assert json.dumps(first) == json.dumps(second)
     assert [t["name"] for t in first] == list(SHIPPED_TASKS)
     for t in first + extra_tasks():  # the committed .jsonl files are what the builder writes
         committed = (TASK_DIR / f"{t['name']}.jsonl").read_text(encoding="utf-8")
-        assert committed == json.dumps(t, ensure_ascii=False) + "\n", t["name"]
+        assert committed == task_line(t), t["name"]
+        assert json.loads(committed)["generated_by"] == "python -m experiments.build_tasks"
 
 
 def test_shipped_suite_has_ten_tasks_of_several_kinds_with_disjoint_splits():
@@ -159,24 +160,11 @@ def test_locality_file_is_validated(tmp_path):
     assert len(shipped.preserve_texts) >= 10 and not set(shipped.preserve_texts) & set(shipped.texts)
 
 
-# --- intervals --------------------------------------------------------------------------------------
-
-def test_bootstrap_intervals():
-    """Wilson intervals are tested in test_claims.py; here the bootstrap ones the report uses."""
-    from icl_lens.core.bootstrap import bootstrap_ratio, percentile_interval
-
-    assert percentile_interval(np.arange(101.0), 0.9) == pytest.approx((5.0, 95.0))
-    x = np.array([1, 1, 0, 1, 1, 0, 1, 1])
-    low, high = bootstrap_ratio(x, np.ones(8))
-    assert low <= x.mean() <= high and high <= 1.0
-    assert bootstrap_ratio(x, np.zeros(8)) is None
-
-
 # --- the eval command ---------------------------------------------------------------------------------
 
 def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
-    from icl_lens.evals import thought as ev
-    from icl_lens.evals.thought import _setting
+    from experiments.thought import run as ev
+    from experiments.thought.settings import setting_name
 
     out = tmp_path / "eval_thought.md"
     assert ev.main(["--quick", "--out", str(out)]) == 0
@@ -201,7 +189,7 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     text = out.read_text()
     assert {0, 2} <= {v["answer_tokens"] for k, v in cache.items() if k.startswith("answers/")}
     tuned = cache["tuned/capitals"]  # --quick tunes its one task whatever the table says
-    assert len(tuned["validation_kl"]) == 3 and _setting(tuned["chosen"]) == min(tuned["validation_kl"],
+    assert len(tuned["validation_kl"]) == 3 and setting_name(tuned["chosen"]) == min(tuned["validation_kl"],
                                                                                   key=tuned["validation_kl"].get)
     assert "**Tuned per task**" in text
     on_train = cache["train/capitals"]  # the instruction on the calibration queries themselves
@@ -215,14 +203,14 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
 def test_carry_over_keeps_the_steering_layer_and_recomputes_agreement():
     """A rerun that recomputes only the patch conditions keeps the steering condition's layer, and compares the
     new patched answers with the carried-over full answers (not the old patched ones)."""
-    from icl_lens.evals.thought import _carry_over
+    from experiments.thought.cache import carry_over
 
     old = {"accuracy": {"none": 0.5, "full": 1.0, "patched": 0.5, "steering": 0.5}, "steering_layer": 7,
            "ridge": 2.0, "answers": {"none": ["x", "b"], "full": ["a", "b"], "patched": ["x", "y"],
                                      "steering": ["a", "y"]}}
     new = {"accuracy": {"patched": 1.0, "control": 0.0}, "steering_layer": None, "ridge": 8.0,
            "answers": {"patched": ["a", "b"], "control": ["q", "q"]}}
-    row = _carry_over(old, new)
+    row = carry_over(old, new)
     assert row["steering_layer"] == 7 and row["ridge"] == 8.0
     assert row["agreement_with_full"] == {"none": 0.5, "patched": 1.0, "steering": 0.5, "control": 0.0}
     assert row["carried_over"] == ["none", "full", "steering"]

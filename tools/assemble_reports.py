@@ -15,7 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "reports"
 HEADERS = {
-    "eval": ("EVAL.md", "# Evaluations\n\nProduced by the commands named in each section; "
+    "eval": ("EVAL.md", "# Evaluations\n\nProduced by the commands named in each section (`python -m experiments.<name>`, "
+             "run from the repository root); "
              "rebuild this file with `python tools/assemble_reports.py` after re-running them. "
              "Numbers are what the commands printed on the machine stated, whatever they were.\n"),
     "bench": ("BENCHMARKS.md", "# Benchmarks\n\nSpeed and memory, measured by the scripts in `benchmarks/`; "
@@ -31,7 +32,7 @@ def _key(path: Path) -> tuple[int, str]:
 
 
 def gpu_line(fragments: list[str]) -> str:
-    """Which sections ran on a GPU, read from their ``Machine:`` lines (``icl_lens.evals.report.machine``)."""
+    """Which sections ran on a GPU, read from their ``Machine:`` lines (``experiments.report.machine``)."""
     gpu = [f.splitlines()[0].lstrip("# ") for f in fragments if re.search(r"Machine:.*; GPU ", f)]
     return f"Sections measured on a GPU: {'; '.join(gpu) if gpu else 'none'}.\n"
 

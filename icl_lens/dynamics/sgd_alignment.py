@@ -36,7 +36,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.bootstrap import MeanCI, bootstrap_mean
+from icl_lens.stats.bootstrap import MeanCI, bootstrap_mean
 from icl_lens.core.factored import diff_norm, patch_norm, safe_divide, stack_outputs
 from icl_lens.dynamics.trajectory import Trajectory
 
@@ -139,7 +139,7 @@ class AlignmentTable:
 
     Keys read ``"<comparison>:<order>:<kind>"`` (e.g. ``"sgd:absorb:step"``); ``dim`` is the
     dimension of one layer's weight space (``d_u · d_in``), the scale of the random baseline.
-    Means over prompts come with 95% percentile-bootstrap intervals (:mod:`icl_lens.core.bootstrap`).
+    Means over prompts come with 95% percentile-bootstrap intervals (:mod:`icl_lens.stats.bootstrap`).
     """
 
     name: str

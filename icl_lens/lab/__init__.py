@@ -6,8 +6,8 @@ Pre-LN block; TransformerLens hook points everywhere, :data:`LAB_MODELS`) ship t
 ``icl_lens/lab/checkpoints``; ``python -m icl_lens.lab.train`` retrains them. The
 experiments (Dherin et al. 2025, arXiv 2507.16003; Mazzawi, Dherin et al. 2025, arXiv
 2510.08734; McDermott, Heath, Parhi 2026, arXiv 2606.25342) each return a frozen result
-with ``.to_frame()``; ``python -m icl_lens.evals.lab`` writes ``reports/eval_lab.md`` and
-``python -m icl_lens.evals.finetune_alignment`` the implicit-vs-explicit section.
+with ``.to_frame()``; ``python -m experiments.lab`` writes ``reports/eval_lab.md`` and
+``python -m experiments.finetune_alignment`` the implicit-vs-explicit section.
 
 The lab speaks the package's dialect: its token patches are a batched
 :class:`~icl_lens.core.patch_set.TokenPatches` (``layer × prompt × position``), its implicit

@@ -2,7 +2,7 @@
 
 A token is flagged when its spike score (:mod:`icl_lens.core.spike_scores`) is above a
 threshold. A fixed threshold means different things for different models, so
-``python -m icl_lens.evals.spikes`` calibrates one per model, statistic and window: the
+``python -m experiments.spikes`` calibrates one per model, statistic and window: the
 score above which at most 5% of the answer tokens of *correct* answers are flagged (a
 one-sided 95% bound, from a calibration half of the labelled questions; how the flag then
 does on the other half is in EVAL.md). :func:`generate_with_patches` and the dashboard use it by default.

@@ -4,7 +4,7 @@
 ``P`` the reference (the full-instruction model, or the unpatched model for locality)
 and ``Q`` the edited one, averaged over rows (float64). Used to choose a steering
 vector's layer, to score a fit's held-out calibration queries when the default settings
-are chosen (``python -m icl_lens.evals.thought --select``), and by the locality measure
+are chosen (``python -m experiments.thought --select``), and by the locality measure
 (:func:`text_kl`: unpatched against edited on texts unrelated to the task).
 """
 from __future__ import annotations

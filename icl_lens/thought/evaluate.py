@@ -14,7 +14,7 @@ when the continuation, leading spaces stripped, starts with it):
   added at its best layer (:mod:`icl_lens.thought.steering`).
 
 The result keeps every test query's outcome (front ends turn them into intervals with
-:mod:`icl_lens.evals.intervals` and :mod:`icl_lens.core.bootstrap`) and answer, so that a
+:mod:`icl_lens.stats.intervals` and :mod:`icl_lens.stats.bootstrap`) and answer, so that a
 condition can be compared with ``full`` answer by answer (``agreement_with_full``: the
 share of queries answered as the instruction answers them, wrong answers included; the
 thought patch imitates the contextual model, so this, not accuracy alone, says how much

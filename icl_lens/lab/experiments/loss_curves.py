@@ -29,7 +29,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.bootstrap import bootstrap_mean
+from icl_lens.stats.bootstrap import bootstrap_mean
 from icl_lens.core.factored import safe_divide
 from icl_lens.lab.checkpoints import load_lab_model
 from icl_lens.lab.regression_dynamics import sgd_on_pairs

@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.bootstrap import bootstrap_mean
+from icl_lens.stats.bootstrap import bootstrap_mean
 from icl_lens.lab.checkpoints import load_lab_model
 from icl_lens.lab.model import RegressionModel
 from icl_lens.lab.patching import lab_token_patches, patched_context_free

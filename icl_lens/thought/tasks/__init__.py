@@ -1,10 +1,11 @@
 """Tasks for thought-patch evaluations (arXiv 2510.08734), one JSON object per ``.jsonl`` file.
 
 Format: ``{"name": str, "kind": str (optional), "instruction": str, "train": [{"query",
-"answer"}, ...], "test": [...]}``. ``train`` queries calibrate the thought patch; ``test``
+"answer"}, ...], "test": [...]}`` (other fields, such as the ``generated_by`` command of the
+shipped files, are ignored). ``train`` queries calibrate the thought patch; ``test``
 queries are held out. An answer is correct when the greedy continuation of the query
 starts with it (leading spaces stripped). Shipped (``SHIPPED_TASKS``, written by
-``python -m icl_lens.thought.tasks.build_tasks``, which documents them): arithmetic,
+``python -m experiments.build_tasks``, which documents them): arithmetic,
 word transformations, translations, factual lookups and formats. ``locality.json`` holds
 the fixed inputs of the locality measure (:mod:`icl_lens.thought.locality`).
 """

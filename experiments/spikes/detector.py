@@ -1,7 +1,7 @@
 """Out-of-fold scores of the supervised detectors and the baselines, in two cross-validations.
 
 * **Grouped K-fold**: answers are split into ``k`` folds by subject (every question about
-  one entity in one fold, :func:`icl_lens.evals.logistic.grouped_folds`); each fold is
+  one entity in one fold, :func:`icl_lens.stats.logistic.grouped_folds`); each fold is
   scored by a logistic regression fitted on the others, ``λ`` chosen by an inner grouped
   K-fold on the training folds only.
 * **Leave one kind out**: each kind of question is scored by a model fitted on all the
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from icl_lens.evals.logistic import LAMBDAS, fit_with_inner_cv, grouped_folds
+from icl_lens.stats.logistic import LAMBDAS, fit_with_inner_cv, grouped_folds
 
 
 @dataclass(frozen=True)

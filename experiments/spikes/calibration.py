@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from icl_lens.evals.intervals import wilson_interval
-from icl_lens.evals.spikes.answers import Answered
-from icl_lens.evals.spikes.features import token_spike_scores
+from experiments.spikes.answers import Answered
+from experiments.spikes.features import token_spike_scores
+from icl_lens.stats.intervals import wilson_interval
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,8 @@ def write_thresholds(path: Path | str, model_name: str, checks: list[FlagCheck],
                      "of correct answers are flagged (one-sided 95% Wilson bound, from a calibration half of the "
                      "questions; held-out precision and recall in EVAL.md). Written by the command below; read by "
                      "icl_lens.model.spike_thresholds.")
+    data = {"about": data["about"], "generated_by": "python -m experiments.spikes",
+            **{k: v for k, v in data.items() if k not in ("about", "generated_by")}}
     data["target_correct_token_flag_rate"] = rate
     models = data.setdefault("models", {})
     models[model_name] = {

@@ -5,9 +5,9 @@ Each notebook ends its story with a small table: one row per claim of a paper it
 McDermott, Heath, Parhi 2026, arXiv 2606.25342), the number icl_lens measures, the
 baseline or control it must beat, whether the claim is reproduced, and why not where it
 is not. The numbers are computed in the notebook or read from the evaluation reports
-(``reports/eval_*.json``, written by ``python -m icl_lens.evals.<name>``) by the readers
-below. A report or key that is missing (a wheel install ships no reports; an evaluation
-not run yet) reads as :data:`NOT_MEASURED`, never as a number.
+(``reports/eval_*.json``, written by ``python -m experiments.<name>``) by the readers
+below (from ``reports/`` of this checkout). A report or key that is missing (a copy of the
+notebooks without the reports; an evaluation not run yet) reads as :data:`NOT_MEASURED`, never as a number.
 
 Verdicts (:func:`verdict_above`): a measured interval whose lower end lies above the
 control's upper end (and above ``floor``) reproduces an effect; an interval that overlaps
@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from icl_lens.evals.intervals import wilson_interval
+from icl_lens.stats import wilson_interval
 
 NOT_MEASURED = "not measured in this checkout"
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
@@ -87,7 +87,7 @@ def _text(x: Any) -> str:
 # --- intervals written for a table --------------------------------------------------------------------
 
 def rate(correct: int, n: int, level: float = 0.95) -> str:
-    """``"0.75 [0.55, 0.88] (18/24)"``: an accuracy with its Wilson interval (:mod:`icl_lens.evals.intervals`)."""
+    """``"0.75 [0.55, 0.88] (18/24)"``: an accuracy with its Wilson interval (:mod:`icl_lens.stats.intervals`)."""
     low, high = wilson_interval(correct, n, level)
     return f"{correct / n:.2f} [{low:.2f}, {high:.2f}] ({correct}/{n})"
 

@@ -2,9 +2,10 @@
 
 :func:`wilson_interval` of a proportion ``k/n``:
 ``(p̂ + z²/2n ± z·sqrt(p̂(1−p̂)/n + z²/4n²)) / (1 + z²/n)``. It stays inside [0, 1] and is
-not degenerate at 0 or ``n`` successes, unlike the normal approximation. Used for the
-workshop's accuracies on small test sets (``icl_lens.evals.claims.rate``). Bootstrap
-intervals live in :mod:`icl_lens.core.bootstrap`.
+not degenerate at 0 or ``n`` successes, unlike the normal approximation. Used for
+accuracies on small test sets (the thought evaluation, ``icl-lens thought-eval``, the
+workshop notebooks). Bootstrap
+intervals live in :mod:`icl_lens.stats.bootstrap`.
 """
 from __future__ import annotations
 

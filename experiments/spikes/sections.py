@@ -1,11 +1,11 @@
 """Markdown of one model's results; every sentence that reads a number is built from it."""
 from __future__ import annotations
 
-from icl_lens.evals.auroc import AurocDifference, AurocResult
-from icl_lens.evals.factual_prompts import completion_answer
-from icl_lens.evals.spikes.answers import AnswerSet
-from icl_lens.evals.spikes.calibration import FlagCheck
-from icl_lens.evals.spikes.summary import COLUMNS, HIDDEN, PATCH, Comparison, DetectorAurocs, Subset, Verdict
+from experiments.factual_prompts import completion_answer
+from experiments.spikes.answers import AnswerSet
+from experiments.spikes.calibration import FlagCheck
+from experiments.spikes.summary import COLUMNS, HIDDEN, PATCH, Comparison, DetectorAurocs, Subset, Verdict
+from icl_lens.stats.auroc import AurocDifference, AurocResult
 
 
 def fmt(r: AurocResult | AurocDifference | None) -> str:
@@ -152,7 +152,7 @@ def model_section(answer_set: AnswerSet, *, table, comparisons, v: Verdict, kind
               f"one-sided 95% Wilson bound on the share of correct answers' tokens above it is at most {pct(rate)} on "
               "the calibration half; the columns from *correct tokens flagged* on are measured on the held-out half):", ""]
     lines += flag_table(checks, rate)
-    lines += ["", "Reading (rule in `icl_lens/evals/spikes/summary.py`): "
+    lines += ["", "Reading (rule in `experiments/spikes/summary.py`): "
               + verdict_sentence(answer_set.model_name, table, comparisons, v, no_copies) + " "
               + hidden_sentence(table, comparisons, v), "", flag_sentence(default_check, rate), ""]
     return lines

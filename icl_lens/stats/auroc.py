@@ -4,7 +4,7 @@
 (the Mann–Whitney U statistic divided by ``n⁺ n⁻``). The bootstrap resamples examples
 with replacement; a resample is a weight vector ``w`` (counts), and
 ``AUROC(w) = Σ_ij w⁺_i K_ij w⁻_j / (Σ w⁺)(Σ w⁻)`` with ``K_ij = [s⁺_i > s⁻_j] + ½[s⁺_i = s⁻_j]``,
-so all resamples cost one matrix product (resamples from :mod:`icl_lens.core.bootstrap`).
+so all resamples cost one matrix product (resamples from :mod:`icl_lens.stats.bootstrap`).
 Resamples without both classes are dropped.
 
 Stratified (within-group) AUROC, ``strata=``: only pairs whose two examples share a
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from icl_lens.core.bootstrap import percentile_interval, resample_counts
+from icl_lens.stats.bootstrap import percentile_interval, resample_counts
 
 
 @dataclass(frozen=True)

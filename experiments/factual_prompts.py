@@ -1,7 +1,7 @@
-"""The labelled factual-question set and its answer key (``icl_lens/data/factual_prompts.jsonl``).
+"""The labelled factual-question set and its answer key (``experiments/data/factual_prompts.jsonl``).
 
 Each line: ``{"prompt": question, "answers": [aliases...], "kind": ..., "subject": ...}``,
-written by ``python -m icl_lens.evals.build_questions`` (which lists the kinds) from the
+written by ``python -m experiments.build_questions`` (which lists the kinds) from the
 facts in that script. ``invented`` questions ask about entities that do not exist; their
 answer list is empty, so every completion is incorrect. ``subject`` names the entity asked
 about (several questions can share one). Questions are asked after a fixed few-shot
@@ -22,7 +22,7 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-DATA_FILE = Path(__file__).resolve().parent.parent / "data" / "factual_prompts.jsonl"
+DATA_FILE = Path(__file__).resolve().parent / "data" / "factual_prompts.jsonl"
 
 FEW_SHOT = (
     "Answer each question with a short answer.\n"

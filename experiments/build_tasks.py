@@ -1,4 +1,4 @@
-"""Regenerate the shipped thought-patch tasks: ``python -m icl_lens.thought.tasks.build_tasks``.
+"""Regenerate the shipped thought-patch tasks: ``python -m experiments.build_tasks``.
 
 Each task is one JSON object on one line (``<name>.jsonl``): ``{"name", "kind",
 "instruction", "train": [{"query", "answer"}], "test": [...]}``. The instruction is a
@@ -24,7 +24,9 @@ import json
 import random
 from pathlib import Path
 
-HERE = Path(__file__).parent
+from icl_lens.thought.tasks import TASK_DIR
+
+GENERATED_BY = "python -m experiments.build_tasks"
 N_DEMOS, N_TRAIN, N_TEST, MIN_TEST = 8, 32, 32, 24
 
 CAPITALS = """France Paris|Japan Tokyo|Germany Berlin|Italy Rome|Spain Madrid|China Beijing|Russia Moscow|Egypt Cairo
@@ -213,15 +215,21 @@ def _dictionary(k: int, seed: int) -> dict:
 
 def extra_tasks() -> list[dict]:
     """Not in the thought-patch suite (8 test queries): the key–value table ``kv8`` that
-    ``icl_lens.evals.finetune_alignment`` reads."""
+    ``experiments.finetune_alignment`` reads."""
     return [_dictionary(8, 18)]
+
+
+def task_line(task: dict) -> str:
+    """A task file's one line: the task, led by the command that wrote it (``generated_by``, which
+    :func:`icl_lens.thought.tasks.load_task` ignores)."""
+    return json.dumps({"generated_by": GENERATED_BY, **task}, ensure_ascii=False) + "\n"
 
 
 def build() -> list[Path]:
     paths = []
     for task in [*tasks(), *extra_tasks()]:
-        path = HERE / f"{task['name']}.jsonl"
-        path.write_text(json.dumps(task, ensure_ascii=False) + "\n", encoding="utf-8")
+        path = TASK_DIR / f"{task['name']}.jsonl"
+        path.write_text(task_line(task), encoding="utf-8")
         paths.append(path)
     return paths
 

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from icl_lens.evals.auroc import AurocDifference, AurocResult, auroc, bootstrap_auroc, bootstrap_auroc_difference
-from icl_lens.evals.spikes.detector import HeldOut
+from experiments.spikes.detector import HeldOut
+from icl_lens.stats.auroc import AurocDifference, AurocResult, auroc, bootstrap_auroc, bootstrap_auroc_difference
 
 PATCH = "patch, answer + last prompt token"
 HIDDEN = "hidden, answer + last prompt token"

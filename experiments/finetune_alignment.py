@@ -1,6 +1,6 @@
 """Evaluation: implicit vs explicit finetuning, measured the way Dherin et al. 2025 measure it.
 
-``python -m icl_lens.evals.finetune_alignment [--quick]`` writes
+``python -m experiments.finetune_alignment [--quick]`` writes
 ``reports/eval_finetune_alignment.md`` and ``reports/eval_finetune_alignment.json``.
 
 The paper (arXiv 2507.16003, §4–5) claims that the implicit updates of a context (token
@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from icl_lens.evals.report import command, load_average, machine, markdown_table, write_fragment
+from experiments.report import command, load_average, machine, markdown_table, write_fragment
 
 LAB_MODELS = ("single_block", "one_block", "one_block_skip", "one_block_ln", "one_block_preln", "skip_only",
               "softmax", "linear", "delta", "gru")
@@ -199,7 +199,7 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
     lines = [
         "## Implicit vs explicit finetuning (the paper's protocol)",
         "",
-        f"Command: `{command('python -m icl_lens.evals.finetune_alignment', argv)}`  ",
+        f"Command: `{command('python -m experiments.finetune_alignment', argv)}`  ",
         f"Machine: {machine(load_before=load_before)}.  ",
         f"Run time: {wall:.0f} s wall, {cpu:.0f} s CPU (lab models {lab_seconds:.0f} s wall, one thread; language "
         f"models {args.threads} thread{'s' if args.threads > 1 else ''}).",
@@ -349,7 +349,7 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
 
 
 def _mean_ci(values):
-    from icl_lens.core.bootstrap import bootstrap_mean
+    from icl_lens.stats.bootstrap import bootstrap_mean
 
     return bootstrap_mean(values.double().numpy())
 

@@ -1,4 +1,4 @@
-"""``python -m icl_lens.evals.lab``: run the six ICL-lab experiments, write ``reports/eval_lab.md``.
+"""``python -m experiments.lab``: run the six ICL-lab experiments, write ``reports/eval_lab.md``.
 
 Uses the shipped checkpoints (no training). Sizes are chosen so the whole run takes a few
 minutes on 2 CPU cores; ``--quick`` shrinks them further for a smoke test.
@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from icl_lens.evals.report import load_average, machine, markdown_table, write_fragment
+from experiments.report import load_average, machine, markdown_table, write_fragment
 from icl_lens.lab.checkpoints import training_record
 from icl_lens.lab.experiments.attention_regression import attention_as_regression
 from icl_lens.lab.experiments.convergence import convergence_by_architecture
@@ -64,7 +64,7 @@ def findings(eq, conv, tp, mc, rv) -> list[str]:
         f"one for the {e.arch.nunique()} contextual layers: worst relative error {worst('float64'):.1e} at float64, "
         f"{worst('float32'):.1e} at float32.",
         "- 2: implicit vs explicit finetuning is measured with the paper's protocol in its own section "
-        "(`python -m icl_lens.evals.finetune_alignment`).",
+        "(`python -m experiments.finetune_alignment`).",
         f"- 3: decay exponents α of the meta-gradient norm up to {conv.n_max} pairs (trained on {conv.n_train}): "
         f"{alphas} ({by_class}; late/early {c.loc['gru', 'late_over_early']:.2f} for the GRU vs "
         f"{c.loc['softmax', 'late_over_early']:.2f} for softmax). The papers' attention-vs-RNN claim (attention's "
@@ -98,7 +98,7 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md", progress: bool = 
 
     t0, load_before = time.perf_counter(), load_average()
     parts = ["## ICL lab: linear-regression experiments (attention vs parametric and recurrent layers)", "",
-             f"Command: `python -m icl_lens.evals.lab{' --quick' if quick else ''}` (shipped checkpoints, no training).",
+             f"Command: `python -m experiments.lab{' --quick' if quick else ''}` (shipped checkpoints, no training).",
              f"Machine: {machine(load_before=load_before)}.", ""]
 
     rec = pd.DataFrame([{"arch": a, **{k: training_record(a)[k] for k in ("steps", "batch", "seconds", "eval_loss_n_train")}}
@@ -117,7 +117,7 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md", progress: bool = 
 
     parts += ["### 2. Implicit trajectory vs explicit SGD on the same examples",
               "Measured with the paper's protocol (loss curves, cumulative and per-step alignment in both orders, "
-              "controls, where the context effect lives) by `python -m icl_lens.evals.finetune_alignment`: see the "
+              "controls, where the context effect lives) by `python -m experiments.finetune_alignment`: see the "
               "section *Implicit vs explicit finetuning (the paper's protocol)*.", ""]
 
     conv = stage("convergence", lambda: convergence_by_architecture(n_prompts=s(16, 3), n_max=s(64, 32)))

@@ -31,9 +31,9 @@ import re
 import numpy as np
 import torch
 
+from experiments.factual_prompts import completion_answer, normalise
+from experiments.spikes.answers import Answered
 from icl_lens.core.spike_scores import spike_scores_from_norms
-from icl_lens.evals.factual_prompts import completion_answer, normalise
-from icl_lens.evals.spikes.answers import Answered
 
 TINY = 1e-30  # floor before the log: a zero norm (no finite patch, docs/design.md §2) stays finite
 

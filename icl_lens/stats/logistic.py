@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from icl_lens.evals.auroc import auroc
+from icl_lens.stats.auroc import auroc
 
 LAMBDAS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 NEWTON_MAX_FEATURES = 400

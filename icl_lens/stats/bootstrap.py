@@ -7,7 +7,7 @@ costs one matrix product for all resamples: the mean of resample ``b`` is
 of the resampled statistic (Efron's percentile interval). Used for the signed mean
 cosines of the alignment evaluations, for patched/full accuracy ratios (:func:`bootstrap_ratio`)
 and, through :func:`resample_counts`, for AUROC
-(:mod:`icl_lens.evals.auroc`).
+(:mod:`icl_lens.stats.auroc`).
 """
 from __future__ import annotations
 

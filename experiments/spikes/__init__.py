@@ -1,9 +1,9 @@
 """Spike flags against wrong answers: do token patches tell a model's correct answers from its wrong ones?
 
-    python -m icl_lens.evals.spikes [--models gemma-3-270m smollm2-135m] [--quick] [--cache DIR]
+    python -m experiments.spikes [--models gemma-3-270m smollm2-135m] [--quick] [--cache DIR]
 
-Each question of ``icl_lens/data/factual_prompts.jsonl`` (built by
-``python -m icl_lens.evals.build_questions``) is answered once, greedily, after a few-shot
+Each question of ``experiments/data/factual_prompts.jsonl`` (built by
+``python -m experiments.build_questions``) is answered once, greedily, after a few-shot
 preamble, recording every token's patches (docs/design.md §2; Dherin et al. 2025, arXiv
 2507.16003), log-probability, entropy and middle-layer residual (:mod:`.answers`). Then:
 

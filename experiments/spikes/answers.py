@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from icl_lens.evals.factual_prompts import FEW_SHOT, FactualPrompt, is_correct
+from experiments.factual_prompts import FEW_SHOT, FactualPrompt, is_correct
 from icl_lens.model.generation import generate_with_patches
 from icl_lens.model.incremental import PatchSession
 from icl_lens.model.residual_stream import recording_residual

@@ -1,11 +1,11 @@
-"""Build the labelled question set ``icl_lens/data/factual_prompts.jsonl`` from the facts below.
+"""Build the labelled question set ``experiments/data/factual_prompts.jsonl`` from the facts below.
 
-    python -m icl_lens.evals.build_questions [--out PATH]
+    python -m experiments.build_questions [--out PATH]
 
 Deterministic: the facts are written here, arithmetic items come from a seeded generator,
 and the order is fixed, so rerunning the command rewrites the same file. One JSON object
 per line: ``{"prompt", "answers", "kind", "subject"}``. ``answers`` lists the aliases
-accepted as correct (matching rule: :func:`icl_lens.evals.factual_prompts.is_correct`);
+accepted as correct (matching rule: :func:`experiments.factual_prompts.is_correct`);
 ``subject`` names the entity asked about, so questions about the same thing (a country's
 capital, currency, language and continent) can be kept in one cross-validation fold.
 
@@ -22,7 +22,7 @@ import json
 import random
 from pathlib import Path
 
-from icl_lens.evals.factual_prompts import DATA_FILE, FEW_SHOT
+from experiments.factual_prompts import DATA_FILE, FEW_SHOT
 
 # country | capital aliases | continent aliases | language aliases | currency aliases ("-": not asked)
 # The name carries its article where English uses one ("the Netherlands").

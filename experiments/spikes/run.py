@@ -1,4 +1,4 @@
-"""``python -m icl_lens.evals.spikes``: the spike-flag evaluation (see the package docstring)."""
+"""``python -m experiments.spikes``: the spike-flag evaluation (see the package docstring)."""
 from __future__ import annotations
 
 import argparse
@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from icl_lens.evals.factual_prompts import FEW_SHOT, FactualPrompt, load_factual_prompts
-from icl_lens.evals.logistic import LAMBDAS, NEWTON_MAX_FEATURES
-from icl_lens.evals.report import command, machine, write_fragment
-from icl_lens.evals.spikes.answers import AnswerSet, answer_all
-from icl_lens.evals.spikes.calibration import calibration_split, check_flag, write_thresholds
-from icl_lens.evals.spikes.detector import held_out_scores
-from icl_lens.evals.spikes.features import copies_question, feature_sets, single_scores
-from icl_lens.evals.spikes.sections import flags_summary, model_section, overall_sentence, verdict_sentence
-from icl_lens.evals.spikes.summary import (
+from experiments.factual_prompts import FEW_SHOT, FactualPrompt, load_factual_prompts
+from experiments.report import command, machine, write_fragment
+from experiments.spikes.answers import AnswerSet, answer_all
+from experiments.spikes.calibration import calibration_split, check_flag, write_thresholds
+from experiments.spikes.detector import held_out_scores
+from experiments.spikes.features import copies_question, feature_sets, single_scores
+from experiments.spikes.sections import flags_summary, model_section, overall_sentence, verdict_sentence
+from icl_lens.stats.logistic import LAMBDAS, NEWTON_MAX_FEATURES
+from experiments.spikes.summary import (
     COLUMNS,
     HIDDEN,
     LOGPROB_CANDIDATES,
@@ -87,9 +87,9 @@ def header(items: list[FactualPrompt], args, argv, lambdas) -> list[str]:
     kinds = sorted({i.kind for i in items})
     return [
         "## Spike flags: do token patches tell correct answers from wrong ones?", "",
-        f"Command: `{command('python -m icl_lens.evals.spikes', argv)}`  ",
+        f"Command: `{command('python -m experiments.spikes', argv)}`  ",
         f"Machine: {machine()} at the start; float32, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
-        f"Data: `icl_lens/data/factual_prompts.jsonl` (built by `python -m icl_lens.evals.build_questions` from facts "
+        f"Data: `experiments/data/factual_prompts.jsonl` (built by `python -m experiments.build_questions` from facts "
         f"written in that script), {len(items)} questions of {len(kinds)} kinds "
         f"({', '.join(f'{k} {sum(i.kind == k for i in items)}' for k in kinds)}) about "
         f"{len({i.subject for i in items})} subjects; `invented` questions ask about entities that do not exist, so "
@@ -99,7 +99,7 @@ def header(items: list[FactualPrompt], args, argv, lambdas) -> list[str]:
         "boundary).", "",
         "Detectors: one example per answer, since the label is per answer (averaging over the answer tokens keeps "
         "one example per question instead of weighting long answers more; features in "
-        "`icl_lens/evals/spikes/features.py`). L2 logistic regression (`icl_lens/evals/logistic.py`, a small "
+        "`experiments/spikes/features.py`). L2 logistic regression (`icl_lens/stats/logistic.py`, a small "
         f"torch fit, Newton's method up to {NEWTON_MAX_FEATURES} features and L-BFGS above, checked against ∇L = 0, rather than a new "
         "scikit-learn dependency) "
         "on *patch* features (per layer, log patch norm and log correction norm at the first answer token and averaged "
@@ -110,7 +110,7 @@ def header(items: list[FactualPrompt], args, argv, lambdas) -> list[str]:
         "(standardised features, mean log-loss + λ/2‖w‖²). Single scores used as they are: −log p, entropy, and "
         f"the unsupervised spike score (mean over layers of the robust z against the trailing {args.window} "
         "positions). *Kind only*: the training folds' error rate of the answer's kind.", "",
-        f"Verdict rule (`icl_lens/evals/spikes/summary.py`, fixed before the run): the patch detector is the regression "
+        f"Verdict rule (`experiments/spikes/summary.py`, fixed before the run): the patch detector is the regression "
         f"on `{PATCH}`; the log-probability baseline is the best, by within-kind AUROC, of "
         f"{', '.join(f'`{c}`' for c in LOGPROB_CANDIDATES)}; the detector *beats* it when the paired bootstrap 95% "
         "interval of their within-kind AUROC difference (grouped K-fold) lies above 0.", "",
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     thresholds_out = args.thresholds_out or (None if args.quick else str(THRESHOLDS_FILE))
     head = header(items, args, argv, lambdas)
     lines: list[str] = []
-    record: dict = {"command": command("python -m icl_lens.evals.spikes", argv), "models": {}}
+    record: dict = {"command": command("python -m experiments.spikes", argv), "models": {}}
     verdicts: dict = {}
     default_flags: dict = {}
     spike_within: dict = {}

@@ -1,0 +1,3 @@
+from experiments.spikes.run import main
+
+main()

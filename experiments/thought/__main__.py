@@ -1,0 +1,3 @@
+from experiments.thought.run import main
+
+raise SystemExit(main())

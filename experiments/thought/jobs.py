@@ -1,0 +1,190 @@
+"""What a run computes: the jobs of one model (table, paper, curve, preserve, tuned, selection stages,
+diagnosis), each stored in the cache as soon as it is done."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from experiments.thought.cache import cache_path, cached, carry_over
+from experiments.thought.settings import (
+    PAPER,
+    PATCH_CONDITIONS,
+    PRESERVE_FIT,
+    SCORE_ANSWER_TOKENS,
+    SELECT_ANSWER_GRID,
+    SELECT_EXTRA,
+    SELECT_FIT,
+    SELECT_GRID,
+    SELECT_TASKS,
+    SELECT_VALIDATE,
+    SIZES,
+    STAGE_ONE,
+    setting_name,
+    target_verdict,
+)
+from icl_lens.thought.tasks import Task, load_task
+
+
+def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Path, run: str, *,
+              paper_tasks: list[str] | None = None, preserve_tasks: list[str] = (),
+              n_train: int | None = None, sizes=SIZES, select: bool = False, select_tasks=SELECT_TASKS,
+              select_grid=SELECT_GRID, select_extra=SELECT_EXTRA, select_answer_grid=SELECT_ANSWER_GRID,
+              select_fit: int = SELECT_FIT, select_validate: int = SELECT_VALIDATE,
+              diagnose_task: str | None = None, table: bool = True, tune_tasks: list[str] | None = None) -> None:
+    """Evaluate what the cache lacks; ``run`` (command and machine) is recorded with the keys it computed."""
+    from icl_lens.model.loading import load_model
+    from icl_lens.thought.instruction_batches import text_ids, with_bos
+    from icl_lens.thought.diagnose import diagnose
+    from icl_lens.thought.divergence import answer_kl, text_kl
+    from icl_lens.thought.evaluate import evaluate_thought
+    from icl_lens.thought.fit import (DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE,
+                                      thought_patch)
+    from icl_lens.thought.locality import load_locality, locality_probe
+
+    default = {"kind": DEFAULT_KIND, "ridge": DEFAULT_RIDGE, "query_prefix": DEFAULT_QUERY_PREFIX,
+               "answer_tokens": DEFAULT_ANSWER_TOKENS}
+    stage_one = {**STAGE_ONE, "answer_tokens": 0}
+    cache, results = cache_path(out, model_name), cached(out, model_name)
+    model = load_model(model_name)
+    probe = None
+
+    def store(key, value):
+        results[key] = value
+        runs = results.setdefault("runs", {})
+        runs[run] = runs.get(run, []) + [key]
+        cache.write_text(json.dumps(results, indent=1))
+
+    jobs = []
+    if table:  # the main table (with the paper's settings beside each task), then the curves
+        for name in tasks:  # each task's paper row right after its table row
+            jobs += [("table", name, None)] + ([("paper", name, None)] if paper_tasks is None or name in paper_tasks
+                                               else [])
+        jobs += [("curve", name, n) for name in tasks if name in curve_tasks for n in sizes]
+        jobs += [("preserve", name, None) for name in tasks if name in preserve_tasks]
+        jobs += [("tuned", name, None) for name in tasks]
+    if select:
+        jobs += [("select", name, i) for name in select_tasks for i in range(len(select_grid))]
+        jobs += [("select", select_tasks[0], len(select_grid) + i) for i in range(len(select_extra))]
+        jobs += [("answers", name, i) for name in select_tasks for i in range(len(select_answer_grid))]
+        jobs += [("preserve-select", name, keep) for name in select_tasks for keep in (False, True)]
+    if diagnose_task:
+        jobs += [("diagnose", diagnose_task, None)]
+
+    def current(key: str) -> bool:  # cached, and computed with the current default settings
+        return key in results and setting_name(results[key]) == setting_name(default)
+
+    def answer_selection(task, setting: dict) -> dict:
+        """Fit on the first train queries, score the next ones at the answer's positions (cached)."""
+        key = f"answers/{setting_name(setting)}/{task.name}"
+        if key not in results:
+            fit, val = split(task)
+            t0 = time.perf_counter()
+            patch = thought_patch(model, task.instruction, fit, **setting)
+            score = {"query_prefix": DEFAULT_QUERY_PREFIX, "answer_tokens": SCORE_ANSWER_TOKENS}
+            store(key, {
+                **setting, "task": task.name, "n_fit": len(fit), "n_validate": len(val),
+                "validation_kl": answer_kl(model, task.instruction, val, patch, **score),
+                "calibration_kl": answer_kl(model, task.instruction, fit, patch, **score),
+                "validation_last_token_kl": answer_kl(model, task.instruction, val, patch,
+                                                      query_prefix=DEFAULT_QUERY_PREFIX),
+                "seconds": time.perf_counter() - t0})
+        return results[key]
+
+    def tune(name: str) -> bool:  # tasks tuned on their own: the given ones, else the missed targets
+        if tune_tasks is not None:
+            return name in tune_tasks
+        r = results.get(f"table/{name}")
+        return r is not None and target_verdict(r, r["correct"]["patched"]) == "missed"
+
+    def split(task):  # selection: fit on the first train queries, score the next ones (never test)
+        return ([q for q, _ in task.train[:select_fit]],
+                [q for q, _ in task.train[select_fit:select_fit + select_validate]])
+
+    start = time.perf_counter()
+    for job, name, arg in tqdm(jobs, desc=model_name):
+        task = load_task(name)
+        if job == "table" and not (current(f"table/{name}") and "answers" in results[f"table/{name}"]):
+            probe = probe or locality_probe(model)
+            old = results.get(f"table/{name}")
+            if old is None or "answers" not in old:  # new, or from before the answers were kept: every condition
+                new = evaluate_thought(model, task, n_train=n_train, locality=probe).to_dict(outcomes=True)
+            else:  # the default changed: recompute what depends on the patch, carry over the rest
+                new = carry_over(old, evaluate_thought(model, task, n_train=n_train, locality=probe,
+                                                        conditions=PATCH_CONDITIONS).to_dict(outcomes=True))
+            if old is not None and setting_name(old) != setting_name(default):  # keep the earlier default's row
+                store(f"earlier/{setting_name(old)}/{name}", old)
+            store(f"table/{name}", new)
+        elif job == "paper" and f"paper/{name}" not in results:
+            probe = probe or locality_probe(model)
+            res = evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("none", "patched"), **PAPER)
+            store(f"paper/{name}", res.to_dict(outcomes=True))
+        elif job == "preserve" and not current(f"preserve/{name}"):
+            probe = probe or locality_probe(model)
+            res = evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("patched",),
+                                   preserve=load_locality().preserve_texts)
+            store(f"preserve/{name}", res.to_dict(outcomes=True))
+        elif job == "curve" and arg <= len(task.train) and not current(f"curve/{name}/{arg}"):
+            res = evaluate_thought(model, task, n_train=arg, conditions=("patched",), locality=False)
+            store(f"curve/{name}/{arg}", res.to_dict(outcomes=True))
+        elif job == "select":
+            setting = (*select_grid, *select_extra)[arg]
+            key = f"select/{setting_name(setting)}/{name}"
+            if key not in results:
+                fit, val = split(task)
+                t0 = time.perf_counter()
+                patch = thought_patch(model, task.instruction, fit, **{"answer_tokens": 0, **setting})
+                store(key, {**setting, "task": name, "n_fit": len(fit), "n_validate": len(val),
+                            "validation_kl": answer_kl(model, task.instruction, val, patch,
+                                                       query_prefix=setting["query_prefix"]),
+                            "calibration_kl": answer_kl(model, task.instruction, fit, patch,
+                                                        query_prefix=setting["query_prefix"]),
+                            "seconds": time.perf_counter() - t0})
+        elif job == "answers":
+            answer_selection(task, stage_one | select_answer_grid[arg])
+        elif job == "preserve-select" and f"preserve-select/{setting_name(default)}/{arg}/{name}" not in results:
+            texts = load_locality().preserve_texts
+            fit, val = split(task)
+            t0 = time.perf_counter()
+            patch = thought_patch(model, task.instruction, fit, **default,
+                                  preserve=texts[:PRESERVE_FIT] if arg else ())
+            held_out = [with_bos(model, text_ids(model, t)) for t in texts[PRESERVE_FIT:]]
+            score = {"query_prefix": DEFAULT_QUERY_PREFIX, "answer_tokens": SCORE_ANSWER_TOKENS}
+            store(f"preserve-select/{setting_name(default)}/{arg}/{name}", {
+                **default, "task": name, "preserve": PRESERVE_FIT if arg else 0, "n_fit": len(fit),
+                "n_validate": len(val), "n_texts_scored": len(held_out),
+                "validation_kl": answer_kl(model, task.instruction, val, patch, **score),
+                "text_kl": text_kl(model, held_out, patch), "seconds": time.perf_counter() - t0})
+        elif job == "tuned" and tune(name):
+            if not current(f"tuned/{name}"):
+                scores = {setting_name(s): (s, answer_selection(task, s)["validation_kl"])
+                          for s in (default, *(stage_one | g for g in select_answer_grid))}
+                chosen, _ = min(scores.values(), key=lambda sk: sk[1])
+                t0 = time.perf_counter()
+                probe = probe or locality_probe(model)
+                res = (evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("patched",),
+                                        **chosen).to_dict(outcomes=True)
+                       if setting_name(chosen) != setting_name(default) else {})  # the default is this task's lowest
+                store(f"tuned/{name}", {**default, "task": name, "chosen": chosen, "result": res,
+                                        "validation_kl": {k: kl for k, (_, kl) in scores.items()},
+                                        "seconds": time.perf_counter() - t0})
+            if f"train/{name}" not in results:  # the instruction on the calibration queries themselves
+                on_train = Task(task.name, task.instruction, task.train, task.train)
+                store(f"train/{name}", evaluate_thought(model, on_train, conditions=("none", "full"),
+                                                        locality=False).to_dict(outcomes=True))
+        elif job == "diagnose" and f"diagnose/{name}" not in results:
+            queries = {"train": [q for q, _ in task.train], "test": [q for q, _ in task.test]}
+            frames = {}
+            settings = (("unpatched, no prefix", None, ""), ("unpatched, default prefix", None, None),
+                        ("paper patch", PAPER, ""), ("default patch", {}, None))
+            for label, setting, prefix in settings:
+                patch = None if setting is None else thought_patch(model, task.instruction, queries["train"], **setting)
+                prefix = patch.query_prefix if patch is not None else (DEFAULT_QUERY_PREFIX if prefix is None else prefix)
+                for split, qs in queries.items():
+                    frames[f"{label}/{split}"] = diagnose(model, task.instruction, qs, patch,
+                                                          query_prefix=prefix).to_frame().to_dict(orient="list")
+            store(f"diagnose/{name}", frames)
+    if jobs:
+        store(f"seconds/{time.strftime('%Y-%m-%dT%H:%M:%S')}", {"jobs": len(jobs), "seconds": time.perf_counter() - start})

@@ -1,0 +1,270 @@
+"""``python -m experiments.thought``: the report from the cached results, and the command line (see the
+package docstring)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from experiments.report import command, machine, write_fragment
+from experiments.thought.cache import cache_path, cached
+from experiments.thought.jobs import run_model
+from experiments.thought.sections import (
+    acc_ci,
+    agreement_lines,
+    answer_length_lines,
+    answer_selection_lines,
+    diagnosis_lines,
+    earlier_lines,
+    fmt_ratio,
+    paper_lines,
+    pct,
+    preserve_lines,
+    preserve_selection_lines,
+    ratio_ci,
+    selection_lines,
+    to_full,
+    tuned_lines,
+)
+from experiments.thought.settings import (
+    COMMAND,
+    ELIGIBLE,
+    NOT_ELIGIBLE,
+    QUICK,
+    SELECT_ANSWER_GRID,
+    SELECT_EXTRA,
+    SELECT_FIT,
+    SELECT_GRID,
+    SELECT_TASKS,
+    SELECT_VALIDATE,
+    SIZES,
+    TARGET,
+    CURVE_TASKS,
+    target_verdict,
+)
+from icl_lens.model.loading import EMBEDDED_MODELS
+from icl_lens.thought.tasks import SHIPPED_TASKS, load_task
+
+
+def write_report(out: Path, models: list[str], tasks: list[str], report_command: str,
+                 select_tasks=SELECT_TASKS, answer_tokens: dict | None = None) -> str:
+    """The report from the cached results; ``answer_tokens[(model, task)]``: tokens per test answer (optional),
+    for the breakdown of the missed targets by answer length."""
+    from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE
+    from icl_lens.thought.locality import load_locality
+
+    loc = load_locality()
+    default = {"kind": DEFAULT_KIND, "ridge": DEFAULT_RIDGE, "query_prefix": DEFAULT_QUERY_PREFIX}
+    caches = {m: cached(out, m) for m in models}
+    runs = [f"- {m}: {len(keys)} result(s) by {run}" for m in models for run, keys in caches[m].get("runs", {}).items()]
+    runs += [f"- {m}: command and machine not recorded" for m in models
+             if not caches[m].get("runs") and any(k != "runs" for k in caches[m])]
+    lines = [
+        "## Thought patches: prompts turned into weights (issues 5, 14)",
+        "",
+        f"Report written by `{report_command}` from the cached results `{cache_path(out, '<model>').name}`, "
+        "computed (float32) by:",
+        "",
+        *runs,
+        "",
+        "Method (Mazzawi, Dherin et al. 2025, arXiv 2510.08734, Algorithm 1, layer by layer; "
+        "`icl_lens.thought.fit`). **Default settings** (the same for every task and model): "
+        f"kind `{DEFAULT_KIND}`, η = 1, one sweep, scale-free ridge {DEFAULT_RIDGE:g} "
+        "(λ = ridge · tr(Σ x xᵀ)/d of each fit's inputs), all train queries (32) as calibration, query prefix "
+        f"{DEFAULT_QUERY_PREFIX!r} (the query-alone prompt is `[BOS] + prefix + query` at fit and at use), "
+        + (f"answer tokens {DEFAULT_ANSWER_TOKENS} (the calibration rows also cover the first "
+           f"{DEFAULT_ANSWER_TOKENS} tokens of the model's own greedy answer under the instruction, read after "
+           "each calibration query up to its first newline: the positions where the patched model writes its "
+           "answer). " if DEFAULT_ANSWER_TOKENS else "calibration rows at the query tokens only. ")
+        + "Kind `both+down` is the paper's thought matrix and vector plus a least-squares fit, through the MLP's "
+        "down projection, of the per-token block-output residual the constant vector leaves (an icl_lens "
+        "extension; see the fit's docstring). Nothing is tuned per task. "
+        "Accuracy on held-out test queries, greedy decoding, correct when the continuation (leading spaces "
+        "stripped) starts with the answer; [95% Wilson interval]. *none*: query alone; *full*: few-shot "
+        "instruction + query; *patched*: query alone, thought-patched model; *control*: query alone, random patch "
+        "with the same per-layer norms; *steering*: query alone, mean residual difference (instruction+query − "
+        "query alone, over the query tokens of the train queries) added after the block chosen by calibration KL "
+        f"(layer in the table). Ratio = patched/full with a paired bootstrap 95% interval; target ≥ {TARGET} "
+        f"where full ≥ {ELIGIBLE:.0%}. Locality: mean next-token KL(unpatched ‖ edited) in nats over "
+        f"every position of {len(loc.texts)} fixed unrelated texts, and the share of the {len(loc.other_prompts)} "
+        f"queries of a fixed other few-shot task ({loc.other_task}, read with its instruction) on which the edited "
+        "model's answer (the first line of its greedy continuation) is the unpatched model's "
+        "(`icl_lens/thought/tasks/locality.json`). When the default settings change, a rerun recomputes the "
+        "conditions that depend on the patch (patched, control) and carries the others over (none, full, "
+        "steering); *seconds* is the time of the run that computed the row's patch conditions.",
+        "",
+        "| model | task | none | full | patched | control | steering (layer) | patched/full | target | "
+        "locality KL patched / control / steering | other task kept patched / control / steering | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    verdicts: dict[str, list[tuple[str, bool]]] = {}
+    steering_wins, paper_rows = [], []
+    for model in models:
+        res = caches[model]
+        for name in tasks:
+            r = res.get(f"table/{name}")
+            if r is None:
+                continue
+            ratio, ci = ratio_ci(r)
+            verdict = target_verdict(r, r["correct"]["patched"])
+            if verdict != NOT_ELIGIBLE:
+                verdicts.setdefault(model, []).append((name, verdict == "met"))
+            kl, kept = r["locality_kl"], r["locality_accuracy"]
+            lines.append(
+                f"| {model} | {name} | {acc_ci(r, 'none')} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
+                f"{acc_ci(r, 'control')} | {acc_ci(r, 'steering')} ({r['steering_layer']}) | {fmt_ratio(ratio, ci)} | "
+                f"{verdict} | "
+                f"{kl['patched']:.3f} / {kl['control']:.3f} / {kl['steering']:.3f} | "
+                f"{pct(kept['patched'])} / {pct(kept['control'])} / {pct(kept['steering'])} | {r['seconds']:.0f} |")
+            steering_wins.append(r["accuracy"]["patched"] >= r["accuracy"]["steering"])
+            p = res.get(f"paper/{name}")
+            if p is not None:
+                paper_rows.append((model, name, p, r))
+    summary = []
+    for model, v in verdicts.items():
+        missed = [n for n, ok in v if not ok]
+        summary.append(f"- {model}: target met on {sum(ok for _, ok in v)} of {len(v)} tasks where full ≥ "
+                       f"{ELIGIBLE:.0%}" + (f"; missed: {', '.join(missed)}." if missed else "."))
+    if steering_wins:
+        summary.append(f"- The thought patch is at least as accurate as the steering vector on {sum(steering_wins)} "
+                       f"of {len(steering_wins)} (model, task) pairs.")
+    if paper_rows:
+        diff = [r["correct"]["patched"] - p["correct"]["patched"] for _, _, p, r in paper_rows]
+        summary.append(f"- Default against the paper's settings (patched test accuracy): higher on "
+                       f"{sum(d > 0 for d in diff)}, equal on {sum(d == 0 for d in diff)}, lower on "
+                       f"{sum(d < 0 for d in diff)} of {len(diff)} (model, task) pairs.")
+    kls = {c: [caches[m][f"table/{t}"]["locality_kl"][c] for m in models for t in tasks if f"table/{t}" in caches[m]]
+           for c in ("patched", "control", "steering")}
+    if kls["patched"]:
+        med = {c: float(np.median(v)) for c, v in kls.items()}
+        kept = [caches[m][f"table/{t}"]["locality_accuracy"]["patched"] for m in models for t in tasks
+                if f"table/{t}" in caches[m]]
+        summary.append(f"- Locality: median KL on the unrelated texts {med['patched']:.3f} nats for the thought patch, "
+                       f"{med['steering']:.3f} for the steering vector, {med['control']:.3f} for the random control; "
+                       f"the patched model keeps ≥ 90% of the other task's answers on {sum(k >= 0.9 for k in kept)} of "
+                       f"{len(kept)} (model, task) pairs (median {100 * float(np.median(kept)):.0f}%).")
+    answerable = sorted({t for m in models for t in tasks if f"table/{t}" in caches[m]
+                         and caches[m][f"table/{t}"]["accuracy"]["full"] >= ELIGIBLE})
+    evaluated = sorted({t for m in models for t in tasks if f"table/{t}" in caches[m]})
+    if evaluated:
+        summary.append(f"- Answerable by the full instruction (full ≥ {ELIGIBLE:.0%}) on at least one model: "
+                       f"{len(answerable)} of {len(evaluated)} evaluated tasks"
+                       + (f"; not: {', '.join(t for t in evaluated if t not in answerable)}." if
+                          len(answerable) < len(evaluated) else "."))
+    for model in models:
+        missing = [t for t in tasks if f"table/{t}" not in caches[model]]
+        if missing:
+            summary.append(f"- **Not evaluated** on {model} (no cached result): {', '.join(missing)}.")
+    lines += ["", "Read from the table (rules: target as stated; counts over the rows above):", "", *summary]
+    lines += agreement_lines(caches, models, tasks)
+    lines += answer_length_lines(caches, models, tasks, answer_tokens or {})
+    lines += earlier_lines(caches, models, tasks)
+    lines += preserve_lines(caches, models, tasks, len(loc.preserve_texts))
+    lines += tuned_lines(caches, models, tasks)
+    lines += paper_lines(caches, default)
+    if paper_rows:
+        lines += ["", "**Before / after**: the paper's settings (kind `both`, ridge 0, no query prefix, the "
+                  "query read right after BOS) against the default, same train and test queries. *none* is "
+                  "the query alone in each setting's own format.", "",
+                  "| model | task | full | none (paper format) | patched, paper | ratio | patched, default | ratio | "
+                  "locality KL paper / default |", "|---|---|---|---|---|---|---|---|---|"]
+        for model, name, p, r in paper_rows:
+            lines.append(f"| {model} | {name} | {acc_ci(r, 'full')} | {acc_ci(p, 'none')} | {acc_ci(p, 'patched')} | "
+                         f"{to_full(r, p['correct']['patched'])} | {acc_ci(r, 'patched')} | "
+                         f"{to_full(r, r['correct']['patched'])} | {p['locality_kl']['patched']:.3f} / "
+                         f"{r['locality_kl']['patched']:.3f} |")
+    curves = {}
+    for model in models:
+        for name in tasks:
+            pts = {n: caches[model][f"curve/{name}/{n}"] for n in SIZES if f"curve/{name}/{n}" in caches[model]}
+            if pts:
+                curves[(model, name)] = pts
+    if curves:
+        lines += ["", "Test accuracy of the patched model (default settings) against the number of calibration "
+                  "queries (the first n train queries):", "",
+                  "| model | task | " + " | ".join(str(n) for n in SIZES) + " |", "|---|---|" + "---|" * len(SIZES)]
+        for (model, name), pts in curves.items():
+            lines.append(f"| {model} | {name} | " + " | ".join(acc_ci(pts[n], "patched") if n in pts else "–"
+                                                               for n in SIZES) + " |")
+    lines += selection_lines(caches, default, select_tasks)
+    lines += answer_selection_lines(caches, select_tasks, {**default, "answer_tokens": DEFAULT_ANSWER_TOKENS})
+    lines += preserve_selection_lines(caches, select_tasks)
+    lines += diagnosis_lines(caches)
+    timing = []
+    for model in models:
+        secs = [v["seconds"] for k, v in caches[model].items() if k.split("/", 1)[0] in ("table", "paper", "curve",
+                                                                                          "preserve")]
+        if secs:
+            timing.append(f"{model} {sum(secs) / 60:.0f} min")
+    if timing:
+        lines += ["", "Compute, table + before/after + curves + preserve rows (sum of the per-result seconds; a "
+                  f"carried-over row counts its recomputed conditions only): {'; '.join(timing)}."]
+    return "\n".join(lines) + "\n"
+
+
+def _answer_tokens(out: Path, models: list[str], tasks: list[str]) -> dict:
+    """Tokens per test answer (``" " + answer``) for every cached table row, read with each model's tokenizer."""
+    from icl_lens.model.loading import load_model
+    from icl_lens.thought.instruction_batches import text_ids
+
+    counts = {}
+    for model_name in models:
+        names = [t for t in tasks if f"table/{t}" in cached(out, model_name)]
+        if not names:
+            continue
+        model = load_model(model_name)
+        for name in names:
+            counts[(model_name, name)] = [len(text_ids(model, " " + a.strip())) for _, a in load_task(name).test]
+    return counts
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=list(EMBEDDED_MODELS))
+    p.add_argument("--tasks", nargs="+", default=list(SHIPPED_TASKS))
+    p.add_argument("--curve-tasks", nargs="*", default=list(CURVE_TASKS),
+                   help="tasks for the accuracy-against-calibration-size curve (none: no curve)")
+    p.add_argument("--paper-tasks", nargs="*", default=None,
+                   help="tasks on which the paper's settings are run beside the default (default: every task)")
+    p.add_argument("--preserve-tasks", nargs="*", default=None,
+                   help="tasks on which the default is also fitted with the locality file's preserve_texts "
+                        "(default: every task)")
+    p.add_argument("--out", default="reports/eval_thought.md")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: the cores are shared)")
+    p.add_argument("--select", action="store_true", help="also run the selection of the default settings")
+    p.add_argument("--select-only", action="store_true", help="run only the selection (no table)")
+    p.add_argument("--diagnose", metavar="TASK", default=None, help="also run the per-layer diagnosis on TASK")
+    p.add_argument("--report-only", action="store_true", help="only assemble the report from cached results")
+    p.add_argument("--quick", action="store_true", help="tiny-llama, one task, 4 calibration queries (tests)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = command(COMMAND, argv)
+    q = QUICK if args.quick else {}
+    models = q.get("models", args.models)
+    tasks = q.get("tasks", args.tasks)
+    curve_tasks = q.get("tasks", args.curve_tasks)[:1] if args.quick else args.curve_tasks
+    if not args.report_only:
+        for model in models:
+            run_model(model, tasks, curve_tasks, out, f"`{cmd}` on {machine()}", n_train=q.get("n_train"),
+                      paper_tasks=None if args.quick else args.paper_tasks,
+                      preserve_tasks=tasks if args.preserve_tasks is None else args.preserve_tasks,
+                      sizes=q.get("sizes", SIZES), select=args.select or args.select_only,
+                      select_tasks=q.get("tasks", SELECT_TASKS), select_grid=q.get("select_grid", SELECT_GRID),
+                      select_extra=() if args.quick else SELECT_EXTRA,
+                      select_answer_grid=q.get("select_answer_grid", SELECT_ANSWER_GRID),
+                      select_fit=q.get("select_fit", SELECT_FIT), select_validate=q.get("select_validate", SELECT_VALIDATE),
+                      diagnose_task=args.diagnose, table=not args.select_only,
+                      tune_tasks=q.get("tasks") if args.quick else None)
+    report_tasks = tasks if args.quick else list(SHIPPED_TASKS)
+    text = write_report(out, models, report_tasks, cmd, select_tasks=q.get("tasks", SELECT_TASKS),
+                        answer_tokens=_answer_tokens(out, models, report_tasks))
+    print(write_fragment(out, [text]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,3 +1,0 @@
-from icl_lens.evals.spikes.run import main
-
-main()
