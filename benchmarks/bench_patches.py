@@ -26,7 +26,7 @@ from common import peak_memory, prompt_ids, time_it  # noqa: E402
 
 from experiments.report import command, machine, write_fragment  # noqa: E402
 from icl_lens import load_model, patch_norms, token_patches  # noqa: E402
-from icl_lens.model.capture import token_patches_naive  # noqa: E402
+from icl_lens.model.patches import token_patches_naive  # noqa: E402
 
 
 def main() -> None:

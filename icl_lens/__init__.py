@@ -10,11 +10,12 @@ from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
 from icl_lens.model.block_family import UnsupportedArchitectureError
 from icl_lens.model.batches import patch_norms
-from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, token_patches
+from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning
 from icl_lens.model.generation import GenerationPatches, generate_with_patches
 from icl_lens.model.incremental import PatchSession, UpdateStats
 from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
-from icl_lens.model.kept_only import EquivalenceReport, patches_applied, verify_equivalence
+from icl_lens.model.kept_only import patches_applied
+from icl_lens.model.patches import EquivalenceReport, token_patches, verify_equivalence
 from icl_lens.model.prompts import PromptError
 from icl_lens.model.spike_thresholds import DEFAULT_SPIKE_THRESHOLD, SpikeThreshold, spike_threshold
 from icl_lens.model.context_effect import ContextEffect, context_effect

@@ -40,7 +40,7 @@ def _patches(args: argparse.Namespace) -> int:
     if args.tolerance is not None:
         tolerance = args.tolerance
     elif args.dtype in HALF:
-        from icl_lens.model.kept_only import noise_floor
+        from icl_lens.model.patches import noise_floor
 
         reference = load_model(args.model, device=args.device, dtype=torch.float32)
         floor = noise_floor(model, reference, args.prompt)

@@ -1,6 +1,7 @@
-"""Structural promises: imports point one way (core ← model ← features ← front ends), no module
-borrows another's private names, and hooks never outlive the call that added them, even after an
-error raised inside a hook."""
+"""Structural promises: imports point one way (core ← model ← features ← front ends) and never in a
+circle, no module borrows another's private names, hooks pass through the two doors (reading.py,
+weight_edits.py), and hooks never outlive the call that added them, even after an error raised
+inside a hook."""
 import ast
 import pathlib
 
@@ -111,6 +112,37 @@ def test_hooks_are_removed_after_an_error_inside_a_hook():
     assert _hook_count(model) == 0
 
 
+def test_activations_captured_reads_stops_and_cleans_up(load):
+    """The read door: recorded sites equal the cache, the forward stops after ``stop_after`` (a later
+    site never fires), an inner block's stop is its own, and hooks go away after an error in a hook."""
+    from icl_lens.model.reading import activations_captured
+
+    model = load("tiny-llama")
+    ids = torch.tensor([[1, 40, 41, 42]])
+    first, later = "blocks.0.hook_resid_post", "blocks.1.hook_resid_pre"
+    _, cache = model.run_with_cache(ids, names_filter=lambda n: n in (first, later))
+    with torch.no_grad(), activations_captured(model, [first, later], stop_after=first) as acts:
+        model(ids)
+        raise AssertionError("the stopped forward must end the block")  # never reached
+    assert torch.equal(acts[first], cache[first]) and later not in acts
+    with torch.no_grad(), activations_captured(model, [later]) as outer:
+        with activations_captured(model, [first], stop_after=first) as inner:
+            model(ids)
+        model(ids)  # the inner stop ended the inner block only
+    assert torch.equal(inner[first], cache[first]) and torch.equal(outer[later], cache[later])
+    assert _hook_count(model) == 0
+
+    def broken(x, hook):
+        raise ValueError("a hook failed")
+
+    with pytest.raises(ValueError, match="a hook failed"), activations_captured(model, [(first, broken)], stop_after=later):
+        model(ids)
+    assert _hook_count(model) == 0
+    with pytest.raises(KeyError, match="no_such_hook"), activations_captured(model, ["no_such_hook"]):
+        model(ids)
+    assert _hook_count(model) == 0
+
+
 def test_results_are_frozen_with_tidy_frames(load):
     patches = token_patches(load("tiny-llama"), "ab ab")
     with pytest.raises(Exception):
@@ -122,3 +154,124 @@ def test_results_are_frozen_with_tidy_frames(load):
     l, t = 1, 4
     expected = torch.sqrt(patches.u_gate[l, t].norm() ** 2 + patches.u_in[l, t].norm() ** 2) * patches.v[l, t].norm()
     assert torch.isclose(patches.norms()[l, t], expected)
+
+
+def _module_name(path: pathlib.Path, root: pathlib.Path = PACKAGE) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
+    """Module → the package modules it imports, at module level or inside functions (``ast``).
+
+    ``from a.b import c`` points at ``a.b.c`` when that is a module, else at ``a.b``.
+    Parent packages imported implicitly are not arrows (every module would then sit in a
+    circle with its package's ``__init__``).
+    """
+    files = {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    top = root.name
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in _imports(path):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+                continue
+            base = node.module or ""
+            if node.level:  # relative import
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                targets.add(sub if sub in files else base)
+        graph[name] = {t for t in targets if t in files and t != name and t.split(".")[0] == top}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports ``[m0, m1, …, m0]``, or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_circle():
+    """No module of icl_lens imports another that (directly or not) imports it back, also lazily inside a function."""
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_import_circle_is_found(tmp_path):
+    """The check sees a circle made by a function-level import (the kind model/capture.py used to have)."""
+    pkg = tmp_path / "icl_lens"
+    (pkg / "model").mkdir(parents=True)
+    for f in ("__init__.py", "model/__init__.py"):
+        (pkg / f).write_text("")
+    (pkg / "model/a.py").write_text("from icl_lens.model.b import g\n")
+    (pkg / "model/b.py").write_text("def g():\n    from icl_lens.model import c\n")
+    (pkg / "model/c.py").write_text("from icl_lens.model.a import *\n")
+    graph = import_graph(pkg)
+    assert find_cycle(graph) == ["icl_lens.model.a", "icl_lens.model.b", "icl_lens.model.c", "icl_lens.model.a"]
+    (pkg / "model/c.py").write_text("import torch\n")
+    assert find_cycle(import_graph(pkg)) is None
+
+
+HOOK_CALLS = {"add_hook", "add_perma_hook", "run_with_hooks", "register_forward_hook", "register_forward_pre_hook",
+              "register_full_backward_hook", "register_backward_hook"}
+DOORS = {"model/reading.py", "model/weight_edits.py"}  # the one door to read, the one door to write
+
+
+def hook_plumbing(path: pathlib.Path) -> list[str]:
+    """Lines of ``path`` that add hooks to a model, or define an exception that stops a forward."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            attr = node.func.attr
+            scoped = attr == "hooks" and (any(k.arg in ("fwd_hooks", "bwd_hooks") for k in node.keywords)
+                                          or (node.args and isinstance(node.args[0], (ast.List, ast.ListComp))))
+            if attr in HOOK_CALLS or scoped:
+                found.append((node.lineno, f"{ast.unparse(node.func)}(…)"))
+        elif isinstance(node, ast.ClassDef) and any(w in node.name.lower() for w in ("stop", "halt", "abort")):
+            bases = {ast.unparse(b) for b in node.bases}
+            if bases & {"Exception", "BaseException", "RuntimeError", "StopIteration"} or any("Error" in b or "Exception" in b for b in bases):
+                found.append((node.lineno, f"class {node.name}"))
+    return [f"{path.name}:{line}: {what}" for line, what in sorted(found)]
+
+
+def test_hooks_pass_through_the_two_doors():
+    """Only model/reading.py (activations_captured) and model/weight_edits.py (edits_applied) add hooks
+    to a model or stop a forward; every other module reads and writes through them."""
+    found = [line for path in sorted(PACKAGE.rglob("*.py")) if str(path.relative_to(PACKAGE)) not in DOORS
+             for line in hook_plumbing(path)]
+    assert not found, f"hooks outside the doors: {found}"
+
+
+def test_hook_plumbing_is_found(tmp_path):
+    """A hand-written read loop (the five of before model/reading.py) is caught; a capture's own ``hooks(layer)`` is not."""
+    loop = tmp_path / "loop.py"
+    loop.write_text(
+        "class StopForward(Exception):\n    pass\n\n"
+        "def read(model, ids, name):\n"
+        "    with model.hooks(fwd_hooks=[(name, grab)]):\n"
+        "        try:\n            model(ids)\n        except StopForward:\n            pass\n"
+        "    model.blocks[0].hook_resid_pre.add_hook(grab)\n"
+        "    capture.hooks(3)\n")
+    assert hook_plumbing(loop) == ["loop.py:1: class StopForward", "loop.py:5: model.hooks(…)",
+                                   "loop.py:10: model.blocks[0].hook_resid_pre.add_hook(…)"]

@@ -35,9 +35,11 @@ from icl_lens.core.patch_set import TokenPatches
 from icl_lens.dynamics.prefix_variants import PrefixVariantLayout, absorb_layout, prefix_variant_layout
 from icl_lens.dynamics.trajectory import Trajectory
 from icl_lens.model.block_family import BlockFamily, block_family
-from icl_lens.model.capture import ZeroNormWarning, StopForward, layer_factors, patch_dtype, token_patches
+from icl_lens.model.capture import ZeroNormWarning, layer_factors, patch_dtype
 from icl_lens.model.kept_only import kept_only_logits, kept_only_masks, patches_applied
+from icl_lens.model.patches import token_patches
 from icl_lens.model.prompts import bos_id, encode_prompt, str_tokens
+from icl_lens.model.reading import activations_captured
 
 
 Prompt = str | Sequence[int] | Int[Tensor, " pos"]
@@ -109,10 +111,10 @@ class _TrajectoryCapture:
     """Hook callbacks that compute the query copies' patch factors while the forward runs."""
 
     def __init__(self, model, family: BlockFamily, layout: PrefixVariantLayout, kept_bos: bool,
-                 out: dict[str, Tensor], row_of_layer: dict[int, int], last_layer: int, zero_first: bool):
+                 out: dict[str, Tensor], row_of_layer: dict[int, int], zero_first: bool):
         self.model, self.family, self.kept_bos, self.zero_first = model, family, kept_bos, zero_first
         self.rows, self.kept = layout.copy_rows(), layout.kept
-        self.out, self.row_of_layer, self.last_layer = out, row_of_layer, last_layer
+        self.out, self.row_of_layer = out, row_of_layer
         self.dtype = patch_dtype(model)
         self.state: dict[str, Tensor] = {}
         self.reentered = False
@@ -160,8 +162,6 @@ class _TrajectoryCapture:
             self.out["v"][k] = f["v"]
             self.out["correction"][k] = f["correction"] * keep
             self.out["zero_input"][k] = f["zero"] & (keep[:, 0] > 0)
-        if layer == self.last_layer:
-            raise StopForward
 
 
 def _resolve_layers(model, layers: Sequence[int] | None) -> tuple[int, ...]:
@@ -192,15 +192,12 @@ def _capture_layout(model, ids: Tensor, layout: PrefixVariantLayout, kept_bos: b
         "zero_input": torch.zeros(k, steps, dtype=torch.bool, device=device),
     }
     capture = _TrajectoryCapture(model, family, layout, kept_bos, out, {layer: row for row, layer in enumerate(wanted)},
-                                 last_layer=wanted[-1], zero_first=zero_first)
+                                 zero_first=zero_first)
     fwd_hooks = [h for layer in range(wanted[-1] + 1) for h in capture.hooks(layer)]
     mask = variant_attention_mask(model, layout)
-    with torch.no_grad(), model.hooks(fwd_hooks=fwd_hooks):
-        try:
-            model(ids[layout.positions][None], return_type=None, position_ids=layout.positions[None],
-                  attention_mask=mask)
-        except StopForward:
-            pass
+    with torch.no_grad(), activations_captured(model, fwd_hooks, stop_after=family.mlp_input(wanted[-1])):
+        model(ids[layout.positions][None], return_type=None, position_ids=layout.positions[None],
+              attention_mask=mask)
     return out
 
 
@@ -308,7 +305,7 @@ def verify_trajectory(model, prompt: Prompt, traj: Trajectory | None = None, *, 
 
     ``prefix``: patched ``[BOS, x_t]`` with ``Wᵢ`` vs the forward on ``[BOS, c₁..cᵢ, x_t]``.
     ``absorb``: ``[BOS, c_{i+1}..cₙ, x_t]`` with ``Wᵢ`` at the query and every kept context
-    token's own token patch for the removal of ``c₁..cᵢ`` (:func:`~icl_lens.model.capture.token_patches`)
+    token's own token patch for the removal of ``c₁..cᵢ`` (:func:`~icl_lens.model.patches.token_patches`)
     vs the full-context forward. Each forward runs on the kept tokens only, every token
     at its original position id (sliding windows measured in original positions).
     ``order`` is used only when ``traj`` is None.

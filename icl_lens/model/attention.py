@@ -1,4 +1,4 @@
-"""Attention pattern of one layer, read from a forward pass through a scoped hook.
+"""Attention pattern of one layer, read from a forward pass (:mod:`icl_lens.model.reading`).
 
 ``pattern[h, q, k] = softmax_k(q_h · k_h / √d_head + mask)`` — the attention weights the
 token patches are built from (docs/design.md §2; Dherin et al. 2025, arXiv 2507.16003).
@@ -13,8 +13,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from icl_lens.model.capture import StopForward
 from icl_lens.model.prompts import encode_prompt
+from icl_lens.model.reading import activations_captured
 
 
 def attention_pattern(
@@ -25,17 +25,9 @@ def attention_pattern(
     if not 0 <= layer < n_layers:
         raise IndexError(f"layer {layer} is outside the model (0..{n_layers - 1})")
     ids = encode_prompt(model, prompt)
-    found: list[Tensor] = []
-
-    def grab(pattern: Tensor, hook) -> None:
-        found.append(pattern[0].detach().float().cpu())
-        raise StopForward
-
-    with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", grab)]):
-        try:
-            model(ids[None], return_type=None)
-        except StopForward:
-            pass
-    if not found:
+    name = f"blocks.{layer}.attn.hook_pattern"
+    with torch.no_grad(), activations_captured(model, [name], stop_after=name) as acts:
+        model(ids[None], return_type=None)
+    if name not in acts:
         raise RuntimeError(f"the attention pattern hook of layer {layer} did not fire")
-    return found[0]
+    return acts[name][0].float().cpu()

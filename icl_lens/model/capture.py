@@ -1,4 +1,4 @@
-"""Exact token patches of every layer and position from ONE contextual forward pass.
+"""The per-layer capture: exact token patch factors of every layer and position, in ONE contextual forward pass.
 
 docs/design.md §2 (Dherin et al. 2025, arXiv 2507.16003; Goldwaser et al., arXiv 2511.17864
 for gated, sandwich-norm blocks). Per layer ``l``, hooks read during the contextual pass:
@@ -14,23 +14,21 @@ How ``A`` is formed (pre-MLP norm, raw residual, parallel block) is the block fa
 
 Everything is computed in-flight inside the hooks (memory O(layers·pos·(d_model+d_mlp)),
 no ``pos × pos`` score matrix kept, no dense ``d_mlp × d_model`` per token), and the
-forward stops after the last block's MLP input, so the unembedding never runs. The
-capture works on right-padded batches of prompts (one prompt is the batch of one);
-:mod:`icl_lens.model.batches` forms them and adds the norms-only mode.
+forward stops after the last block's MLP input (:mod:`icl_lens.model.reading`), so the
+unembedding never runs. The capture works on right-padded batches of prompts (one prompt
+is the batch of one); :mod:`icl_lens.model.batches` forms them and adds the norms-only
+mode; :func:`icl_lens.model.patches.token_patches` is the public entry.
 """
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 
 import torch
-from jaxtyping import Int
 from torch import Tensor
 
 from icl_lens.core.kept_attention import bos_and_self_output, kept_set_output, removes_nothing
 from icl_lens.core.factored import patch_norm
-from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.token_patch import input_pseudo_inverse, token_patch
 from icl_lens.model.block_family import (
     BlockFamily,
@@ -41,6 +39,7 @@ from icl_lens.model.block_family import (
     original,
 )
 from icl_lens.model.prompts import bos_id
+from icl_lens.model.reading import activations_captured
 
 
 class NonFiniteActivationError(FloatingPointError):
@@ -49,10 +48,6 @@ class NonFiniteActivationError(FloatingPointError):
 
 class ZeroNormWarning(UserWarning):
     """A kept-only MLP input has (near) zero norm; its patch is set to zero."""
-
-
-class StopForward(Exception):
-    """Raised from a hook once everything a forward was run for has been read (later layers never run)."""
 
 
 def patch_dtype(model) -> torch.dtype:
@@ -95,11 +90,11 @@ class LayerCapture:
 
     def __init__(self, model, family: BlockFamily, kept: Tensor | None, default_kept: bool,
                  keep_bos: bool | Tensor, out: dict[str, Tensor | None], *, offset: int = 0,
-                 bos_values: dict[int, Tensor] | None = None, stop_after_last: bool = True,
+                 bos_values: dict[int, Tensor] | None = None,
                  q: int | None = None, lengths: Tensor | None = None, layers: Sequence[int] | None = None,
                  norm_weights=None):
         self.model, self.family, self.out = model, family, out
-        self.default_kept, self.offset, self.stop_after_last = default_kept, offset, stop_after_last
+        self.default_kept, self.offset = default_kept, offset
         self.bos_values = {} if bos_values is None else bos_values
         self.dtype = patch_dtype(model)
         self.norm_weights = norm_weights
@@ -143,6 +138,11 @@ class LayerCapture:
     def all_hooks(self) -> list[tuple[str, object]]:
         """Hooks of every captured layer."""
         return [h for layer in self.layers for h in self.hooks(layer)]
+
+    @property
+    def last_site(self) -> str:
+        """The hook point after which nothing more is read: the last captured layer's MLP input."""
+        return self.family.mlp_input(self.last_layer)
 
     def _masks(self, device) -> dict[str, Tensor]:
         key = str(device)
@@ -211,8 +211,6 @@ class LayerCapture:
             if bool(m["unchanged"].any()):  # nothing removed: u = 0, v = A/‖A‖²
                 buf = self.out["v"][k]
                 buf[self.unchanged.to(buf.device)] = input_pseudo_inverse(A[m["unchanged"]].to(self.dtype))[0].to(buf.device)
-        if self.stop_after_last and layer == self.last_layer:
-            raise StopForward
 
     def _zero_rest(self, k: int) -> None:
         """Zero the rows not computed (nothing removed, or padding): buffers may come uninitialised."""
@@ -309,82 +307,8 @@ def is_bos_kept(model, ids: Tensor, keep_bos: bool) -> bool:
 
 def run_capture(model, capture: LayerCapture, ids: Tensor, attention_mask: Tensor | None = None) -> None:
     """One hooked forward of ``ids`` ``[B, n]`` that fills ``capture.out`` and stops after its last layer."""
-    with torch.no_grad(), model.hooks(fwd_hooks=capture.all_hooks()):
-        try:
-            if attention_mask is None:
-                model(ids, return_type=None)
-            else:
-                model(ids, return_type=None, attention_mask=attention_mask)
-        except StopForward:
-            pass
-
-
-def token_patches(
-    model,
-    prompt: str | Sequence[int] | Int[Tensor, " pos"] | Sequence[str | Sequence[int] | Int[Tensor, " pos"]],
-    *,
-    remove: Iterable[int] | slice | None = None,
-    keep_bos: bool = True,
-    batch_size: int = 16,
-    progress: bool = False,
-) -> TokenPatches | list[TokenPatches]:
-    """Token patches (docs/design.md §2) of every layer and position of ``prompt``, from one forward.
-
-    ``prompt``: text, token ids, or a list of those; a list gives a list of
-    :class:`TokenPatches`, one per prompt, computed in right-padded batches of
-    ``batch_size`` (each row with its own kept sets and position ids, padded keys masked;
-    every row equals its single-prompt result up to rounding). ``remove``: context
-    positions that count as removed for every query (default: all earlier positions
-    except a leading BOS). ``keep_bos``: keep the first token when it is the tokenizer's
-    BOS (attention sink), so the context-free input stays in distribution.
-    """
-    from icl_lens.model.batches import batched_token_patches, is_prompt_list
-
-    if is_prompt_list(prompt):
-        return batched_token_patches(model, prompt, remove=remove, keep_bos=keep_bos,
-                                     batch_size=batch_size, progress=progress)
-    return batched_token_patches(model, [prompt], remove=remove, keep_bos=keep_bos, batch_size=1)[0]
-
-
-@torch.no_grad()
-def token_patches_naive(model, prompt: str | Sequence[int] | Int[Tensor, " pos"], *, keep_bos: bool = True) -> TokenPatches:
-    """Reference method: the same patches as :func:`token_patches`, one kept-only forward per query and layer.
-
-    For query ``t`` and layer ``l``: run the kept tokens alone (original position ids) with
-    every earlier layer's patch of ``t`` applied, stopped after layer ``l``, and read ``a``
-    and ``attn_0`` there; ``A`` and ``attn_C`` come from the contextual pass. Costs about
-    ``n · L`` forwards; kept as an independent check of the one-pass method (tests and
-    benchmarks), not for use.
-    """
-    from icl_lens.model.kept_only import kept_only_masks, patches_applied
-
-    fast = token_patches(model, prompt, keep_bos=keep_bos)  # kept sets and shapes; every factor is recomputed
-    family = block_family(model)
-    ids = fast.token_ids.to(model.cfg.device)
-    zeros = {k: torch.zeros_like(getattr(fast, k)) for k in ("u_in", "v", "correction")}
-    if fast.u_gate is not None:
-        zeros["u_gate"] = torch.zeros_like(fast.u_gate)
-    acc = replace(fast, **zeros)
-    names = {family.mlp_input(l) for l in range(model.cfg.n_layers)}
-    names |= {family.attn_out(l) for l in range(model.cfg.n_layers)}
-    _, cache = model.run_with_cache(ids[None], names_filter=lambda h: h in names)
-    dtype = acc.v.dtype
-    for t in range(ids.numel()):
-        if bool(removes_nothing(fast.kept[t: t + 1], offset=t)[0]):
-            continue  # nothing removed: the patch is zero by definition
-        pos = torch.tensor([fast.kept_positions(t)], device=ids.device)
-        for layer in range(model.cfg.n_layers):
-            got: dict[str, Tensor] = {}
-            reads = [family.mlp_input(layer), family.attn_out(layer)]
-            hooks = [(name, lambda x, hook, name=name: got.__setitem__(name, x[0, -1].detach())) for name in reads]
-            with patches_applied(model, acc, pos), model.hooks(fwd_hooks=hooks):
-                model(ids[pos], position_ids=pos, attention_mask=kept_only_masks(model, pos), stop_at_layer=layer + 1)
-            A = cache[family.mlp_input(layer)][0, t].to(dtype)
-            a = got[family.mlp_input(layer)].to(dtype)
-            weights = first_dense_weights(model, layer)
-            acc.u_in[layer, t], acc.v[layer, t], _ = token_patch(weights["in"].to(dtype), A, a)
-            if acc.u_gate is not None:
-                acc.u_gate[layer, t] = (A - a) @ weights["gate"].to(dtype).T
-            attn_c = cache[family.attn_out(layer)][0, t]
-            acc.correction[layer, t] = (attn_c - got[family.attn_out(layer)]).to(dtype)
-    return acc
+    with torch.no_grad(), activations_captured(model, capture.all_hooks(), stop_after=capture.last_site):
+        if attention_mask is None:
+            model(ids, return_type=None)
+        else:
+            model(ids, return_type=None, attention_mask=attention_mask)

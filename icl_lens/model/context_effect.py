@@ -26,9 +26,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.model.capture import token_patches
 from icl_lens.model.greedy import last_logits
 from icl_lens.model.kept_only import kept_only_logits_many
+from icl_lens.model.patches import token_patches
 from icl_lens.model.prompts import encode_prompt
 
 VARIANTS = {"none": (False, False), "w_in": (True, False), "correction": (False, True), "full": (True, True)}

@@ -21,8 +21,9 @@ from transformers import DynamicCache
 from icl_lens.core.kept_attention import default_kept_mask
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.model.block_family import block_family
-from icl_lens.model.capture import LayerCapture, StopForward, empty_factors, is_bos_kept, warn_zero_inputs
+from icl_lens.model.capture import LayerCapture, empty_factors, is_bos_kept, warn_zero_inputs
 from icl_lens.model.prompts import encode_prompt, str_tokens
+from icl_lens.model.reading import activations_captured
 
 
 @dataclass(frozen=True)
@@ -89,20 +90,18 @@ class PatchSession:
         kept = default_kept_mask(n, keep_bos=kept_bos, device=device)
         new = empty_factors(self.model, n - p, device, batch=1)
         capture = LayerCapture(self.model, self.family, kept[p:], True, kept_bos, new, offset=p,
-                                bos_values=self._bos_values, stop_after_last=not self.logits)
-        with self.model.hooks(fwd_hooks=capture.all_hooks()):
-            # A plain DynamicCache keeps every layer's full history (HF's default cache for
-            # sliding-window models drops old keys and then cannot be cropped on edits).
-            cache = DynamicCache() if cache is None else cache
-            if self.logits:
+                                bos_values=self._bos_values)
+        # A plain DynamicCache keeps every layer's full history (HF's default cache for
+        # sliding-window models drops old keys and then cannot be cropped on edits).
+        cache = DynamicCache() if cache is None else cache
+        if self.logits:
+            with activations_captured(self.model, capture.all_hooks()):
                 logits, self._cache = self.model(ids[None, p:], past_key_values=cache,
                                                  return_type="logits_and_cache")
-            else:
-                try:
-                    self.model(ids[None, p:], past_key_values=cache, return_type=None)
-                except StopForward:
-                    pass
-                logits, self._cache = None, cache  # the attention layers filled the cache in place
+        else:
+            with activations_captured(self.model, capture.all_hooks(), stop_after=capture.last_site):
+                self.model(ids[None, p:], past_key_values=cache, return_type=None)
+            logits, self._cache = None, cache  # the attention layers filled the cache in place
         new = {k: None if v is None else v[:, 0] for k, v in new.items()}
         warn_zero_inputs(new["zero_input"], offset=p)
         if self._factors is None:

@@ -1,4 +1,4 @@
-"""The kept-only forward with token patches applied, and the equivalence identity (docs/design.md §2).
+"""The kept-only forward with token patches applied (docs/design.md §2).
 
 The kept-only forward runs the model on the kept tokens alone (BOS + query by default,
 each at its original position id), with every layer's patch applied as a weight edit
@@ -8,22 +8,20 @@ each at its original position id), with every layer's patch applied as a weight 
 
 The edit acts on the actual MLP input of the kept-only pass; nothing is copied from
 the contextual pass. Its logits at the query must equal the contextual logits at ``t``:
-that identity is what "exact" means in icl_lens (Dherin et al. 2025, arXiv 2507.16003).
+that identity is what "exact" means in icl_lens (Dherin et al. 2025, arXiv 2507.16003),
+checked by :func:`icl_lens.model.patches.verify_equivalence`.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
-import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.model.block_family import block_family
-from icl_lens.model.prompts import encode_prompt
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
 
 
@@ -127,53 +125,3 @@ def _concat_edits(parts: Sequence[dict[int, MLPEdit]]) -> dict[int, MLPEdit]:
     return {layer: MLPEdit(v=cat([p[layer].v for p in parts]), u_in=cat([p[layer].u_in for p in parts]),
                            u_gate=cat([p[layer].u_gate for p in parts]), bias=cat([p[layer].bias for p in parts]))
             for layer in parts[0]}
-
-
-@dataclass(frozen=True, eq=False)
-class EquivalenceReport:
-    """Per position: max |logit difference| between patched kept-only and contextual forwards."""
-
-    tokens: tuple[str, ...]
-    max_abs_err: Float[Tensor, " pos"]
-    max_abs_logit: float
-
-    @property
-    def relative_error(self) -> float:
-        """Worst position's error divided by the largest contextual |logit|."""
-        return float(self.max_abs_err.max()) / self.max_abs_logit
-
-    def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame({"position": range(len(self.tokens)), "token": self.tokens,
-                             "max_abs_err": self.max_abs_err.double().cpu().numpy(),
-                             "relative_err": (self.max_abs_err.double().cpu() / self.max_abs_logit).numpy()})
-
-
-def verify_equivalence(model, prompt, patches: TokenPatches | None = None, *, batch_size: int = 16) -> EquivalenceReport:
-    """Run the identity of docs/design.md §2 for every position of ``prompt``."""
-    from icl_lens.model.capture import token_patches
-
-    ids = encode_prompt(model, prompt)
-    if patches is None:
-        patches = token_patches(model, ids)
-    if patches.n_positions != ids.numel() or not torch.equal(patches.token_ids, ids.cpu()):
-        raise ValueError("patches were computed for a different prompt")
-    with torch.no_grad():
-        contextual = model(ids[None])[0]
-    queries = list(range(ids.numel()))
-    kept = kept_only_logits(model, ids, patches, queries, batch_size=batch_size)
-    err = (kept - contextual).abs().amax(-1)
-    return EquivalenceReport(tokens=patches.tokens, max_abs_err=err.cpu(),
-                             max_abs_logit=float(contextual.abs().max()))
-
-
-@torch.no_grad()
-def noise_floor(model, reference, prompt) -> float:
-    """Max |logit difference| between ``model`` (half precision) and ``reference`` (float32) on ``prompt``.
-
-    Half-precision exactness is measured against this floor: the patched kept-only
-    forward must stay within twice the half model's own distance from float32.
-    """
-    ids = encode_prompt(model, prompt)
-    half = model(ids[None])[0].float()
-    full = reference(ids.to(reference.cfg.device)[None])[0].float().to(half.device)
-    return float((half - full).abs().max())

@@ -25,6 +25,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from icl_lens.model.block_family import BlockFamily
+from icl_lens.model.reading import activations_captured
 
 
 @dataclass
@@ -54,5 +55,5 @@ def recording_residual(model, layer: int) -> Iterator[ResidualRecorder]:
             raise ValueError(f"recording_residual records one sequence at a time, got a batch of {x.shape[0]}")
         recorder.chunks.append(x[0].detach().to(device="cpu", dtype=torch.float32))
 
-    with model.hooks(fwd_hooks=[(BlockFamily.resid_pre(recorder.layer), record)]):
+    with activations_captured(model, [(BlockFamily.resid_pre(recorder.layer), record)]):
         yield recorder

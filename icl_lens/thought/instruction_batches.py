@@ -24,9 +24,10 @@ import torch
 from torch import Tensor
 
 from icl_lens.model.batches import pad_id, right_padded
-from icl_lens.model.capture import StopForward
 from icl_lens.model.greedy import greedy_continuations
 from icl_lens.model.prompts import PromptError, bos_id, context_limit
+from icl_lens.model.reading import activations_captured
+from icl_lens.model.weight_edits import edits_applied
 
 
 def text_ids(model, text: str, *, what: str = "text") -> list[int]:
@@ -161,19 +162,14 @@ def read_query_tokens(model, batch: QueryBatch, reads: dict[str, str], *, hooks:
         ids = right_padded([batch.sequences[r] for r in rows], pad, model.cfg.device)
         r_idx, p_idx = query_positions(batch, rows)
         r0, p0 = anchor_positions(batch, rows)
-        run_hooks = list(hooks)
+        sites = []
         for key, name in reads.items():
-            def read(x, hook, key=key, name=name):
+            def read(x, hook, key=key):
                 got[key].append(_gather(x, r_idx, p_idx, dtype))
                 if anchors:
                     got[f"{key}_anchor"].append(_gather(x, r0, p0, dtype))
-                if name == stop:
-                    raise StopForward
 
-            run_hooks.append((name, read))
-        with model.hooks(fwd_hooks=run_hooks):
-            try:
-                model(ids, return_type=None)
-            except StopForward:
-                pass
+            sites.append((name, read))
+        with edits_applied(model, {}, extra_hooks=hooks), activations_captured(model, sites, stop_after=stop):
+            model(ids, return_type=None)
     return {k: torch.cat(v) for k, v in got.items()}

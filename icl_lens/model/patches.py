@@ -1,0 +1,145 @@
+"""The public token patches, their reference method, and the equivalence check (docs/design.md §2).
+
+A token patch of layer ``l`` and query ``t`` (Dherin et al. 2025, arXiv 2507.16003) is
+
+    u_in = W_in (A − a),  u_gate = W_gate (A − a),  v = a/‖a‖²,  correction = attn_C − attn_0
+
+with ``A`` the MLP input of the contextual pass and ``a`` the one of the kept-only pass
+(BOS + query by default). :func:`token_patches` computes every layer and position from
+one contextual forward (:mod:`icl_lens.model.capture`, batched by
+:mod:`icl_lens.model.batches`); :func:`token_patches_naive` recomputes them with one
+kept-only forward per query and layer. :func:`verify_equivalence` checks the identity
+that makes them exact: the kept-only forward with every patch applied
+(:mod:`icl_lens.model.kept_only`) gives the contextual logits at ``t``.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from icl_lens.core.kept_attention import removes_nothing
+from icl_lens.core.patch_set import TokenPatches
+from icl_lens.core.token_patch import token_patch
+from icl_lens.model.batches import batched_token_patches, is_prompt_list
+from icl_lens.model.block_family import block_family, first_dense_weights
+from icl_lens.model.kept_only import kept_only_logits, kept_only_masks, patches_applied
+from icl_lens.model.prompts import encode_prompt
+from icl_lens.model.reading import activations_captured
+
+
+def token_patches(
+    model,
+    prompt: str | Sequence[int] | Int[Tensor, " pos"] | Sequence[str | Sequence[int] | Int[Tensor, " pos"]],
+    *,
+    remove: Iterable[int] | slice | None = None,
+    keep_bos: bool = True,
+    batch_size: int = 16,
+    progress: bool = False,
+) -> TokenPatches | list[TokenPatches]:
+    """Token patches (docs/design.md §2) of every layer and position of ``prompt``, from one forward.
+
+    ``prompt``: text, token ids, or a list of those; a list gives a list of
+    :class:`TokenPatches`, one per prompt, computed in right-padded batches of
+    ``batch_size`` (each row with its own kept sets and position ids, padded keys masked;
+    every row equals its single-prompt result up to rounding). ``remove``: context
+    positions that count as removed for every query (default: all earlier positions
+    except a leading BOS). ``keep_bos``: keep the first token when it is the tokenizer's
+    BOS (attention sink), so the context-free input stays in distribution.
+    """
+    if is_prompt_list(prompt):
+        return batched_token_patches(model, prompt, remove=remove, keep_bos=keep_bos,
+                                     batch_size=batch_size, progress=progress)
+    return batched_token_patches(model, [prompt], remove=remove, keep_bos=keep_bos, batch_size=1)[0]
+
+
+@torch.no_grad()
+def token_patches_naive(model, prompt: str | Sequence[int] | Int[Tensor, " pos"], *, keep_bos: bool = True) -> TokenPatches:
+    """Reference method: the same patches as :func:`token_patches`, one kept-only forward per query and layer.
+
+    For query ``t`` and layer ``l``: run the kept tokens alone (original position ids) with
+    every earlier layer's patch of ``t`` applied, stopped after layer ``l``, and read ``a``
+    and ``attn_0`` there; ``A`` and ``attn_C`` come from the contextual pass. Costs about
+    ``n · L`` forwards; kept as an independent check of the one-pass method (tests and
+    benchmarks), not for use.
+    """
+    fast = token_patches(model, prompt, keep_bos=keep_bos)  # kept sets and shapes; every factor is recomputed
+    family = block_family(model)
+    ids = fast.token_ids.to(model.cfg.device)
+    zeros = {k: torch.zeros_like(getattr(fast, k)) for k in ("u_in", "v", "correction")}
+    if fast.u_gate is not None:
+        zeros["u_gate"] = torch.zeros_like(fast.u_gate)
+    acc = replace(fast, **zeros)
+    names = {family.mlp_input(l) for l in range(model.cfg.n_layers)}
+    names |= {family.attn_out(l) for l in range(model.cfg.n_layers)}
+    _, cache = model.run_with_cache(ids[None], names_filter=lambda h: h in names)
+    dtype = acc.v.dtype
+    for t in range(ids.numel()):
+        if bool(removes_nothing(fast.kept[t: t + 1], offset=t)[0]):
+            continue  # nothing removed: the patch is zero by definition
+        pos = torch.tensor([fast.kept_positions(t)], device=ids.device)
+        for layer in range(model.cfg.n_layers):
+            reads = [family.mlp_input(layer), family.attn_out(layer)]
+            with patches_applied(model, acc, pos), activations_captured(model, reads) as got:
+                model(ids[pos], position_ids=pos, attention_mask=kept_only_masks(model, pos), stop_at_layer=layer + 1)
+            A = cache[family.mlp_input(layer)][0, t].to(dtype)
+            a = got[family.mlp_input(layer)][0, -1].to(dtype)
+            weights = first_dense_weights(model, layer)
+            acc.u_in[layer, t], acc.v[layer, t], _ = token_patch(weights["in"].to(dtype), A, a)
+            if acc.u_gate is not None:
+                acc.u_gate[layer, t] = (A - a) @ weights["gate"].to(dtype).T
+            attn_c = cache[family.attn_out(layer)][0, t]
+            acc.correction[layer, t] = (attn_c - got[family.attn_out(layer)][0, -1]).to(dtype)
+    return acc
+
+
+@dataclass(frozen=True, eq=False)
+class EquivalenceReport:
+    """Per position: max |logit difference| between patched kept-only and contextual forwards."""
+
+    tokens: tuple[str, ...]
+    max_abs_err: Float[Tensor, " pos"]
+    max_abs_logit: float
+
+    @property
+    def relative_error(self) -> float:
+        """Worst position's error divided by the largest contextual |logit|."""
+        return float(self.max_abs_err.max()) / self.max_abs_logit
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"position": range(len(self.tokens)), "token": self.tokens,
+                             "max_abs_err": self.max_abs_err.double().cpu().numpy(),
+                             "relative_err": (self.max_abs_err.double().cpu() / self.max_abs_logit).numpy()})
+
+
+def verify_equivalence(model, prompt, patches: TokenPatches | None = None, *, batch_size: int = 16) -> EquivalenceReport:
+    """Run the identity of docs/design.md §2 for every position of ``prompt``."""
+    ids = encode_prompt(model, prompt)
+    if patches is None:
+        patches = token_patches(model, ids)
+    if patches.n_positions != ids.numel() or not torch.equal(patches.token_ids, ids.cpu()):
+        raise ValueError("patches were computed for a different prompt")
+    with torch.no_grad():
+        contextual = model(ids[None])[0]
+    queries = list(range(ids.numel()))
+    kept = kept_only_logits(model, ids, patches, queries, batch_size=batch_size)
+    err = (kept - contextual).abs().amax(-1)
+    return EquivalenceReport(tokens=patches.tokens, max_abs_err=err.cpu(),
+                             max_abs_logit=float(contextual.abs().max()))
+
+
+@torch.no_grad()
+def noise_floor(model, reference, prompt) -> float:
+    """Max |logit difference| between ``model`` (half precision) and ``reference`` (float32) on ``prompt``.
+
+    Half-precision exactness is measured against this floor: the patched kept-only
+    forward must stay within twice the half model's own distance from float32.
+    """
+    ids = encode_prompt(model, prompt)
+    half = model(ids[None])[0].float()
+    full = reference(ids.to(reference.cfg.device)[None])[0].float().to(half.device)
+    return float((half - full).abs().max())
