@@ -12,18 +12,20 @@ from icl_lens import NonFiniteActivationError, thought_patch, token_patches, tra
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
 
 PACKAGE = pathlib.Path(__file__).parents[1] / "icl_lens"
-# What each layer must never import (prefix match on module names).
+# What each layer must never import (prefix match on module names). Nothing in the package imports the
+# experiments, benchmarks or workshop helpers that live beside it in the checkout.
+_OUTSIDE = ("experiments", "benchmarks", "workshop", "tools")
+_FRONT = ("ipywidgets", "plotly", "icl_lens.ui", "icl_lens.cli", *_OUTSIDE)
 FORBIDDEN = {
-    "core": ("transformer_lens", "transformers", "ipywidgets", "plotly", "icl_lens.model", "icl_lens.thought",
-             "icl_lens.lab", "icl_lens.sweep", "icl_lens.ui", "icl_lens.evals", "icl_lens.cli"),
-    "model": ("ipywidgets", "plotly", "icl_lens.thought", "icl_lens.lab", "icl_lens.sweep", "icl_lens.ui",
-              "icl_lens.evals", "icl_lens.cli"),
-    "thought": ("ipywidgets", "plotly", "icl_lens.lab", "icl_lens.sweep", "icl_lens.ui", "icl_lens.evals",
-                "icl_lens.cli"),
-    "lab": ("ipywidgets", "plotly", "icl_lens.thought", "icl_lens.sweep", "icl_lens.ui", "icl_lens.evals",
-            "icl_lens.cli"),
-    "sweep": ("ipywidgets", "plotly", "icl_lens.thought", "icl_lens.lab", "icl_lens.ui", "icl_lens.evals",
-              "icl_lens.cli"),
+    "stats": ("transformer_lens", "transformers", "icl_lens.core", "icl_lens.model", "icl_lens.dynamics",
+              "icl_lens.thought", "icl_lens.lab", "icl_lens.sweep", *_FRONT),
+    "core": ("transformer_lens", "transformers", "icl_lens.model", "icl_lens.dynamics", "icl_lens.thought",
+             "icl_lens.lab", "icl_lens.sweep", *_FRONT),
+    "model": ("icl_lens.dynamics", "icl_lens.thought", "icl_lens.lab", "icl_lens.sweep", *_FRONT),
+    "dynamics": ("icl_lens.thought", "icl_lens.lab", "icl_lens.sweep", *_FRONT),
+    "thought": ("icl_lens.lab", "icl_lens.sweep", *_FRONT),
+    "lab": ("icl_lens.thought", "icl_lens.sweep", *_FRONT),
+    "sweep": ("icl_lens.thought", "icl_lens.lab", *_FRONT),
 }
 
 
