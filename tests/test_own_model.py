@@ -117,6 +117,14 @@ def test_hf_model_passed_straight_to_public_functions_points_at_load_model():
             call()
 
 
+def test_compatibility_mode_without_processing_is_accepted_and_changes_nothing(saved):
+    reference = token_patches(load_model(str(saved)), PROMPT)
+    bridge = TransformerBridge.boot_transformers(str(saved), hf_model=llama(),
+                                                 tokenizer=AutoTokenizer.from_pretrained(saved))
+    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)  # hook aliases only
+    assert same(token_patches(load_model(bridge), PROMPT), reference)
+
+
 def processed_bridge(saved):
     bridge = TransformerBridge.boot_transformers(str(saved), hf_model=llama(),
                                                  tokenizer=AutoTokenizer.from_pretrained(saved))

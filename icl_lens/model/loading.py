@@ -22,6 +22,7 @@ import threading
 import warnings
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -31,6 +32,10 @@ from icl_lens.model.byte_tokenizer import save_byte_tokenizer
 from icl_lens.model.model_check import ProcessedWeightsWarning, allow_processed as accept_processed, is_processed
 from icl_lens.model.per_model import model_cache
 from icl_lens.model.tiny_models import TINY_NAMES, build_tiny_model
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -220,8 +225,8 @@ def _softmax_in_float64(bridge) -> None:
 
 
 def load_model(
-    name_or_model=DEFAULT_MODEL,
-    tokenizer=None,
+    name_or_model: str | PreTrainedModel | TransformerBridge = DEFAULT_MODEL,
+    tokenizer: PreTrainedTokenizerBase | None = None,
     *,
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
@@ -229,7 +234,7 @@ def load_model(
     max_memory: dict | None = None,
     offload_folder: str | os.PathLike | None = None,
     allow_processed: bool = False,
-):
+) -> TransformerBridge:
     """A TransformerLens ``TransformerBridge`` (with ``.tokenizer``) for a model name or a model object.
 
     ``name_or_model`` is one of:
@@ -267,7 +272,7 @@ def load_model(
     layer's device and gathered on the CPU. A model object is never moved or cast: ``device``
     and ``dtype`` may only repeat its own, and its placement is its own.
     """
-    if isinstance(name_or_model, str):
+    if isinstance(name_or_model, str) or name_or_model is None:
         if tokenizer is not None:
             raise OwnModelError("tokenizer= goes with a model object; a named model loads its own tokenizer")
         return _load_named(name_or_model, device=device, dtype=dtype, device_map=device_map,
@@ -282,16 +287,14 @@ def load_model(
         return _own_bridge(name_or_model, tokenizer, device, dtype, allow_processed)
     if isinstance(name_or_model, PreTrainedModel):
         return _own_hf_model(name_or_model, tokenizer, device, dtype)
-    if name_or_model is None:
-        raise ModelNotFoundError(f"model name must be a non-empty string; embedded models: "
-                                 f"{', '.join(known_model_names())}")
     raise OwnModelError(f"load_model takes a model name, a Hugging Face PreTrainedModel or a TransformerBridge; "
                         f"got a {type(name_or_model).__name__}")
 
 
-def _load_named(name: str, *, device, dtype, device_map, max_memory, offload_folder):
-    if not name.strip():
-        raise ModelNotFoundError(f"model name must be a non-empty string; embedded models: {', '.join(known_model_names())}")
+def _load_named(name: str | None, *, device, dtype, device_map, max_memory, offload_folder):
+    if not isinstance(name, str) or not name.strip():
+        raise ModelNotFoundError(f"model name must be a non-empty string; embedded models: "
+                                 f"{', '.join(known_model_names())}")
     name = name.strip()
     dtype = resolve_dtype(torch.float32 if dtype is None else dtype)
     device = "cpu" if device is None else device

@@ -11,12 +11,12 @@ write to the residual stream and folds value biases. The model computes the same
 and the identity ``(W' + ΔW') a' = W' A'`` still holds (Dherin et al. 2025, arXiv
 2507.16003), but the ``W`` whose update is measured has changed: ``u = W δ`` stays the same
 while the context-free input ``a' = N(r + attn_0)`` loses the gain, so the patch norm
-``‖ΔW‖_F = ‖u‖ / ‖a‖`` is rescaled per layer and token by ``‖a‖ / ‖a'‖`` (2.5–10× smaller
-per layer on Gemma 3 270M). Patch norms are defined on the weights as published
-(docs/design.md §2); ``load_model(bridge, allow_processed=True)`` accepts a processed bridge
-with a :class:`ProcessedWeightsWarning`, and its norms then describe the processed
-parametrisation only (not comparable with the unprocessed model, other models or published
-numbers).
+``‖ΔW‖_F = ‖u‖ / ‖a‖`` is rescaled per layer and token by ``‖a‖ / ‖a'‖`` (per-layer sums on
+the README's prompt: 2.6–10.8× smaller on SmolLM2-135M, 0.7–3.9× on Gemma 3 270M). Patch
+norms (docs/design.md §2) are defined on the weights as published.
+``load_model(bridge, allow_processed=True)`` accepts a processed bridge with a
+:class:`ProcessedWeightsWarning`; its norms then describe the processed parametrisation only
+(not comparable with the unprocessed model, other models or published numbers).
 
 TransformerBridge marks processing in its ``_weights_processed`` flag (TransformerLens 4.3),
 which this check reads. Weights folded elsewhere and loaded into a fresh model cannot be told
@@ -40,7 +40,7 @@ class ProcessedWeightsWarning(UserWarning):
 
 
 PROCESSED_MESSAGE = (
-    "this TransformerBridge's weights were processed (enable_compatibility_mode() or process_weights(): "
+    "This TransformerBridge's weights were processed (enable_compatibility_mode() or process_weights(): "
     "norm gains folded into W_in, weights centred, biases folded). Token patches still reproduce the model, "
     "but patch norms are measured on the folded W_in and shrink or grow per layer, so icl_lens needs the "
     "unprocessed parametrisation: use a fresh bridge (icl_lens.load_model(name) or "
