@@ -111,7 +111,9 @@ def test_hf_model_passed_straight_to_public_functions_points_at_load_model():
     hf = llama()
     calls = [lambda: token_patches(hf, PROMPT), lambda: patch_norms(hf, [PROMPT], progress=False),
              lambda: trajectory(hf, PROMPT), lambda: verify_equivalence(hf, PROMPT),
-             lambda: icl_lens.context_effect(hf, PROMPT), lambda: icl_lens.generate_with_patches(hf, PROMPT)]
+             lambda: icl_lens.context_effect(hf, PROMPT), lambda: icl_lens.generate_with_patches(hf, PROMPT),
+             lambda: icl_lens.PatchSession(hf), lambda: icl_lens.thought_patch(hf, "an instruction\n", ["q"]),
+             lambda: icl_lens.evaluate_thought(hf, icl_lens.load_task("capitals")), lambda: icl_lens.dashboard(hf)]
     for call in calls:
         with pytest.raises(NotABridgeError, match=r"icl_lens.load_model\(model, tokenizer\)"):
             call()
@@ -137,7 +139,8 @@ def test_processed_bridge_is_refused_everywhere(saved):
     with pytest.raises(ProcessedWeightsError, match="unprocessed parametrisation"):
         load_model(bridge)
     for call in (lambda: token_patches(bridge, PROMPT), lambda: patch_norms(bridge, [PROMPT], progress=False),
-                 lambda: trajectory(bridge, PROMPT), lambda: verify_equivalence(bridge, PROMPT)):
+                 lambda: trajectory(bridge, PROMPT), lambda: verify_equivalence(bridge, PROMPT),
+                 lambda: icl_lens.thought_patch(bridge, "an instruction\n", ["q"]), lambda: icl_lens.dashboard(bridge)):
         with pytest.raises(ProcessedWeightsError):
             call()
     fresh = load_model(TransformerBridge.boot_transformers(str(saved), hf_model=llama(),
