@@ -245,14 +245,14 @@ def load_model(
       checkpoint of a supported family (Gemma 3 4B–27B) boots its text tower;
     - a Hugging Face ``PreTrainedModel`` in memory, with its ``tokenizer`` (else the one saved
       beside ``model.config.name_or_path``): wrapped into a bridge on the model's own device
-      and dtype. TransformerBridge wraps the model's modules in place, so the same model
+      and dtype (in float64 with the attention softmax in float64, as for a name). TransformerBridge wraps the model's modules in place, so the same model
       object gives the same bridge again, and a model already inside another bridge is
       refused (pass that bridge instead). A tokenizer built in memory is saved to a temporary
       folder and loaded back, because TransformerBridge re-loads tokenizers from their folder;
     - a ``TransformerBridge`` you built (``TransformerBridge.boot_transformers(...)``), with
-      its own tokenizer: checked and returned as it is, never modified (a float64 bridge keeps
-      TransformerBridge's float32 attention softmax, so its identity holds to about 1e-7
-      rather than 1e-9; pass the Hugging Face model instead for float64 throughout).
+      its own tokenizer: checked and returned as it is, never modified (in float64 it keeps
+      TransformerBridge's float32 softmax in rotary attention, so its identity holds to about
+      1e-7; pass the Hugging Face model instead, whose bridge runs that softmax in float64).
 
     Processed weights (``bridge.enable_compatibility_mode()`` or ``bridge.process_weights()``:
     norm gains folded into ``W_in``, centred weights, folded biases) raise

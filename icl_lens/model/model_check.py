@@ -12,8 +12,8 @@ and the identity ``(W' + ΔW') a' = W' A'`` still holds (Dherin et al. 2025, arX
 2507.16003), but the ``W`` whose update is measured has changed: ``u = W δ`` stays the same
 while the context-free input ``a' = N(r + attn_0)`` loses the gain, so the patch norm
 ``‖ΔW‖_F = ‖u‖ / ‖a‖`` is rescaled per layer and token by ``‖a‖ / ‖a'‖`` (per-layer sums on
-the README's prompt: 2.6–10.8× smaller on SmolLM2-135M, 0.7–3.9× on Gemma 3 270M). Patch
-norms (docs/design.md §2) are defined on the weights as published.
+the README's prompt, unprocessed / processed: 2.6–10.8 on SmolLM2-135M, 0.7–3.9 on Gemma 3
+270M). Patch norms (docs/design.md §2) are defined on the weights as published.
 ``load_model(bridge, allow_processed=True)`` accepts a processed bridge with a
 :class:`ProcessedWeightsWarning`; its norms then describe the processed parametrisation only
 (not comparable with the unprocessed model, other models or published numbers).
