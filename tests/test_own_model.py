@@ -105,6 +105,12 @@ def test_a_model_object_is_never_moved_or_cast(saved):
         load_model(llama())
     with pytest.raises(OwnModelError, match="model name, a Hugging Face PreTrainedModel or a TransformerBridge"):
         load_model(3)
+    bridge = TransformerBridge.boot_transformers(str(saved), hf_model=llama(), tokenizer=tokenizer)
+    with pytest.raises(OwnModelError, match="carries its own tokenizer"):
+        load_model(bridge, tokenizer)
+    with pytest.raises(OwnModelError, match="never casts"):
+        load_model(bridge, dtype="float64")
+    assert load_model(bridge, dtype="float32", device="cpu") is bridge  # repeating its own placement is fine
 
 
 def test_hf_model_passed_straight_to_public_functions_points_at_load_model():

@@ -163,8 +163,9 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     return bool(result and result[0])
 
 
-def _check_architecture(config, name: str) -> None:
-    archs = list(getattr(config, "architectures", None) or [config.model_type])
+def _check_architecture(config, name: str, class_name: str | None = None) -> None:
+    """A supported family by the config's architectures, else by the model's class name or model type."""
+    archs = list(getattr(config, "architectures", None) or [class_name or config.model_type])
     family_of_architectures(archs, repr(name))
 
 
@@ -245,9 +246,10 @@ def load_model(
       checkpoint of a supported family (Gemma 3 4B–27B) boots its text tower;
     - a Hugging Face ``PreTrainedModel`` in memory, with its ``tokenizer`` (else the one saved
       beside ``model.config.name_or_path``): wrapped into a bridge on the model's own device
-      and dtype (in float64 with the attention softmax in float64, as for a name). TransformerBridge wraps the model's modules in place, so the same model
-      object gives the same bridge again, and a model already inside another bridge is
-      refused (pass that bridge instead). A tokenizer built in memory is saved to a temporary
+      and dtype (in float64 with the attention softmax in float64, as for a name).
+      TransformerBridge wraps the model's modules in place, so the same model object gives
+      the same bridge again, and a model already inside another bridge is refused (pass that
+      bridge instead). A tokenizer built in memory is saved to a temporary
       folder and loaded back, because TransformerBridge re-loads tokenizers from their folder;
     - a ``TransformerBridge`` you built (``TransformerBridge.boot_transformers(...)``), with
       its own tokenizer: checked and returned as it is, never modified (in float64 it keeps
@@ -338,13 +340,12 @@ def _check_same_placement(what: str, own_device: torch.device, own_dtype: torch.
 
 def _own_bridge(bridge, tokenizer, device, dtype, allow: bool):
     """A bridge the user built: checked, registered as accepting processed weights if asked, returned as it is."""
-    if tokenizer is not None and tokenizer is not bridge.tokenizer:
-        raise OwnModelError("a TransformerBridge carries its own tokenizer; build it with "
-                            "TransformerBridge.boot_transformers(..., tokenizer=...) and leave tokenizer= out")
+    if tokenizer is not None:
+        raise OwnModelError("a TransformerBridge carries its own tokenizer (bridge.tokenizer); leave tokenizer= out")
     if bridge.tokenizer is None:
         raise OwnModelError("this TransformerBridge has no tokenizer; build it with "
                             "TransformerBridge.boot_transformers(..., tokenizer=...)")
-    _check_same_placement("bridge", torch.device(bridge.cfg.device), bridge.cfg.dtype, device, dtype)
+    _check_same_placement("bridge", torch.device(bridge.cfg.device or "cpu"), bridge.cfg.dtype, device, dtype)
     if allow and is_processed(bridge):
         warnings.warn("icl_lens: this bridge's weights were processed (folded / centred norms, folded biases); "
                       "patches still reproduce the model, but patch norms measure updates of the processed W_in "
@@ -411,8 +412,7 @@ def bridge_from_hf(hf_model, tokenizer, *, name: str, boot_name: str | None = No
     """
     from transformer_lens.model_bridge import TransformerBridge
 
-    archs = list(getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__])
-    family_of_architectures(archs, repr(name))
+    _check_architecture(hf_model.config, name, type(hf_model).__name__)
     placed = getattr(hf_model, "hf_device_map", None)
     device = None if placed else next(hf_model.parameters()).device
     hf_model = text_tower(hf_model)
