@@ -13,6 +13,7 @@ from icl_lens.model.batches import patch_norms
 from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning
 from icl_lens.model.generation import GenerationPatches, generate_with_patches
 from icl_lens.model.incremental import PatchSession, UpdateStats
+from icl_lens.model.model_check import NotABridgeError, ProcessedWeightsError, ProcessedWeightsWarning
 from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
 from icl_lens.model.kept_only import patches_applied
 from icl_lens.model.patches import EquivalenceReport, token_patches, verify_equivalence
@@ -79,7 +80,10 @@ __all__ = [
     "ModelNotFoundError",
     "NoContextError",
     "NonFiniteActivationError",
+    "NotABridgeError",
     "PatchSession",
+    "ProcessedWeightsError",
+    "ProcessedWeightsWarning",
     "PromptError",
     "QueryPositionError",
     "SpikeFlags",

@@ -12,7 +12,7 @@ rounding. Prompts are sorted by length before batching to keep padding small.
 QR factorisation ``U = Q R`` (``Q`` orthonormal columns, ``R`` upper triangular
 ``d_model × d_model``), ``‖U δ‖ = ‖R δ‖``: the norms need one ``d_model × d_model``
 product per token instead of the ``d_mlp × d_model`` products of the factors, and no
-``u``/``v`` is kept. ``R`` is computed once per layer in float64 and cached on the model
+``u``/``v`` is kept. ``R`` is computed once per layer in float64 and cached per model
 (recomputed if the weights change in place).
 """
 from __future__ import annotations
@@ -39,6 +39,7 @@ from icl_lens.model.capture import (
     run_capture,
     warn_zero_inputs,
 )
+from icl_lens.model.per_model import model_cache
 from icl_lens.model.prompts import PromptError, bos_id, encode_prompt, str_tokens
 
 NORM_COLUMNS = ["layer", "position", "token", "norm", "correction_norm"]
@@ -181,11 +182,11 @@ def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bo
 
 
 class NormWeights:
-    """``R`` of the thin QR ``[W_gate; W_in] = Q R`` per layer, cached on the model (see the module doc)."""
+    """``R`` of the thin QR ``[W_gate; W_in] = Q R`` per layer, cached per model (see the module doc)."""
 
     def __init__(self, model):
         self.model, self.dtype = model, patch_dtype(model)
-        self.cache = model.__dict__.setdefault("icl_lens_norm_r", {})
+        self.cache = model_cache(model, "norm_r")
 
     def __call__(self, layer: int) -> dict[str, Tensor]:
         weights = materialised_dense_weights(self.model, layer)

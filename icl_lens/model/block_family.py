@@ -29,6 +29,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from icl_lens.model.model_check import check_model
+
 
 class UnsupportedArchitectureError(ValueError):
     """The model's blocks are not one of the supported families."""
@@ -245,6 +247,7 @@ def block_family(model) -> BlockFamily:
     own = getattr(model, "icl_lens_family", None)
     if isinstance(own, BlockFamily):
         return own
+    check_model(model)
     arch = getattr(model.cfg, "architecture", None) or type(getattr(model, "original_model", model)).__name__
     return _checked_layout(family_of_architectures([arch], f"architecture {arch!r}"), model, arch)
 

@@ -7,6 +7,9 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from icl_lens.model.model_check import check_model
+from icl_lens.model.per_model import model_cache
+
 
 class PromptError(ValueError):
     """The prompt is empty, too long, or not token ids."""
@@ -23,6 +26,7 @@ def bos_id(model) -> int | None:
 
 def encode_prompt(model, prompt: str | Sequence[int] | Tensor) -> Int[Tensor, " pos"]:
     """Token ids of ``prompt`` (BOS prepended for text, as the tokenizer/bridge does)."""
+    check_model(model)
     if isinstance(prompt, str):
         if not prompt.strip():
             raise PromptError("The prompt is empty (or only whitespace); type some text to analyse.")
@@ -40,7 +44,7 @@ def encode_prompt(model, prompt: str | Sequence[int] | Tensor) -> Int[Tensor, " 
     limit = context_limit(model)
     if ids.numel() > limit:
         raise PromptError(
-            f"The prompt has {ids.numel()} tokens but {getattr(model, 'icl_lens_name', 'this model')} "
+            f"The prompt has {ids.numel()} tokens but {model.cfg.model_name or 'this model'} "
             f"handles at most {limit} (its context length). Shorten the prompt."
         )
     return ids.to(model.cfg.device)
@@ -51,10 +55,11 @@ def str_tokens(model, ids: Int[Tensor, " pos"]) -> tuple[str, ...]:
     tok = model.tokenizer
     # Decoding is per-token work on the CPU (~10 µs each); a per-model cache keeps long prompts and
     # sweeps from paying it again for ids already seen, and unseen ids are decoded in one call.
-    cache = model.__dict__.setdefault("icl_lens_token_text", {})
-    if getattr(model, "icl_lens_token_text_tokenizer", None) is not tok:
-        cache.clear()
-        model.__dict__["icl_lens_token_text_tokenizer"] = tok
+    state = model_cache(model, "token_text")
+    if state.get("tokenizer") is not tok:
+        state.clear()
+        state["tokenizer"], state["text"] = tok, {}
+    cache = state["text"]
     id_list = ids.tolist()
     new = sorted({i for i in id_list if i not in cache})
     if new:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from icl_lens.model.batches import pad_id, right_padded
 from icl_lens.model.greedy import greedy_continuations
+from icl_lens.model.model_check import check_model
 from icl_lens.model.prompts import PromptError, bos_id, context_limit
 from icl_lens.model.reading import activations_captured
 from icl_lens.model.weight_edits import edits_applied
@@ -32,6 +33,7 @@ from icl_lens.model.weight_edits import edits_applied
 
 def text_ids(model, text: str, *, what: str = "text") -> list[int]:
     """Token ids of ``text`` without special tokens; a clear error if there are none."""
+    check_model(model)
     if not isinstance(text, str):
         raise PromptError(f"{what} must be a string, got {type(text).__name__}")
     if not text.strip():

@@ -22,6 +22,7 @@ from icl_lens.core.spike_scores import SpikeFlags, spike_scores
 from icl_lens.dynamics.trajectory import Trajectory
 from icl_lens.model.attention import attention_pattern
 from icl_lens.model.incremental import PatchSession
+from icl_lens.model.model_check import check_model
 from icl_lens.model.prompts import PromptError, context_limit
 from icl_lens.model.spike_thresholds import spike_threshold
 from icl_lens.dynamics.trajectory_capture import NoContextError, trajectory
@@ -75,6 +76,7 @@ class PromptAnalyzer:
     """The dashboard's computations for one model, with caches keyed by token ids."""
 
     def __init__(self, model, max_tokens: int | None = DEFAULT_MAX_TOKENS):
+        check_model(model)
         self.model = model
         self.name = getattr(model, "icl_lens_name", model.cfg.model_name)
         self.n_ctx = context_limit(model)
