@@ -116,7 +116,7 @@ def answer_all(model, items: list[FactualPrompt], *, max_new_tokens: int, window
     preamble and ``max_new_tokens``), else to save them to (re-running only the analysis costs
     no generation).
     """
-    name = getattr(model, "icl_lens_name", model.cfg.model_name)
+    name = model.cfg.model_name
     if cache is not None and Path(cache).exists():
         saved = torch.load(cache, weights_only=False)
         if cache_matches(saved, name, items, max_new_tokens):

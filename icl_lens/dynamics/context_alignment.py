@@ -64,5 +64,5 @@ def context_alignment(model, prompts: Sequence[Prompt], *, batch_rows: int = 128
             out.setdefault(f"query_input:{order}:cumulative", []).append(q.mean(-1))
         shape = (len(traj.layers), traj.n_context)
         out.setdefault("random:any:any", []).append(random_direction_cosines(dim, shape, generator=gen).mean(-1))
-    name = getattr(model, "icl_lens_name", model.cfg.model_name)
+    name = model.cfg.model_name
     return AlignmentTable(name, dim, {key: torch.stack(v).float().cpu() for key, v in out.items()})

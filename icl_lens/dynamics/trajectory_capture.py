@@ -211,7 +211,7 @@ def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Te
         tokens=str_tokens(model, setup.ids), query=setup.query, layers=wanted,
         context_positions=setup.context_positions,
         u_in=out["u_in"], u_gate=out["u_gate"], v=out["v"], correction=out["correction"],
-        model_name=getattr(model, "icl_lens_name", model.cfg.model_name), kept_bos=setup.kept_bos, order=order,
+        model_name=model.cfg.model_name, kept_bos=setup.kept_bos, order=order,
     )
 
 

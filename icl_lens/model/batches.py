@@ -151,7 +151,7 @@ def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bo
     """:func:`icl_lens.token_patches` for a list of prompts (one :class:`TokenPatches` each, in order)."""
     family = block_family(model)
     ids = encode_prompts(model, prompts)
-    name = getattr(model, "icl_lens_name", model.cfg.model_name)
+    name = model.cfg.model_name
     results: list[TokenPatches | None] = [None] * len(ids)
     dev = output_device(model)
     with _progress(len(ids), progress, "token patches") as bar:

@@ -222,7 +222,7 @@ def generate_with_patches(
             if stop and any(s in model.tokenizer.decode(ids[prompt_length:].tolist()) for s in stop):
                 stop_reason = "stop"
                 break
-    name = getattr(model, "icl_lens_name", model.cfg.model_name)
+    name = model.cfg.model_name
     chosen = None
     if threshold is None:
         chosen = spike_threshold(name, statistic=statistic, window=window, layers=layers)

@@ -115,7 +115,7 @@ class PatchSession:
         self.last_stats = UpdateStats(n, p, n - p, time.perf_counter() - start)
         f = self._factors
         return TokenPatches(
-            model_name=getattr(self.model, "icl_lens_name", self.model.cfg.model_name),
+            model_name=self.model.cfg.model_name,
             tokens=self._tokens, token_ids=ids.cpu(), u_in=f["u_in"], u_gate=f["u_gate"], v=f["v"],
             correction=f["correction"], kept=kept, kept_bos=kept_bos, zero_input=f["zero_input"],
         )

@@ -194,7 +194,7 @@ def evaluate_thought(
         steer = steering_vector(model, task.instruction, calibration, query_prefix=query_prefix)
         steer_layer = steer.layer
         score("steering", steer)
-    return ThoughtEval(task=task.name, model=getattr(model, "icl_lens_name", model.cfg.model_name), n_train=n,
+    return ThoughtEval(task=task.name, model=model.cfg.model_name, n_train=n,
                        n_test=len(task.test), outcomes=res, answers=given, locality=loc, steering_layer=steer_layer,
                        seconds=time.perf_counter() - start, kind=kind, eta=float(eta), ridge=float(ridge),
                        query_prefix=query_prefix, answer_tokens=answer_tokens,

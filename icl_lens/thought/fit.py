@@ -336,7 +336,7 @@ def thought_patch(
     if not (torch.isfinite(down_u).all() and torch.isfinite(down_v).all()):
         raise NonFiniteActivationError("the fitted down-projection map is not finite")
     return ThoughtPatch(
-        model_name=getattr(model, "icl_lens_name", cfg.model_name),
+        model_name=cfg.model_name,
         family=family.name, vector_site=site, instruction=instruction, queries=tuple(queries),
         kind=kind, eta=float(eta), ridge=float(ridge), iterations=iterations, layers=tuple(chosen),
         query_prefix=query_prefix, maps=maps, vectors=vecs, down_u=down_u, down_v=down_v,

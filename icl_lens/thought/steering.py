@@ -105,6 +105,6 @@ def steering_vector(model, instruction: str, queries: Sequence[str], *, query_pr
         with edits_applied(model, {l: MLPEdit(bias=vectors[l])}):
             train_kl[l] = mean_kl(full, last_logits(model, plain, batch_size=batch_size))
     best = min(candidates, key=lambda l: float(train_kl[l]))
-    return SteeringVector(model_name=getattr(model, "icl_lens_name", model.cfg.model_name), instruction=instruction,
+    return SteeringVector(model_name=model.cfg.model_name, instruction=instruction,
                           queries=tuple(queries), query_prefix=query_prefix, vectors=vectors, train_kl=train_kl,
                           layer=best, model=model)

@@ -78,7 +78,7 @@ class PromptAnalyzer:
     def __init__(self, model, max_tokens: int | None = DEFAULT_MAX_TOKENS):
         check_model(model)
         self.model = model
-        self.name = getattr(model, "icl_lens_name", model.cfg.model_name)
+        self.name = model.cfg.model_name
         self.n_ctx = context_limit(model)
         self.limit = self.n_ctx if max_tokens is None else min(self.n_ctx, int(max_tokens))
         self.session = PatchSession(model, logits=False)  # the dashboard needs no logits
