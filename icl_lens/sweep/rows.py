@@ -80,7 +80,7 @@ def _parse_line(line_no: int, raw: bytes) -> SweepRow | BadRow:
     try:
         obj = json.loads(text)
     except (ValueError, RecursionError) as err:  # ValueError: JSON errors and over-long integers
-        return BadRow(line_no, None, f"not valid JSON ({getattr(err, 'msg', None) or type(err).__name__})")
+        return BadRow(line_no, None, f"not valid JSON ({getattr(err, 'msg', None) or str(err).split(';')[0][:120]})")
     if not isinstance(obj, dict):
         return BadRow(line_no, None, "not a JSON object")
     rid, why = _row_id(obj.get("id"))

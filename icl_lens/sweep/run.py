@@ -253,10 +253,10 @@ def run_sweep(prompts: str | Path, *, model: str, out: str | Path, batch_size: i
             manifest = _manifest(out, prompts, settings, rows, bad, before, device, state.num_processes, batch_size,
                                  start)
             atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
-            shutil.rmtree(out / BAD_PARTS, ignore_errors=True)
         state.wait_for_everyone()
     finally:
         if lock is not None:
+            shutil.rmtree(out / BAD_PARTS, ignore_errors=True)  # this run's reports, summed into the manifest
             lock.release()
     if not manifest:
         manifest = json.loads((out / MANIFEST).read_text())
