@@ -95,9 +95,10 @@ def test_kill9_during_a_part_write_then_resume_loses_and_repeats_nothing(tmp_pat
                                                              "--factors")[3:]],
                           env={**ENV, "KILL_AT": "3"}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    visible = _norms(out)  # every part a reader can see reads whole: a half-written one would raise here
+    assert visible.id.nunique() == 4 and not visible.duplicated(KEYS).any()
     parts = sorted((out / "norms").glob("part-*.parquet"))
     assert len(parts) == 2 and not (out / "manifest.json").exists()  # killed in the middle, writing part 3
-    assert len(_norms(out)) > 0  # every part a reader can see reads whole
     assert (out / "sweep.lock").exists() and len(list((out / "factors").glob("part-*"))) == 3  # 3rd: orphan
     with pytest.warns(UserWarning, match="stale sweep lock"):
         again = _sweep(prompts, out, batch_size=2, factors=True)
@@ -149,7 +150,7 @@ def test_resume_with_other_settings_or_an_edited_prompt_is_refused(tmp_path):
     assert again.manifest["counts"]["done_now"] == 0 and again.manifest["layers"] == [0, 2]
     assert set(again.manifest["done_prompts"]) == {"0", "1", "2"}
     with pytest.raises(ValueError, match="layers must be in 0..2"):
-        _sweep(prompts, tmp_path / "fresh", layers=[999])
+        _sweep(prompts, tmp_path / "fresh", layers=[999], factors=True)  # factors once kept no row, silently
     assert not list((tmp_path / "fresh" / "norms").glob("part-*"))
     # The revision (known for hub and embedded models) is compared when both sides know it.
     part = Part(Path("x"), {"model": "m", "revision": "abc", "dtype": "float32", "layers": None, "factors": False}, {})
@@ -182,7 +183,7 @@ def test_poison_rows_become_bad_rows_with_their_line_numbers(tmp_path):
     assert result.manifest["counts"] == {**result.manifest["counts"], "good": 4, "bad": 7, "done": 3}
 
 
-def test_a_50_mb_prompt_is_a_bad_row_without_tokenizing(load, tmp_path):
+def test_a_50_mb_prompt_is_a_bad_row_without_tokenizing_and_a_tokenizer_error_a_bad_row(load, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "huge", "prompt": "word " * 10_000_000}) + "\n")
     model = load("tiny-llama")
@@ -194,6 +195,8 @@ def test_a_50_mb_prompt_is_a_bad_row_without_tokenizing(load, tmp_path):
     assert seconds < 3, seconds  # tokenizing it would take minutes and gigabytes
     under = encode_row(model, SweepRow(2, "ok", "x" * (char_limit(model) - 1), ""))
     assert "tokens but" in under.reason  # under the bound, the token count decides
+    failed = encode_row(model, SweepRow(3, "s", "a \ud800 b", ""))  # read_rows refuses it first; if not:
+    assert failed.line == 3 and failed.reason.startswith("the tokenizer failed: TypeError")
 
 
 def test_ids_that_change_type_between_runs_share_one_text_column(tmp_path):
