@@ -132,3 +132,28 @@ def test_accelerate_two_cpu_processes_write_the_same_union(prompts, tmp_path):
     a, b = _sorted(pd.read_parquet(single / "norms")), _sorted(pd.read_parquet(double / "norms"))
     pd.testing.assert_frame_equal(a, b)
     assert manifest["counts"]["bad"] == 5
+
+
+def test_a_damaged_part_is_quarantined_and_redone(prompts, tmp_path):
+    out = tmp_path / "run"
+    run_sweep(prompts, model="tiny-llama", out=out, batch_size=3, device="cpu", progress=False)
+    first = _sorted(pd.read_parquet(out / "norms"))
+    part = sorted((out / "norms").glob("part-*.parquet"))[0]
+    redo = set(pd.read_parquet(part).id)
+    part.write_bytes(part.read_bytes()[:100])  # damaged outside the sweep (a disk fault, a bad copy)
+    with pytest.warns(UserWarning, match="cannot be read"):
+        again = run_sweep(prompts, model="tiny-llama", out=out, batch_size=3, device="cpu", progress=False)
+    assert again.manifest["counts"]["done_now"] == len(redo) and (out / "quarantine" / part.name).exists()
+    pd.testing.assert_frame_equal(_sorted(pd.read_parquet(out / "norms")), first)
+
+
+def test_cli_refuses_a_resume_with_other_settings_in_one_line(prompts, tmp_path, capsys):
+    from icl_lens.cli import main
+
+    out = tmp_path / "run"
+    args = ["sweep", str(prompts), "--model", "tiny-llama", "--out", str(out), "--device", "cpu", "--quiet"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args + ["--dtype", "float64"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "computed with dtype 'float32', not 'float64'" in err and "new --out" in err
