@@ -37,7 +37,8 @@ SCHEMA = pa.schema([("id", pa.string()), ("layer", pa.int64()), ("position", pa.
 
 
 class SweepSettingsError(ValueError):
-    """The folder holds results computed with other settings, or of other prompts under the same ids."""
+    """The output folder cannot take this sweep: not a writable folder, or it holds results computed with
+    other settings, or of other prompts under the same ids."""
 
 
 @dataclass(frozen=True)

@@ -166,9 +166,9 @@ def _open_folder(out: Path, factors: bool) -> FolderLock:
         out.mkdir(parents=True, exist_ok=True)
         lock = FolderLock(out).acquire()
     except (FileExistsError, NotADirectoryError):
-        raise SweepSettingsError(f"--out {out} is a file, not a folder") from None
-    except PermissionError as err:
-        raise SweepSettingsError(f"cannot write into --out {out} ({err.strerror})") from None
+        raise SweepSettingsError(f"--out {out} is not a folder (it, or a folder above it, is a file)") from None
+    except OSError as err:  # read-only, full, permissions
+        raise SweepSettingsError(f"cannot write into --out {out} ({err.strerror or err})") from None
     try:
         clean_folder(out)
         shutil.rmtree(out / BAD_PARTS, ignore_errors=True)  # last run's bad rows are recomputed
