@@ -38,7 +38,7 @@ def prompts(tmp_path):
 
 def test_read_rows_reports_each_bad_row(prompts):
     rows, bad = read_rows(prompts)
-    assert [r.id for r in rows] == list(GOOD) + [102]  # over-long is found only when tokenised
+    assert [r.id for r in rows] == [str(i) for i in GOOD] + ["102"]  # ids are text; over-long is found later
     reasons = {b.line: b.reason for b in bad}
     assert reasons == {8: "missing prompt", 9: "empty prompt", 11: "duplicate id (first on line 4)",
                        12: reasons[12]} and reasons[12].startswith("not valid JSON")
@@ -49,9 +49,10 @@ def test_sweep_writes_parts_equal_to_patch_norms(load, prompts, tmp_path):
     result = run_sweep(prompts, model="tiny-llama", out=out, batch_size=3, device="cpu", progress=False)
     norms = pd.read_parquet(out / "norms")
     assert list(norms.columns) == ["id", "layer", "position", "token", "norm", "correction_norm"]
-    assert sorted(norms.id.unique()) == list(GOOD)
+    assert sorted(norms.id.unique()) == sorted(str(i) for i in GOOD)
     model = load("tiny-llama")
     expected = patch_norms(model, list(GOOD.values()), progress=False).rename(columns={"prompt": "id"})
+    expected["id"] = expected["id"].astype(str)
     got = _sorted(norms)
     expected = _sorted(expected)
     assert (got[["id", "layer", "position", "token"]] == expected[["id", "layer", "position", "token"]]).all().all()
@@ -60,7 +61,7 @@ def test_sweep_writes_parts_equal_to_patch_norms(load, prompts, tmp_path):
     assert manifest == result.manifest
     assert manifest["model"] == "tiny-llama" and manifest["dtype"] == "float32" and manifest["device"] == "cpu"
     assert manifest["counts"]["done"] == len(GOOD) and manifest["counts"]["bad"] == 5
-    assert {b["id"]: b["reason"] for b in manifest["bad_rows"]}[102].startswith("The prompt has 401 tokens")
+    assert {b["id"]: b["reason"] for b in manifest["bad_rows"]}["102"].startswith("The prompt has 401 tokens")
     assert {"torch", "transformer-lens", "accelerate", "pyarrow"} <= set(manifest["versions"])
     assert manifest["seconds"] > 0
 
@@ -98,7 +99,7 @@ def test_factor_shards_load_as_token_patches(load, prompts, tmp_path):
     assert torch.allclose(loaded["5"].u_in, single.u_in, rtol=1e-5, atol=1e-6)
     assert loaded["5"].tokens == single.tokens
     norms = pd.read_parquet(out / "norms")
-    assert np.allclose(_sorted(norms[norms.id == 5]).norm, single.to_frame().norm, rtol=1e-5)
+    assert np.allclose(_sorted(norms[norms.id == "5"]).norm, single.to_frame().norm, rtol=1e-5)
 
 
 def test_cli_sweep(prompts, tmp_path):
@@ -131,3 +132,28 @@ def test_accelerate_two_cpu_processes_write_the_same_union(prompts, tmp_path):
     a, b = _sorted(pd.read_parquet(single / "norms")), _sorted(pd.read_parquet(double / "norms"))
     pd.testing.assert_frame_equal(a, b)
     assert manifest["counts"]["bad"] == 5
+
+
+def test_a_damaged_part_is_quarantined_and_redone(prompts, tmp_path):
+    out = tmp_path / "run"
+    run_sweep(prompts, model="tiny-llama", out=out, batch_size=3, device="cpu", progress=False)
+    first = _sorted(pd.read_parquet(out / "norms"))
+    part = sorted((out / "norms").glob("part-*.parquet"))[0]
+    redo = set(pd.read_parquet(part).id)
+    part.write_bytes(part.read_bytes()[:100])  # damaged outside the sweep (a disk fault, a bad copy)
+    with pytest.warns(UserWarning, match="cannot be read"):
+        again = run_sweep(prompts, model="tiny-llama", out=out, batch_size=3, device="cpu", progress=False)
+    assert again.manifest["counts"]["done_now"] == len(redo) and (out / "quarantine" / part.name).exists()
+    pd.testing.assert_frame_equal(_sorted(pd.read_parquet(out / "norms")), first)
+
+
+def test_cli_refuses_a_resume_with_other_settings_in_one_line(prompts, tmp_path, capsys):
+    from icl_lens.cli import main
+
+    out = tmp_path / "run"
+    args = ["sweep", str(prompts), "--model", "tiny-llama", "--out", str(out), "--device", "cpu", "--quiet"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args + ["--dtype", "float64"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "computed with dtype 'float32', not 'float64'" in err and "new --out" in err

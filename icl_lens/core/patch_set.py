@@ -15,7 +15,9 @@ one safetensors file holding one or more patch sets. Entry ``i`` stores the tens
 ``{i}.zero_input`` and ``{i}.kept`` (only when the kept sets are not the default
 ``{BOS, t}``), in their own dtype; the safetensors metadata key ``icl_lens`` holds a small
 JSON header: ``{"format": "icl_lens.token_patches", "version": 1, "entries": [{"key",
-"model", "tokens", "kept_bos", "default_kept"}]}``. Loading gives back equal tensors.
+"model", "tokens", "kept_bos", "default_kept"}]}``. Loading gives back equal tensors. ``load``/``load_many``
+check the header's schema and each tensor's presence, dtype and shape against the others
+(``v`` fixes layers and positions) and raise one :class:`PatchFileError` naming what is wrong.
 """
 from __future__ import annotations
 
@@ -198,22 +200,31 @@ class TokenPatches:
                 tensors = {k: f.get_tensor(k) for k in f.keys()}
         except Exception as err:  # safetensors raises its own error types for a non-safetensors file
             raise PatchFileError(f"{path} is not a safetensors file: {err}") from None
+        raw = meta.get("icl_lens")
+        if raw is None:
+            raise PatchFileError(f"{path} has no icl_lens header; it was not written by TokenPatches.save")
         try:
-            header = json.loads(meta["icl_lens"])
-        except (KeyError, json.JSONDecodeError):
-            raise PatchFileError(f"{path} has no icl_lens header; it was not written by TokenPatches.save") from None
-        if header.get("format") != FILE_FORMAT or header.get("version") != FILE_VERSION:
+            header = json.loads(raw)
+        except (ValueError, RecursionError) as err:
+            raise PatchFileError(f"{path}: the icl_lens header is not valid JSON ({type(err).__name__})") from None
+        if not isinstance(header, dict):
+            raise PatchFileError(f"{path}: the icl_lens header is not a JSON object")
+        version = header.get("version")
+        if header.get("format") != FILE_FORMAT or isinstance(version, bool) or version != FILE_VERSION:
             raise PatchFileError(f"{path}: unsupported format {header.get('format')!r} version {header.get('version')!r}")
+        entries = header.get("entries")
+        if not isinstance(entries, list):
+            raise PatchFileError(f"{path}: the header's entries are not a list")
         out = {}
-        for i, entry in enumerate(header["entries"]):
-            get = lambda name, i=i: tensors.get(f"{i}.{name}")  # noqa: E731
-            ids = get("token_ids")
-            kept = (default_kept_mask(ids.numel(), keep_bos=entry["kept_bos"], device=ids.device)
-                    if entry["default_kept"] else get("kept"))
-            out[entry["key"]] = TokenPatches(
-                model_name=entry["model"], tokens=tuple(entry["tokens"]), token_ids=ids,
-                u_in=get("u_in"), u_gate=get("u_gate"), v=get("v"), correction=get("correction"),
-                kept=kept, kept_bos=bool(entry["kept_bos"]), zero_input=get("zero_input"))
+        for i, entry in enumerate(entries):
+            patches = _checked_entry(path, i, entry, tensors)
+            if entry["key"] in out:
+                raise PatchFileError(f"{path}: entry {i} repeats the key {entry['key']!r}")
+            out[entry["key"]] = patches
+        known = {f"{i}.{name}" for i in range(len(entries)) for name in _TENSORS + ("kept",)}
+        extra = sorted(set(tensors) - known)
+        if extra:
+            raise PatchFileError(f"{path}: tensors that no header entry describes: {', '.join(extra[:5])}")
         return out
 
     @staticmethod
@@ -229,3 +240,55 @@ class TokenPatches:
         if str(key) not in entries:
             raise PatchFileError(f"{path} holds no patch set {key!r}")
         return entries[str(key)]
+
+
+_ENTRY_FIELDS = {"key": str, "model": str, "tokens": list, "kept_bos": bool, "default_kept": bool}
+
+
+def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor]) -> TokenPatches:
+    """Entry ``i`` of a patch file's header and its tensors as a :class:`TokenPatches`, after checking
+    the header fields' types and every tensor's presence, dtype and shape (one :class:`PatchFileError`)."""
+    if not isinstance(entry, dict):
+        raise PatchFileError(f"{path}: header entry {i} is not a JSON object")
+    where = f"{path}: entry {i} ({entry.get('key')!r})"
+    for name, kind in _ENTRY_FIELDS.items():
+        if not isinstance(entry.get(name), kind):
+            raise PatchFileError(f"{where}: header field {name!r} is missing or not a {kind.__name__}")
+    if not all(isinstance(t, str) for t in entry["tokens"]):
+        raise PatchFileError(f"{where}: header field 'tokens' holds a non-text token")
+    required = ("u_in", "v", "correction", "token_ids", "zero_input") + (() if entry["default_kept"] else ("kept",))
+    missing = [name for name in required if f"{i}.{name}" not in tensors]
+    if missing:
+        raise PatchFileError(f"{where}: missing tensor(s) {', '.join(missing)}")
+    get = lambda name: tensors.get(f"{i}.{name}")  # noqa: E731
+    v = get("v")
+    if v.ndim != 3:
+        raise PatchFileError(f"{where}: v has shape {tuple(v.shape)}, expected (layer, pos, d_model)")
+    n_layers, n_pos = v.shape[:2]
+    u_in = get("u_in")
+    d_mlp = u_in.shape[-1] if u_in.ndim == 3 else -1
+    expected = {"v": tuple(v.shape), "correction": tuple(v.shape), "u_in": (n_layers, n_pos, d_mlp),
+                "u_gate": (n_layers, n_pos, d_mlp), "token_ids": (n_pos,), "zero_input": (n_layers, n_pos),
+                "kept": (n_pos, n_pos)}
+    for name, shape in expected.items():
+        t = get(name)
+        if t is not None and tuple(t.shape) != shape:
+            raise PatchFileError(f"{where}: {name} has shape {tuple(t.shape)}, expected {shape} "
+                                 f"(layers {n_layers}, positions {n_pos} from v)")
+    if len(entry["tokens"]) != n_pos:
+        raise PatchFileError(f"{where}: {len(entry['tokens'])} tokens in the header but {n_pos} positions in v")
+    floats = {name: get(name).dtype for name in ("u_in", "u_gate", "v", "correction") if get(name) is not None}
+    if not all(d.is_floating_point for d in floats.values()) or len(set(floats.values())) != 1:
+        raise PatchFileError(f"{where}: u_in, u_gate, v and correction must share one floating dtype; got "
+                             + ", ".join(f"{k} {str(d).removeprefix('torch.')}" for k, d in floats.items()))
+    ids = get("token_ids")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise PatchFileError(f"{where}: token_ids must be integers, got {str(ids.dtype).removeprefix('torch.')}")
+    for name in ("zero_input", "kept"):
+        if get(name) is not None and get(name).dtype != torch.bool:
+            raise PatchFileError(f"{where}: {name} must be bool, got {str(get(name).dtype).removeprefix('torch.')}")
+    kept = (default_kept_mask(n_pos, keep_bos=entry["kept_bos"], device=ids.device) if entry["default_kept"]
+            else get("kept"))
+    return TokenPatches(model_name=entry["model"], tokens=tuple(entry["tokens"]), token_ids=ids, u_in=u_in,
+                        u_gate=get("u_gate"), v=v, correction=get("correction"), kept=kept,
+                        kept_bos=entry["kept_bos"], zero_input=get("zero_input"))
