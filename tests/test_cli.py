@@ -118,6 +118,10 @@ def test_out_is_checked_before_the_model_loads(tmp_path):
     for out, words in cases.items():
         _one_line_error(_run("patches", "hi", "--model", "no-such-model-anywhere", "--out", out), words)
     assert list(folder.iterdir()) == []
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": 1, "prompt": "hi"}\n')
+    for out, words in {str(prompts): "not a folder", "/sys/icl-lens-test/sweep": "not writable"}.items():
+        _one_line_error(_run("sweep", str(prompts), "--model", "no-such-model-anywhere", "--out", out), words)
 
 
 def test_a_failed_write_is_one_line_and_leaves_no_file(tmp_path):
