@@ -151,8 +151,8 @@ class MemoryEstimate:
 def estimate_patches_memory(model, n_tokens: int, *, noise_floor: bool = False) -> MemoryEstimate:
     """What ``icl-lens patches`` needs for an ``n_tokens`` prompt on ``model`` (a loaded bridge).
 
-    Calibrated against peak RSS on SmolLM2-135M (30 layers, 49k vocabulary) at 256–1,024
-    tokens; it grows as ``tokens · layers · (d_mlp + d_model)`` for the factors and activations,
+    Within about 25% of the peak RSS measured on SmolLM2-135M (30 layers, 49k vocabulary) at
+    256–1,500 tokens (tests/test_cli.py repeats one such run); it grows as ``tokens · layers · (d_mlp + d_model)`` for the factors and activations,
     ``tokens · vocabulary`` for the equivalence check and ``heads · tokens²`` for attention.
     ``noise_floor``: a float32 copy of the model and its logits too (half precision).
     """
@@ -166,8 +166,8 @@ def estimate_patches_memory(model, n_tokens: int, *, noise_floor: bool = False) 
     L, D, F, H, V = cfg.n_layers, cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_vocab
     weights = L * (dense + 1) * F * D * patch
     factors = L * n * (dense * F + 2 * D) * patch
-    activations = 4 * L * n * D * patch + 3 * H * n * n * 8
-    equivalence = 4 * n * V * logit
+    activations = 4 * L * n * D * patch + 3 * H * n * n * 8  # scores, float64 softmax, mask
+    equivalence = 4 * n * V * logit  # contextual logits, kept-only rows, their stack, the difference
     if noise_floor:
         weights += 4 * sum(p.numel() for p in model.parameters())
         equivalence += 4 * n * V * 4
