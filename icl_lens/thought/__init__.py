@@ -12,12 +12,17 @@ layer), :mod:`~icl_lens.thought.instruction_batches` (instruction + query token 
 :mod:`~icl_lens.thought.tasks` (the shipped task files and their builder). The least-squares fit itself is
 the math core's :mod:`icl_lens.core.least_squares`.
 """
-from icl_lens.thought.evaluate import ThoughtEval, evaluate_thought
-from icl_lens.thought.hf_export import VectorNotExportableError
-from icl_lens.thought.fit import thought_patch
-from icl_lens.thought.result import ThoughtPatch
-from icl_lens.thought.steering import SteeringVector, steering_vector
-from icl_lens.thought.tasks import Task, TaskFormatError, load_task
+from typing import TYPE_CHECKING
 
-__all__ = ["SteeringVector", "Task", "TaskFormatError", "ThoughtEval", "ThoughtPatch", "VectorNotExportableError",
-           "evaluate_thought", "load_task", "steering_vector", "thought_patch"]
+from icl_lens.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads this block)
+    from icl_lens.thought.evaluate import ThoughtEval, evaluate_thought
+    from icl_lens.thought.hf_export import VectorNotExportableError
+    from icl_lens.thought.fit import thought_patch
+    from icl_lens.thought.result import ThoughtPatch
+    from icl_lens.thought.steering import SteeringVector, steering_vector
+    from icl_lens.thought.tasks import Task, TaskFormatError, load_task
+
+__getattr__, __dir__, __all__ = lazy_exports(globals())
+

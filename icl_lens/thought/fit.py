@@ -106,23 +106,16 @@ from icl_lens.model.capture import NonFiniteActivationError, patch_dtype
 from icl_lens.model.prompts import PromptError, bos_id
 from icl_lens.model.weight_edits import edit_hooks
 from icl_lens.thought.instruction_batches import calibration_ids, continuation_ids, query_batch, read_query_tokens, text_ids
+from icl_lens.thought.defaults import (  # noqa: F401 (also imported from here)
+    DEFAULT_ANSWER_TOKENS,
+    DEFAULT_KIND,
+    DEFAULT_QUERY_PREFIX,
+    DEFAULT_RIDGE,
+    KIND_PARTS,
+    KINDS,
+)
 from icl_lens.thought.result import ThoughtPatch, thought_edits
 
-#: What each ``kind`` fits: the paper's parts (``matrix``, ``vector``) and the down-projection map.
-KIND_PARTS = {
-    "vector": ("vector",),
-    "matrix": ("matrix",),
-    "both": ("matrix", "vector"),
-    "both+down": ("matrix", "vector", "down"),
-}
-KINDS = tuple(KIND_PARTS)
-# The documented default (reports/eval_thought.md: chosen on the shipped tasks' train
-# queries of both embedded models, the same for every task and model; kind, ridge and
-# prefix by KL at the last query token, then the answer tokens by KL at the answer's positions).
-DEFAULT_KIND = "both+down"
-DEFAULT_RIDGE = 8.0
-DEFAULT_QUERY_PREFIX = "\n"
-DEFAULT_ANSWER_TOKENS = 8
 # Gain site, down fit: the branch output is scale ⊙ ŷ, and a coordinate whose scale is near 0
 # (Gemma 3 has such coordinates) cannot move by much without a large Δŷ that would change the
 # RMS of every coordinate; the damping keeps Δŷ small there (relative to the mean scale²).

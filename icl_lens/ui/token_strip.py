@@ -1,21 +1,33 @@
-"""Token strip widget: the anywidget front end in ``widgets/token_strip.js`` (+ ``.css``),
-package data next to this module. The front end also keeps the dashboard's plotly figure
-as wide as the dashboard (it has no width of its own; see ``fitFigures`` there).
+"""Token strip widget: the anywidget front end in the top-level ``widgets/`` folder
+(``token_strip.js`` + ``.css``), installed as the package ``icl_lens.widgets``. The front end
+also keeps the dashboard's plotly figure as wide as the dashboard (it has no width of its
+own; see ``fitFigures`` there).
 
 Synced traits: ``tokens``, ``values`` (patch norm per position), ``flags`` (spike flags),
 ``selected`` (clicked position, -1 for none), ``vmax`` (colour scale top), ``empty_text``.
 """
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import anywidget
 import traitlets
 
+# A source checkout run without installing (PYTHONPATH=.): widgets/ sits next to the package folder.
+_CHECKOUT_WIDGETS = Path(__file__).resolve().parents[2] / "widgets"
+
 
 def widgets_dir() -> Path:
-    """Folder of the front-end assets (``icl_lens/ui/widgets``, shipped as package data)."""
-    return Path(__file__).resolve().with_name("widgets")
+    """Folder of the front-end assets: the installed package ``icl_lens.widgets`` (a wheel, or an
+    editable install, which maps it to the checkout's ``widgets/``), else a checkout's ``widgets/``."""
+    try:
+        return Path(str(resources.files("icl_lens.widgets")))
+    except ModuleNotFoundError:
+        if (_CHECKOUT_WIDGETS / "token_strip.js").is_file():
+            return _CHECKOUT_WIDGETS
+        raise FileNotFoundError("the dashboard's front-end assets (icl_lens.widgets) are not installed, and "
+                                f"{_CHECKOUT_WIDGETS} is not a checkout's widgets/ folder; reinstall icl_lens") from None
 
 
 class TokenStrip(anywidget.AnyWidget):

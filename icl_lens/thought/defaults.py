@@ -1,0 +1,21 @@
+"""The thought-patch fit's kinds and documented defaults (:mod:`icl_lens.thought.fit`, Algorithm 1
+of Mazzawi, Dherin et al. 2025, arXiv 2510.08734), without importing torch: the command line
+builds its ``thought-eval`` options from them before anything heavy is imported.
+"""
+from __future__ import annotations
+
+#: What each ``kind`` fits: the paper's parts (``matrix``, ``vector``) and the down-projection map.
+KIND_PARTS = {
+    "vector": ("vector",),
+    "matrix": ("matrix",),
+    "both": ("matrix", "vector"),
+    "both+down": ("matrix", "vector", "down"),
+}
+KINDS = tuple(KIND_PARTS)
+# The documented default (reports/eval_thought.md: chosen on the shipped tasks' train
+# queries of both embedded models, the same for every task and model; kind, ridge and
+# prefix by KL at the last query token, then the answer tokens by KL at the answer's positions).
+DEFAULT_KIND = "both+down"
+DEFAULT_RIDGE = 8.0
+DEFAULT_QUERY_PREFIX = "\n"
+DEFAULT_ANSWER_TOKENS = 8
