@@ -6,6 +6,8 @@ arXiv 2507.16003). icl_lens computes those patches exactly for every layer and t
 of real models, from one forward pass, and builds dynamics, thought patches and
 dashboards on them. Definitions: docs/design.md; usage: README.md.
 """
+from typing import TYPE_CHECKING, Any
+
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
 from icl_lens.model.block_family import UnsupportedArchitectureError
@@ -47,6 +49,10 @@ from icl_lens.thought import (
     thought_patch,
 )
 
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
+    from icl_lens.ui.dashboard import Dashboard
+
 __version__ = "0.1.0"
 
 
@@ -59,7 +65,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'icl_lens' has no attribute {name!r}")
 
 
-def dashboard(model=None, **kwargs):
+def dashboard(model: "Model | str | None" = None, **kwargs: Any) -> "Dashboard":
     """The live JupyterLab dashboard (imports ipywidgets/plotly only when called); see ``icl_lens.ui``."""
     from icl_lens.ui.dashboard import dashboard as _dashboard
 

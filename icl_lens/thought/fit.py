@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -107,6 +108,9 @@ from icl_lens.model.prompts import PromptError, bos_id
 from icl_lens.model.weight_edits import edit_hooks
 from icl_lens.thought.instruction_batches import calibration_ids, continuation_ids, query_batch, read_query_tokens, text_ids
 from icl_lens.thought.result import ThoughtPatch, thought_edits
+
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
 
 #: What each ``kind`` fits: the paper's parts (``matrix``, ``vector``) and the down-projection map.
 KIND_PARTS = {
@@ -166,7 +170,7 @@ def _post_norm_gain(model, layer: int, dtype) -> Tensor:
 
 
 def thought_patch(
-    model,
+    model: Model,
     instruction: str,
     queries: Sequence[str],
     *,
