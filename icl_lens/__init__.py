@@ -9,7 +9,7 @@ dashboards on them. Definitions: docs/design.md; usage: README.md.
 The names below are imported on first use (:mod:`icl_lens.lazy_exports`): ``import icl_lens``
 alone imports neither torch nor TransformerLens, so the command line starts fast.
 """
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from icl_lens.lazy_exports import lazy_exports
 
@@ -59,11 +59,15 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
 
 __getattr__, __dir__, _EXPORTED = lazy_exports(globals(), submodules=("lab",))
 
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
+    from icl_lens.ui.dashboard import Dashboard
+
 __version__ = "0.1.0"
 
 
 
-def dashboard(model=None, **kwargs):
+def dashboard(model: "Model | str | None" = None, **kwargs: Any) -> "Dashboard":
     """The live JupyterLab dashboard (imports ipywidgets/plotly only when called); see ``icl_lens.ui``."""
     from icl_lens.ui.dashboard import dashboard as _dashboard
 

@@ -210,8 +210,8 @@ def _patches(args: argparse.Namespace) -> int:
         raise CommandError(f"this prompt needs {need.describe()}, more than the {_size(have)} {where}; "
                            f"shorten the prompt, or pass --force to try anyway")
 
-    patches = token_patches(model, args.prompt)
-    report = verify_equivalence(model, args.prompt, patches)
+    patches = token_patches(model, args.prompt, layers=args.layers)
+    report = verify_equivalence(model, args.prompt, None if args.layers else patches)
     floor = None
     if args.tolerance is not None:
         tolerance = args.tolerance
@@ -356,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest accepted relative equivalence error (default: 1e-4 for float32, 1e-9 for float64, "
                         "twice the measured half-vs-float32 noise floor for bfloat16/float16); "
                         "above it the command exits with status 1")
+    p.add_argument("--layers", type=int, nargs="+", default=None,
+                   help="only these layers (negative as Python's, e.g. -1 the last; default: all); the equivalence "
+                        "check still uses every layer")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     p.add_argument("--out", metavar="FILE.safetensors",
                    help="write the factors (TokenPatches.save: safetensors + JSON header; TokenPatches.load reads it)")

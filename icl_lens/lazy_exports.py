@@ -2,9 +2,11 @@
 on first use, so importing the package itself (for example to parse the command line) costs
 no torch or TransformerLens import. ``from icl_lens import token_patches`` works as before.
 
-The package lists its public names once, as ordinary imports inside ``if TYPE_CHECKING:``
-(so type checkers and editors see the real objects); :func:`lazy_exports` reads that block
-from the package's source and imports each name from its module when it is first asked for.
+The package lists its public names once, as ordinary imports inside its first
+``if TYPE_CHECKING:`` block (so type checkers and editors see the real objects);
+:func:`lazy_exports` reads that block from the package's source and imports each name from its
+module when it is first asked for. Later ``TYPE_CHECKING`` blocks (names used only in
+annotations) are not exports.
 """
 from __future__ import annotations
 
@@ -15,14 +17,12 @@ from pathlib import Path
 
 
 def type_checking_imports(source: str) -> dict[str, str]:
-    """``{name: module}`` for every ``from module import name`` inside ``if TYPE_CHECKING:``."""
-    exports = {}
+    """``{name: module}`` for every ``from module import name`` in the first ``if TYPE_CHECKING:``."""
     for node in ast.parse(source).body:
         if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
-            for stmt in node.body:
-                if isinstance(stmt, ast.ImportFrom) and stmt.module:
-                    exports.update({alias.asname or alias.name: stmt.module for alias in stmt.names})
-    return exports
+            return {alias.asname or alias.name: stmt.module for stmt in node.body
+                    if isinstance(stmt, ast.ImportFrom) and stmt.module for alias in stmt.names}
+    return {}
 
 
 def lazy_exports(namespace: dict, submodules: tuple[str, ...] = (),

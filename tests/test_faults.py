@@ -265,6 +265,12 @@ MALFORMED = {
     "a token not text": (_entry(tokens=[1, 2, 3, 4, 5]), "non-text token"),
     "kept_bos not a bool": (_entry(kept_bos="yes"), "'kept_bos' is missing or not a bool"),
     "key not text": (_entry(key=5), "'key' is missing or not a str"),
+    "positions not indices": (_entry(positions="all"), "'positions' is not a list of indices"),
+    "layers a negative index": (_entry(layers=[-1]), "'layers' is not a list of indices"),
+    "one layer fewer than v": (lambda t, h: _entry(layers=list(range(len(h["entries"][0].get("layers")
+                                                    or [0, 1]) - 1)))(t, h), "layers in the header but"),
+    "a position past the tokens": (lambda t, h: _entry(positions=[0] * (len(h["entries"][0]["tokens"]) - 1)
+                                                      + [999])(t, h), "tokens in the header but position 999"),
     "tokens fewer than positions": (lambda t, h: _entry(tokens=h["entries"][0]["tokens"][:-1])(t, h),
                                     "tokens in the header but"),
     "v one position short": (_tensor("v", lambda x: x[:, :-1]), "has shape"),

@@ -15,17 +15,28 @@ one safetensors file holding one or more patch sets. Entry ``i`` stores the tens
 ``{i}.zero_input`` and ``{i}.kept`` (only when the kept sets are not the default
 ``{BOS, t}``), in their own dtype; the safetensors metadata key ``icl_lens`` holds a small
 JSON header: ``{"format": "icl_lens.token_patches", "version": 1, "entries": [{"key",
-"model", "tokens", "kept_bos", "default_kept"}]}``. Loading gives back equal tensors. ``load``/``load_many``
+"model", "tokens", "kept_bos", "default_kept", "layers", "positions"}]}`` (``layers`` and
+``positions``: the model layers and prompt positions held; absent in older files, meaning
+all). Loading gives back equal tensors. ``load``/``load_many``
 check the header's schema and each tensor's presence, dtype and shape against the others
 (``v`` fixes layers and positions) and raise one :class:`PatchFileError` naming what is wrong.
+
+**Selections.** ``token_patches(model, prompt, layers=...)`` and :meth:`TokenPatches.select`
+give patches of some layers and/or query positions; they keep the true indices
+(``layers``, ``positions``), which ``to_frame``, ``save``/``load`` and the kept-only
+forward use. :meth:`TokenPatches.select` slices every tensor field along the axes its
+jaxtyping annotation names ``layer`` and ``pos`` (``pos``: the query positions held;
+``token``: the whole prompt, never sliced, as in ``token_ids`` and the keys of ``kept``).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +57,16 @@ class PatchFileError(ValueError):
     """A file is not an icl_lens token-patch file, or does not hold the entry asked for."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class TokenPatches:
-    """Token patches of one prompt, all layers × positions, in factored form.
+    """Token patches of one prompt, in factored form: the layers ``layers`` × the query positions ``positions``.
+
+    ``layers`` are the model's layer indices held, in increasing order (default: all,
+    ``0..n_layers-1``); ``positions`` the prompt positions held (default: every token).
+    Tensor axis ``layer`` runs over ``layers``, axis ``pos`` over ``positions``; ``tokens``
+    and ``token_ids`` are always the whole prompt, and ``kept[i]`` is the kept-key set
+    (over the whole prompt) of query ``positions[i]``. ``len(patches)`` is the number of
+    positions held (the number of tokens, unless :meth:`select` picked some).
 
     A *batch* of prompts of equal length (the regression lab's) has one more axis after
     the layer: ``u_in[layer, prompt, pos, d_mlp]`` and so on, with ``tokens``,
@@ -57,22 +75,88 @@ class TokenPatches:
 
     model_name: str
     tokens: tuple[str, ...]
-    token_ids: Int[Tensor, " pos"]
+    token_ids: Int[Tensor, " token"]
     u_in: Float[Tensor, "layer *prompt pos d_mlp"]
     u_gate: Float[Tensor, "layer *prompt pos d_mlp"] | None
     v: Float[Tensor, "layer *prompt pos d_model"]
     correction: Float[Tensor, "layer *prompt pos d_model"]
-    kept: Bool[Tensor, "pos pos"]
+    kept: Bool[Tensor, "pos token"]
     kept_bos: bool
-    zero_input: Bool[Tensor, "layer *prompt pos"] = field(repr=False)
+    zero_input: Bool[Tensor, "layer *prompt pos"]
+    layers: tuple[int, ...] = ()
+    positions: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        layers = tuple(int(x) for x in self.layers) or tuple(range(self.v.shape[0]))
+        positions = tuple(int(x) for x in self.positions) or tuple(range(self.v.shape[-2]))
+        for name, got, size in (("layers", layers, self.v.shape[0]), ("positions", positions, self.v.shape[-2])):
+            if len(got) != size or any(b <= a for a, b in zip(got, got[1:])) or (got and got[0] < 0):
+                raise ValueError(f"TokenPatches.{name} must be {size} increasing indices >= 0, got {got}")
+        object.__setattr__(self, "layers", layers)
+        object.__setattr__(self, "positions", positions)
 
     @property
     def n_layers(self) -> int:
+        """Number of layers held (``len(layers)``)."""
         return self.v.shape[0]
 
     @property
     def n_positions(self) -> int:
+        """Number of query positions held (``len(positions)``)."""
         return self.v.shape[-2]
+
+    def __len__(self) -> int:
+        """Number of query positions held: the prompt's number of tokens unless :meth:`select` picked some."""
+        return self.n_positions
+
+    @property
+    def complete(self) -> bool:
+        """Whether every position of the prompt is held (layers may still be a subset)."""
+        return self.positions == tuple(range(len(self.tokens)))
+
+    def __repr__(self) -> str:
+        def span(idx: tuple[int, ...]) -> str:
+            if idx and idx == tuple(range(idx[0], idx[-1] + 1)) and len(idx) > 2:
+                return f"{idx[0]}..{idx[-1]}"
+            return ",".join(map(str, idx[:8])) + (",…" if len(idx) > 8 else "")
+
+        text = "".join(self.tokens)
+        preview = repr(text if len(text) <= 40 else text[:39] + "…")
+        where = "" if self.complete else f", positions {span(self.positions)}"
+        batch = f", batch of {self.v.shape[1]}" if self.batched else ""
+        tensors = [(f.name, getattr(self, f.name)) for f in fields(self)]
+        tensors = [(name, t) for name, t in tensors if isinstance(t, Tensor)]
+        sizes = ", ".join(f"{name} {'×'.join(map(str, t.shape))}" for name, t in tensors if t.ndim >= 3)
+        total = sum(t.numel() * t.element_size() for _, t in tensors)
+        model = self.model_name if len(self.model_name) <= 60 else self.model_name[:59] + "…"
+        return (f"TokenPatches(model {model!r}, {len(self.tokens)} tokens {preview}{where}, "
+                f"layers {span(self.layers)}{batch}, {str(self.v.dtype).removeprefix('torch.')}"
+                f"{', gated' if self.gated else ''}; {sizes}; {total / 2**20:.2f} MiB)")
+
+    def select(self, layers: Iterable[int] | int | None = None,
+               positions: Iterable[int] | int | None = None) -> "TokenPatches":
+        """The patches of some of the layers and/or query positions held, keeping their true indices.
+
+        ``layers``: model layer indices among :attr:`layers` (negative ones count from the
+        end of the layers held); ``positions``: prompt positions among :attr:`positions`
+        (negative ones count from the end of the prompt). ``None`` keeps all; the result
+        holds them in increasing order. Every tensor field is sliced along the axes its
+        annotation names ``layer`` and ``pos`` (module docstring).
+        """
+        n_tokens = len(self.tokens)
+        rows = {"layer": _pick(self.layers, layers, lambda w: self.layers[w] if w >= -self.n_layers else w, "layer"),
+                "pos": _pick(self.positions, positions, lambda w: w + n_tokens, "position")}
+        changes: dict[str, object] = {}
+        for name, axes in _sliced_axes(type(self)).items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            for axis_name, axis in axes:
+                index = torch.tensor(rows[axis_name], dtype=torch.long, device=value.device)
+                value = value.index_select(axis % value.ndim, index)
+            changes[name] = value
+        return replace(self, **changes, layers=tuple(self.layers[i] for i in rows["layer"]),
+                       positions=tuple(self.positions[i] for i in rows["pos"]))
 
     @property
     def batched(self) -> bool:
@@ -86,10 +170,6 @@ class TokenPatches:
         pick = lambda t: None if t is None else t[:, b]  # noqa: E731
         return replace(self, u_in=pick(self.u_in), u_gate=pick(self.u_gate), v=pick(self.v),
                        correction=pick(self.correction), zero_input=pick(self.zero_input))
-
-    @property
-    def positions(self) -> list[int]:
-        return list(range(self.n_positions))
 
     @property
     def gated(self) -> bool:
@@ -108,8 +188,9 @@ class TokenPatches:
         return torch.linalg.vector_norm(self.correction, dim=-1)
 
     def kept_positions(self, query: int) -> list[int]:
-        """Positions the context-free input of ``query`` keeps (sorted)."""
-        return torch.nonzero(self.kept[query]).flatten().tolist()
+        """Positions the context-free input of ``query`` (a prompt position held) keeps (sorted)."""
+        row = query if self.complete else self.positions.index(query % len(self.tokens))
+        return torch.nonzero(self.kept[row]).flatten().tolist()
 
     def keep_parts(self, *, w_in: bool = True, correction: bool = True) -> "TokenPatches":
         """The same patches with the weight part (``u_in``, ``u_gate``) and/or the skip correction zeroed."""
@@ -139,19 +220,19 @@ class TokenPatches:
             return pd.concat([f.assign(prompt=b) for b, f in enumerate(frames)], ignore_index=True)
         norms = self.norms().detach().cpu().double().numpy()
         corr = self.correction_norms().detach().cpu().double().numpy()
-        layers, n = self.n_layers, self.n_positions
+        positions = np.tile(np.asarray(self.positions, dtype=np.int64), self.n_layers)
         return pd.DataFrame({
-            "layer": np.repeat(np.arange(layers), n),
-            "position": np.tile(np.arange(n), layers),
-            "token": np.asarray(self.tokens, dtype=object)[np.tile(np.arange(n), layers)] if n else [],
+            "layer": np.repeat(np.asarray(self.layers, dtype=np.int64), self.n_positions),
+            "position": positions,
+            "token": np.asarray(self.tokens, dtype=object)[positions] if len(positions) else [],
             "norm": norms.reshape(-1),
             "correction_norm": corr.reshape(-1),
         }, columns=["layer", "position", "token", "norm", "correction_norm"])
 
     def has_default_kept(self) -> bool:
         """Whether every query keeps ``{t}`` plus a kept BOS (the default removal)."""
-        default = default_kept_mask(self.n_positions, keep_bos=self.kept_bos, device=self.kept.device)
-        return bool(torch.equal(self.kept, default))
+        default = default_kept_mask(len(self.tokens), keep_bos=self.kept_bos, device=self.kept.device)
+        return bool(torch.equal(self.kept, default[list(self.positions)]))
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write this patch set to ``path`` (safetensors + JSON header, see the module doc)."""
@@ -172,7 +253,8 @@ class TokenPatches:
                 if value is not None:
                     tensors[f"{i}.{name}"] = value.detach().cpu().contiguous()
             entries.append({"key": str(key), "model": p.model_name, "tokens": list(p.tokens),
-                            "kept_bos": p.kept_bos, "default_kept": default})
+                            "kept_bos": p.kept_bos, "default_kept": default, "layers": list(p.layers),
+                            "positions": list(p.positions)})
         header = {"format": FILE_FORMAT, "version": FILE_VERSION, "entries": entries}
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -256,6 +338,10 @@ def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor]) -> Tok
             raise PatchFileError(f"{where}: header field {name!r} is missing or not a {kind.__name__}")
     if not all(isinstance(t, str) for t in entry["tokens"]):
         raise PatchFileError(f"{where}: header field 'tokens' holds a non-text token")
+    for name in ("layers", "positions"):
+        held = entry.get(name, [])
+        if not isinstance(held, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in held):
+            raise PatchFileError(f"{where}: header field {name!r} is not a list of indices")
     required = ("u_in", "v", "correction", "token_ids", "zero_input") + (() if entry["default_kept"] else ("kept",))
     missing = [name for name in required if f"{i}.{name}" not in tensors]
     if missing:
@@ -265,18 +351,28 @@ def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor]) -> Tok
     if v.ndim != 3:
         raise PatchFileError(f"{where}: v has shape {tuple(v.shape)}, expected (layer, pos, d_model)")
     n_layers, n_pos = v.shape[:2]
+    layers, positions = tuple(entry.get("layers", ())), tuple(entry.get("positions", ()))
+    n_tok = len(entry["tokens"])
+    if layers and len(layers) != n_layers:
+        raise PatchFileError(f"{where}: {len(layers)} layers in the header but {n_layers} in v")
+    if get("token_ids").shape != (n_tok,):
+        raise PatchFileError(f"{where}: {n_tok} tokens in the header but token_ids has shape "
+                             f"{tuple(get('token_ids').shape)}")
     u_in = get("u_in")
     d_mlp = u_in.shape[-1] if u_in.ndim == 3 else -1
     expected = {"v": tuple(v.shape), "correction": tuple(v.shape), "u_in": (n_layers, n_pos, d_mlp),
-                "u_gate": (n_layers, n_pos, d_mlp), "token_ids": (n_pos,), "zero_input": (n_layers, n_pos),
-                "kept": (n_pos, n_pos)}
+                "u_gate": (n_layers, n_pos, d_mlp), "token_ids": (n_tok,), "zero_input": (n_layers, n_pos),
+                "kept": (n_pos, n_tok)}
     for name, shape in expected.items():
         t = get(name)
         if t is not None and tuple(t.shape) != shape:
             raise PatchFileError(f"{where}: {name} has shape {tuple(t.shape)}, expected {shape} "
                                  f"(layers {n_layers}, positions {n_pos} from v)")
-    if len(entry["tokens"]) != n_pos:
-        raise PatchFileError(f"{where}: {len(entry['tokens'])} tokens in the header but {n_pos} positions in v")
+    if (len(positions) if positions else n_tok) != n_pos:
+        raise PatchFileError(f"{where}: {len(positions) if positions else n_tok} positions in the header "
+                             f"but {n_pos} in v")
+    if positions and max(positions) >= n_tok:
+        raise PatchFileError(f"{where}: {n_tok} tokens in the header but position {max(positions)} in it")
     floats = {name: get(name).dtype for name in ("u_in", "u_gate", "v", "correction") if get(name) is not None}
     if not all(d.is_floating_point for d in floats.values()) or len(set(floats.values())) != 1:
         raise PatchFileError(f"{where}: u_in, u_gate, v and correction must share one floating dtype; got "
@@ -287,8 +383,55 @@ def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor]) -> Tok
     for name in ("zero_input", "kept"):
         if get(name) is not None and get(name).dtype != torch.bool:
             raise PatchFileError(f"{where}: {name} must be bool, got {str(get(name).dtype).removeprefix('torch.')}")
-    kept = (default_kept_mask(n_pos, keep_bos=entry["kept_bos"], device=ids.device) if entry["default_kept"]
+    kept = (default_kept_mask(n_tok, keep_bos=entry["kept_bos"], device=ids.device) if entry["default_kept"]
             else get("kept"))
+    if entry["default_kept"] and positions:
+        kept = kept[list(positions)]
     return TokenPatches(model_name=entry["model"], tokens=tuple(entry["tokens"]), token_ids=ids, u_in=u_in,
                         u_gate=get("u_gate"), v=v, correction=get("correction"), kept=kept,
-                        kept_bos=entry["kept_bos"], zero_input=get("zero_input"))
+                        kept_bos=entry["kept_bos"], zero_input=get("zero_input"),
+                        layers=layers, positions=positions)
+
+
+def _pick(held: tuple[int, ...], wanted: Iterable[int] | int | None, negative: Callable[[int], int],
+          what: str) -> list[int]:
+    """Rows of ``held`` (increasing indices) holding the indices ``wanted``, in increasing order.
+
+    ``negative`` maps a negative index to a true one.
+    """
+    if wanted is None:
+        return list(range(len(held)))
+    asked = [int(wanted)] if isinstance(wanted, int) else [int(w) for w in wanted]
+    if not asked:
+        raise ValueError(f"no {what}s selected; pass None for all")
+    row = {index: i for i, index in enumerate(held)}
+    true = [negative(w) if w < 0 else w for w in asked]
+    bad = [w for w, t in zip(asked, true) if t not in row]
+    if bad:
+        shown = ", ".join(map(str, held[:12])) + (", …" if len(held) > 12 else "")
+        raise ValueError(f"{what}s {bad} are not held; these patches hold {what}s {shown}")
+    return sorted({row[t] for t in true})
+
+
+_DIMS = re.compile(r"""\[\s*Tensor\s*,\s*['"]([^'"]*)['"]""")
+
+
+@functools.cache
+def _sliced_axes(cls: type) -> dict[str, list[tuple[str, int]]]:
+    """``{field: [(axis name, axis index), ...]}`` for the ``layer`` and ``pos`` axes of each tensor field.
+
+    Read from the fields' jaxtyping annotations: an axis after a variadic ``*name`` is
+    counted from the end, so batched and single-prompt tensors slice alike.
+    """
+    out: dict[str, list[tuple[str, int]]] = {}
+    for f in fields(cls):
+        match = _DIMS.search(str(f.type))
+        if match is None:
+            continue
+        dims = match.group(1).split()
+        star = next((i for i, d in enumerate(dims) if d.startswith("*")), None)
+        axes = [(d, i if star is None or i < star else i - len(dims)) for i, d in enumerate(dims)
+                if d in ("layer", "pos")]
+        if axes:
+            out[f.name] = axes
+    return out

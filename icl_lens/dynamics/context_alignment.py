@@ -20,6 +20,7 @@ random direction of the layer's weight space).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -34,8 +35,11 @@ from icl_lens.dynamics.sgd_alignment import (
 from icl_lens.dynamics.explicit_finetune import context_token_steps_many
 from icl_lens.dynamics.trajectory_capture import ORDERS, Prompt, trajectory
 
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
 
-def context_alignment(model, prompts: Sequence[Prompt], *, batch_rows: int = 128, seed: int = 0,
+
+def context_alignment(model: Model, prompts: Sequence[Prompt], *, batch_rows: int = 128, seed: int = 0,
                       progress: bool = False) -> AlignmentTable:
     """Per prompt and layer: mean alignment cosines of the paper's protocol (see the module docstring)."""
     if len(prompts) < 2:

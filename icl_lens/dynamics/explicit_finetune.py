@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -46,6 +47,9 @@ from icl_lens.model.greedy import last_logits
 from icl_lens.model.kept_only import kept_only_masks
 from icl_lens.dynamics.trajectory_capture import Prompt, resolve_query, trajectory
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
+
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -115,7 +119,7 @@ def dense_gradient_factors(model, forward_loss: Callable[[], Tensor], shape: tup
 
 
 def finetune_alignment(
-    model,
+    model: Model,
     prompt: Prompt,
     *,
     query: int = -1,
@@ -213,7 +217,7 @@ class ContextTokenSteps:
                              "loss": self.losses.double().cpu().numpy()})
 
 
-def context_token_steps(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> ContextTokenSteps:
+def context_token_steps(model: Model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> ContextTokenSteps:
     """The explicit side of the paper's protocol on a language model: one step per context token.
 
     Context token ``cⱼ`` (every position strictly between the kept BOS and the query) runs as
@@ -224,7 +228,7 @@ def context_token_steps(model, prompt: Prompt, *, query: int = -1, layers: Seque
     return context_token_steps_many(model, [prompt], query=query, layers=layers)[0]
 
 
-def context_token_steps_many(model, prompts: Sequence[Prompt], *, query: int = -1, layers: Sequence[int] | None = None,
+def context_token_steps_many(model: Model, prompts: Sequence[Prompt], *, query: int = -1, layers: Sequence[int] | None = None,
                              batch_rows: int = 128, progress: bool = False) -> list[ContextTokenSteps]:
     """:func:`context_token_steps` for many prompts; their rows share batched forwards and backwards
     (``batch_rows`` inputs each), so the unembedding runs once per batch instead of once per prompt."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -40,6 +41,9 @@ from icl_lens.model.kept_only import kept_only_logits, kept_only_masks, patches_
 from icl_lens.model.patches import token_patches
 from icl_lens.model.prompts import bos_id, encode_prompt, str_tokens
 from icl_lens.model.reading import activations_captured
+
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
 
 
 Prompt = str | Sequence[int] | Int[Tensor, " pos"]
@@ -218,7 +222,7 @@ def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Te
 ORDERS = ("prefix", "absorb")
 
 
-def trajectory(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None,
+def trajectory(model: Model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None,
                order: str = "prefix") -> Trajectory:
     """Implicit weights W₀..Wₙ of query ``query`` as its context is consumed (docs/design.md §3).
 
@@ -299,7 +303,7 @@ class TrajectoryCheck:
 
 
 @torch.no_grad()
-def verify_trajectory(model, prompt: Prompt, traj: Trajectory | None = None, *, query: int = -1,
+def verify_trajectory(model: Model, prompt: Prompt, traj: Trajectory | None = None, *, query: int = -1,
                       steps: Sequence[int] | None = None, order: str = "prefix") -> TrajectoryCheck:
     """The exactness identity of each trajectory step, in the trajectory's order.
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -41,6 +42,9 @@ from icl_lens.model.capture import (
 )
 from icl_lens.model.per_model import model_cache
 from icl_lens.model.prompts import PromptError, bos_id, encode_prompt, str_tokens
+
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
 
 NORM_COLUMNS = ["layer", "position", "token", "norm", "correction_norm"]
 
@@ -122,9 +126,11 @@ def _batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
 
 
 def _layers(model, layers: Iterable[int] | None) -> tuple[int, ...]:
+    """The model layers ``layers`` names (negative as Python's), sorted and deduplicated; ``None``: all."""
     n = model.cfg.n_layers
     if layers is None:
         return tuple(range(n))
+    layers = [layers] if isinstance(layers, int) else list(layers)
     out = sorted({int(layer) % n for layer in layers if -n <= int(layer) < n})
     bad = [layer for layer in layers if not -n <= int(layer) < n]
     if bad or not out:
@@ -147,9 +153,13 @@ def _progress(total: int, enabled: bool, desc: str):
 
 
 def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bool = True, batch_size: int = 16,
-                          progress: bool = False) -> list[TokenPatches]:
-    """:func:`icl_lens.token_patches` for a list of prompts (one :class:`TokenPatches` each, in order)."""
+                          progress: bool = False, layers: Iterable[int] | None = None) -> list[TokenPatches]:
+    """:func:`icl_lens.token_patches` for a list of prompts (one :class:`TokenPatches` each, in order).
+
+    ``layers``: only these layers are computed, and each forward stops after the last of them.
+    """
     family = block_family(model)
+    wanted = _layers(model, layers)
     ids = encode_prompts(model, prompts)
     name = model.cfg.model_name
     results: list[TokenPatches | None] = [None] * len(ids)
@@ -158,10 +168,10 @@ def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bo
         for chunk in _batches([len(x) for x in ids], batch_size):
             batch = prompt_batch(model, [ids[i] for i in chunk], remove=remove, keep_bos=keep_bos)
             n = batch.ids.shape[1]
-            out = empty_factors(model, n, dev, batch=len(chunk), zeroed=False)
+            out = empty_factors(model, n, dev, batch=len(chunk), layers=wanted, zeroed=False)
             keep_bos_arg = bool(batch.keep_bos[0]) if len(chunk) == 1 else batch.keep_bos
             capture = LayerCapture(model, family, batch.kept, remove is None, keep_bos_arg, out, q=n,
-                                   lengths=batch.lengths)
+                                   lengths=batch.lengths, layers=wanted)
             run_capture(model, capture, batch.ids, batch.attention_mask)
             for row, i in enumerate(chunk):
                 m = int(batch.lengths[row])
@@ -176,7 +186,7 @@ def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bo
                     model_name=name, tokens=str_tokens(model, ids[i]), token_ids=ids[i].cpu(),
                     u_in=factors["u_in"], u_gate=factors["u_gate"], v=factors["v"],
                     correction=factors["correction"], kept=kept, kept_bos=bool(batch.keep_bos[row]),
-                    zero_input=factors["zero_input"])
+                    zero_input=factors["zero_input"], layers=wanted)
             bar.update(len(chunk))
     return results  # type: ignore[return-value]
 
@@ -237,7 +247,7 @@ def iter_patch_norms(model, prompts: Sequence, *, batch_size: int = 16, layers: 
         yield chunk, rows
 
 
-def patch_norms(model, prompts: Sequence, *, batch_size: int = 16, layers: Iterable[int] | None = None,
+def patch_norms(model: Model, prompts: Sequence, *, batch_size: int = 16, layers: Iterable[int] | None = None,
                 progress: bool = True, keep_bos: bool = True) -> pd.DataFrame:
     """Patch and correction norms of many prompts as one tidy table, keeping no factors.
 

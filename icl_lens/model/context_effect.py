@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -30,6 +31,9 @@ from icl_lens.model.greedy import last_logits
 from icl_lens.model.kept_only import kept_only_logits_many
 from icl_lens.model.patches import token_patches
 from icl_lens.model.prompts import encode_prompt
+
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
 
 VARIANTS = {"none": (False, False), "w_in": (True, False), "correction": (False, True), "full": (True, True)}
 
@@ -59,7 +63,7 @@ def _wide(x: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def context_effect(model, prompts, *, positions: Sequence[int] | None = None, batch_size: int = 64) -> ContextEffect:
+def context_effect(model: Model, prompts, *, positions: Sequence[int] | None = None, batch_size: int = 64) -> ContextEffect:
     """KL of each patch variant from the contextual next-token distribution (see the module docstring).
 
     ``prompts``: one prompt (text or ids) or a list of them. ``positions``: query positions

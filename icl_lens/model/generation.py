@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -35,6 +36,9 @@ from icl_lens.core.spike_scores import SpikeFlags, spike_scores
 from icl_lens.model.incremental import PatchSession
 from icl_lens.model.prompts import PromptError, context_limit, encode_prompt, str_tokens
 from icl_lens.model.spike_thresholds import SpikeThreshold, spike_threshold
+
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
 
 
 @dataclass(frozen=True, eq=False)
@@ -154,7 +158,7 @@ def _last_logits(session, vocab: int) -> Tensor:
 
 
 def generate_with_patches(
-    model,
+    model: Model,
     prompt: str | Sequence[int] | Int[Tensor, " pos"],
     *,
     max_new_tokens: int = 32,

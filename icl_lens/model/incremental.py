@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
@@ -24,6 +25,9 @@ from icl_lens.model.block_family import block_family
 from icl_lens.model.capture import LayerCapture, empty_factors, is_bos_kept, warn_zero_inputs
 from icl_lens.model.prompts import encode_prompt, str_tokens
 from icl_lens.model.reading import activations_captured
+
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ class PatchSession:
     token, and the live dashboard does not need logits.
     """
 
-    def __init__(self, model, *, keep_bos: bool = True, logits: bool = True):
+    def __init__(self, model: Model, *, keep_bos: bool = True, logits: bool = True):
         self.model, self.keep_bos, self.logits = model, keep_bos, logits
         self.family = block_family(model)
         self._ids: Tensor | None = None

@@ -13,8 +13,9 @@ checked by :func:`icl_lens.model.patches.verify_equivalence`.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
@@ -24,33 +25,40 @@ from icl_lens.core.patch_set import TokenPatches
 from icl_lens.model.block_family import block_family
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
 
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
+
 
 def token_patch_edits(patches: TokenPatches, sources: Int[Tensor, "batch pos"],
                       dtype: torch.dtype) -> dict[int, MLPEdit]:
     """Per-position edits: input row ``b``, position ``i`` gets the patch of prompt position ``sources[b, i]``.
 
-    ``sources[b, i] = -1`` leaves that input position unpatched.
+    ``sources[b, i] = -1`` leaves that input position unpatched. Edits are keyed by the
+    model layers the patches hold (``patches.layers``); every position must be held.
     """
+    if not patches.complete:
+        raise ValueError("applying patches needs every position of the prompt; select layers only")
     valid = (sources >= 0)[..., None].to(dtype)
     src = sources.clamp_min(0)
 
-    def gather(factor: Tensor | None, layer: int) -> Tensor | None:
-        return None if factor is None else factor[layer].to(device=src.device, dtype=dtype)[src] * valid
+    def gather(factor: Tensor | None, k: int) -> Tensor | None:
+        return None if factor is None else factor[k].to(device=src.device, dtype=dtype)[src] * valid
 
-    def rank_one(factor: Tensor | None, layer: int) -> Tensor | None:
-        picked = gather(factor, layer)
+    def rank_one(factor: Tensor | None, k: int) -> Tensor | None:
+        picked = gather(factor, k)
         return None if picked is None else picked[..., None, :]
 
-    return {layer: MLPEdit(v=rank_one(patches.v, layer), u_in=rank_one(patches.u_in, layer),
-                           u_gate=rank_one(patches.u_gate, layer), bias=gather(patches.correction, layer))
-            for layer in range(patches.n_layers)}
+    return {layer: MLPEdit(v=rank_one(patches.v, k), u_in=rank_one(patches.u_in, k),
+                           u_gate=rank_one(patches.u_gate, k), bias=gather(patches.correction, k))
+            for k, layer in enumerate(patches.layers)}
 
 
 @contextmanager
-def patches_applied(model, patches: TokenPatches, sources: Int[Tensor, "batch pos"]):
+def patches_applied(model: Model, patches: TokenPatches, sources: Int[Tensor, "batch pos"]) -> Iterator[Model]:
     """Within the block, row ``b`` position ``i`` of the input gets the patch of prompt position ``sources[b, i]``.
 
-    ``sources[b, i] = -1`` leaves that input position unpatched. Hooks are removed on exit.
+    ``sources[b, i] = -1`` leaves that input position unpatched. Only the layers the
+    patches hold (``patches.layers``) are edited. Hooks are removed on exit.
     """
     edits = token_patch_edits(patches, sources, patches.v.dtype)
     with edits_applied(model, edits):

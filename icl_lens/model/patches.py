@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, overload
 
 import pandas as pd
 import torch
@@ -31,15 +32,34 @@ from icl_lens.model.kept_only import kept_only_logits, kept_only_masks, patches_
 from icl_lens.model.prompts import encode_prompt
 from icl_lens.model.reading import activations_captured
 
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
+
+Prompt = str | Sequence[int] | Int[Tensor, " pos"]
+"""One prompt: text, or its token ids (a list or a 1-D tensor)."""
+
+
+@overload
+def token_patches(model: Model, prompt: Prompt, *, remove: Iterable[int] | slice | None = None,  # type: ignore[overload-overlap]
+                  keep_bos: bool = True, batch_size: int = 16, progress: bool = False,
+                  layers: Iterable[int] | None = None) -> TokenPatches: ...
+
+
+@overload
+def token_patches(model: Model, prompt: Sequence[Prompt], *, remove: Iterable[int] | slice | None = None,
+                  keep_bos: bool = True, batch_size: int = 16, progress: bool = False,
+                  layers: Iterable[int] | None = None) -> list[TokenPatches]: ...
+
 
 def token_patches(
-    model,
-    prompt: str | Sequence[int] | Int[Tensor, " pos"] | Sequence[str | Sequence[int] | Int[Tensor, " pos"]],
+    model: Model,
+    prompt: Prompt | Sequence[Prompt],
     *,
     remove: Iterable[int] | slice | None = None,
     keep_bos: bool = True,
     batch_size: int = 16,
     progress: bool = False,
+    layers: Iterable[int] | None = None,
 ) -> TokenPatches | list[TokenPatches]:
     """Token patches (docs/design.md §2) of every layer and position of ``prompt``, from one forward.
 
@@ -49,16 +69,19 @@ def token_patches(
     every row equals its single-prompt result up to rounding). ``remove``: context
     positions that count as removed for every query (default: all earlier positions
     except a leading BOS). ``keep_bos``: keep the first token when it is the tokenizer's
-    BOS (attention sink), so the context-free input stays in distribution.
+    BOS (attention sink), so the context-free input stays in distribution. ``layers``:
+    only these layers (negative indices as Python's; default all); the result holds them in
+    increasing order with their true indices (``TokenPatches.layers``), and the forward
+    stops after the last one.
     """
     if is_prompt_list(prompt):
         return batched_token_patches(model, prompt, remove=remove, keep_bos=keep_bos,
-                                     batch_size=batch_size, progress=progress)
-    return batched_token_patches(model, [prompt], remove=remove, keep_bos=keep_bos, batch_size=1)[0]
+                                     batch_size=batch_size, progress=progress, layers=layers)
+    return batched_token_patches(model, [prompt], remove=remove, keep_bos=keep_bos, batch_size=1, layers=layers)[0]
 
 
 @torch.no_grad()
-def token_patches_naive(model, prompt: str | Sequence[int] | Int[Tensor, " pos"], *, keep_bos: bool = True) -> TokenPatches:
+def token_patches_naive(model: Model, prompt: Prompt, *, keep_bos: bool = True) -> TokenPatches:
     """Reference method: the same patches as :func:`token_patches`, one kept-only forward per query and layer.
 
     For query ``t`` and layer ``l``: run the kept tokens alone (original position ids) with
@@ -116,13 +139,18 @@ class EquivalenceReport:
                              "relative_err": (self.max_abs_err.double().cpu() / self.max_abs_logit).numpy()})
 
 
-def verify_equivalence(model, prompt, patches: TokenPatches | None = None, *, batch_size: int = 16) -> EquivalenceReport:
-    """Run the identity of docs/design.md §2 for every position of ``prompt``."""
+def verify_equivalence(model: Model, prompt: Prompt, patches: TokenPatches | None = None, *,
+                       batch_size: int = 16) -> EquivalenceReport:
+    """Run the identity of docs/design.md §2 for every position of ``prompt`` (needs every layer and position)."""
     ids = encode_prompt(model, prompt)
     if patches is None:
         patches = token_patches(model, ids)
-    if patches.n_positions != ids.numel() or not torch.equal(patches.token_ids, ids.cpu()):
+    if len(patches.tokens) != ids.numel() or not torch.equal(patches.token_ids, ids.cpu()):
         raise ValueError("patches were computed for a different prompt")
+    if patches.layers != tuple(range(model.cfg.n_layers)) or not patches.complete:
+        raise ValueError("the equivalence check needs the patches of every layer and position; these hold "
+                         f"{patches.n_layers} of {model.cfg.n_layers} layers and {len(patches)} of "
+                         f"{ids.numel()} positions (compute them without layers= and select())")
     with torch.no_grad():
         contextual = model(ids[None])[0]
     queries = list(range(ids.numel()))
@@ -133,7 +161,7 @@ def verify_equivalence(model, prompt, patches: TokenPatches | None = None, *, ba
 
 
 @torch.no_grad()
-def noise_floor(model, reference, prompt) -> float:
+def noise_floor(model: Model, reference: Model, prompt: Prompt) -> float:
     """Max |logit difference| between ``model`` (half precision) and ``reference`` (float32) on ``prompt``.
 
     Half-precision exactness is measured against this floor: the patched kept-only

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -38,6 +39,9 @@ from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QU
 from icl_lens.thought.locality import LocalityProbe, locality_probe
 from icl_lens.thought.steering import steering_vector
 from icl_lens.thought.tasks import Task
+
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
 
 CONDITIONS = ("none", "full", "patched", "control", "steering")
 EDITS = ("patched", "control", "steering")  # conditions that edit the model: locality is measured for these
@@ -138,7 +142,7 @@ def agreement(a: Sequence[str], b: Sequence[str]) -> float:
 
 
 def evaluate_thought(
-    model, task: Task, *, kind: str = DEFAULT_KIND, eta: float = 1.0, ridge: float = DEFAULT_RIDGE,
+    model: Model, task: Task, *, kind: str = DEFAULT_KIND, eta: float = 1.0, ridge: float = DEFAULT_RIDGE,
     query_prefix: str = DEFAULT_QUERY_PREFIX, answer_tokens: int = DEFAULT_ANSWER_TOKENS, n_train: int | None = None,
     conditions: tuple[str, ...] = CONDITIONS,
     seed: int = 0, locality: LocalityProbe | bool = True, preserve: tuple[str, ...] = (),

@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -115,6 +116,9 @@ from icl_lens.thought.defaults import (  # noqa: F401 (also imported from here)
     KINDS,
 )
 from icl_lens.thought.result import ThoughtPatch, thought_edits
+
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
 
 # Gain site, down fit: the branch output is scale ⊙ ŷ, and a coordinate whose scale is near 0
 # (Gemma 3 has such coordinates) cannot move by much without a large Δŷ that would change the
@@ -159,7 +163,7 @@ def _post_norm_gain(model, layer: int, dtype) -> Tensor:
 
 
 def thought_patch(
-    model,
+    model: Model,
     instruction: str,
     queries: Sequence[str],
     *,

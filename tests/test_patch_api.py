@@ -1,0 +1,133 @@
+"""The researcher's TokenPatches API: ``layers=`` (library and CLI), ``select``, ``len`` and a short ``repr``."""
+import json
+import subprocess
+import sys
+from dataclasses import fields, replace
+
+import pytest
+import torch
+from torch import Tensor
+
+from icl_lens import TokenPatches, token_patches, verify_equivalence
+from icl_lens.model.kept_only import kept_only_logits
+from icl_lens.model.reading import activations_captured
+
+PROMPT = "The cat sat. The cat"
+
+
+@pytest.fixture(scope="module")
+def model(load):
+    return load("tiny-gemma3", torch.float64)  # 4 layers, gated, sandwich norms
+
+
+@pytest.fixture(scope="module")
+def full(model):
+    return token_patches(model, PROMPT)
+
+
+def _tensor_fields(p: TokenPatches) -> dict[str, Tensor]:
+    """Every per-layer tensor field, whatever the fields are (u, δ, a, ...): all but the prompt-wide ones."""
+    return {f.name: getattr(p, f.name) for f in fields(p)
+            if isinstance(getattr(p, f.name), Tensor) and f.name not in ("token_ids", "kept")}
+
+
+def test_layers_keep_true_indices_and_equal_the_full_rows(model, full, tmp_path):
+    part = token_patches(model, PROMPT, layers=[-1, 1, 1])
+    assert part.layers == (1, 3) and part.n_layers == 2 and full.layers == (0, 1, 2, 3)
+    for name, value in _tensor_fields(part).items():
+        assert torch.allclose(value, _tensor_fields(full)[name][[1, 3]], rtol=1e-12, atol=0), name
+    frame = part.to_frame()
+    assert sorted(frame.layer.unique()) == [1, 3]
+    merged = frame.merge(full.to_frame(), on=["layer", "position"], suffixes=("", "_all"))
+    assert len(merged) == len(frame) and (merged.token == merged.token_all).all()
+    back = TokenPatches.load(part.save(tmp_path / "part.safetensors"))
+    assert back.layers == (1, 3) and torch.equal(back.v, part.v)
+    batch = token_patches(model, [PROMPT, "hi"], layers=[2])
+    assert [p.layers for p in batch] == [(2,), (2,)]
+    for bad in ([4], [-5], []):
+        with pytest.raises(ValueError, match=r"layers must be in 0\.\.3 \(the model has 4 layers\)"):
+            token_patches(model, PROMPT, layers=bad)
+
+
+def test_layers_stop_the_forward_after_the_last_one(model):
+    later = "blocks.2.hook_resid_pre"
+    with activations_captured(model, [later]) as seen:
+        token_patches(model, PROMPT, layers=[0, 1])
+    assert later not in seen
+    with activations_captured(model, [later]) as seen:
+        token_patches(model, PROMPT, layers=[2])
+    assert later in seen
+
+
+def test_kept_only_forward_edits_the_true_layers(model, full):
+    """A selection of layer 2 edits layer 2: the same logits as all patches with the other layers zeroed."""
+    ids = full.token_ids
+    only = full.select(layers=[2])
+    zero_others = replace(full, **{k: v.clone() for k, v in _tensor_fields(full).items()})
+    for value in _tensor_fields(zero_others).values():
+        value[[0, 1, 3]] = 0
+    queries = [3, len(ids) - 1]
+    got = kept_only_logits(model, ids, only, queries)
+    assert torch.allclose(got, kept_only_logits(model, ids, zero_others, queries), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(got, kept_only_logits(model, ids, full, queries), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="every layer and position"):
+        verify_equivalence(model, PROMPT, only)
+    with pytest.raises(ValueError, match="every position"):
+        kept_only_logits(model, ids, full.select(positions=[-1]), [len(ids) - 1])
+
+
+def test_select_slices_every_field_and_keeps_true_indices(model, full, tmp_path):
+    n = len(full.tokens)
+    sel = full.select(layers=[0, -1], positions=[-1, 2])
+    assert sel.layers == (0, 3) and sel.positions == (2, n - 1) and len(sel) == 2 and len(full) == n
+    for name, value in _tensor_fields(sel).items():
+        whole = _tensor_fields(full)[name]
+        assert torch.equal(value, whole[[0, 3]][:, [2, n - 1]]), name
+    assert sel.tokens == full.tokens and torch.equal(sel.token_ids, full.token_ids)
+    assert torch.equal(sel.kept, full.kept[[2, n - 1]]) and sel.kept_positions(n - 1) == full.kept_positions(n - 1)
+    frame = sel.to_frame()
+    assert frame.layer.tolist() == [0, 0, 3, 3] and frame.position.tolist() == [2, n - 1, 2, n - 1]
+    assert frame.token.tolist() == [full.tokens[2], full.tokens[-1]] * 2
+    expected = full.to_frame().set_index(["layer", "position"]).loc[list(zip(frame.layer, frame.position))]
+    assert (frame.norm.to_numpy() == expected.norm.to_numpy()).all()
+    again = sel.select(layers=3, positions=-1)
+    assert again.layers == (3,) and again.positions == (n - 1,)
+    with pytest.raises(ValueError, match=r"layers \[1\] are not held; these patches hold layers 0, 3"):
+        sel.select(layers=[1])
+    with pytest.raises(ValueError, match=r"positions \[99\] are not held"):
+        full.select(positions=[99])
+    with pytest.raises(ValueError, match="no positions selected"):
+        full.select(positions=[])
+    removed = token_patches(model, PROMPT, remove=[1, 2]).select(positions=[3, n - 1])
+    for p in (sel, removed):
+        back = TokenPatches.load(p.save(tmp_path / "sel.safetensors"))
+        assert back.layers == p.layers and back.positions == p.positions and torch.equal(back.kept, p.kept)
+        assert torch.equal(back.norms(), p.norms())
+
+
+def test_repr_is_short_and_says_what_is_held(model):
+    long_prompt = " ".join(["ab"] * 80)  # 240 tokens (byte tokenizer)
+    patches = token_patches(model, long_prompt)
+    text = repr(patches)
+    assert len(text) < 400 and "tensor(" not in text
+    assert "'tiny-gemma3'" in text and f"{len(patches.tokens)} tokens" in text and "layers 0..3" in text
+    assert "float64" in text and f"v 4×{len(patches)}×" in text
+    picked = repr(patches.select(layers=[1, 3], positions=[0, -1]))
+    assert "layers 1,3" in picked and f"positions 0,{len(patches.tokens) - 1}" in picked and len(picked) < 400
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "icl_lens.cli", "patches", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_layers(tmp_path):
+    out = tmp_path / "p.safetensors"
+    proc = _cli("abc abc", "--model", "tiny-llama", "--dtype", "float64", "--layers", "-1", "0", "--json",
+                "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["exact"] and len(data["norms"]) == 2 and len(data["norms"][0]) == len(data["tokens"])
+    assert TokenPatches.load(out).layers == (0, 2)
+    proc = _cli("abc abc", "--model", "tiny-llama", "--layers", "3")
+    assert proc.returncode == 2 and "layers must be in 0..2" in proc.stderr and "Traceback" not in proc.stderr
