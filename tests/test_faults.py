@@ -223,6 +223,15 @@ def test_resume_with_another_batch_size(tmp_path):
     pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-5, atol=1e-6)
 
 
+def test_factor_shards_hold_the_chosen_layers_only(tmp_path):
+    """``--layers`` with ``--factors``: the shards and the norms table hold the same layers, with true indices."""
+    out = tmp_path / "run"
+    _sweep(_write(tmp_path / "a.jsonl", _prompts(2)), out, layers=[1], factors=True)
+    shards = TokenPatches.load_many(next((out / "factors").glob("*.safetensors")))
+    assert shards and all(p.layers == (1,) and p.n_layers == 1 for p in shards.values())
+    assert set(_norms(out).layer) == {1}
+
+
 @pytest.fixture(scope="module")
 def patch_file(tmp_path_factory):
     from icl_lens import load_model

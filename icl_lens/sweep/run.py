@@ -145,11 +145,9 @@ def _norm_frames(lm, chunk: list[tuple[SweepRow, torch.Tensor]], out: Path, stem
     ids = [x for _, x in chunk]
     frames = []
     if factors:
-        patches = batched_token_patches(lm, ids, batch_size=len(chunk))
+        patches = batched_token_patches(lm, ids, batch_size=len(chunk), layers=layers)
         TokenPatches.save_many({r.id: p for (r, _), p in zip(chunk, patches)}, out / FACTOR_PARTS / f"{stem}.safetensors")
-        for (r, _), p in zip(chunk, patches):
-            frame = p.to_frame()
-            frames.append((frame[frame["layer"].isin(layers)] if layers is not None else frame).assign(id=r.id))
+        frames += [p.to_frame().assign(id=r.id) for (r, _), p in zip(chunk, patches)]
     else:
         for order, cols in iter_patch_norms(lm, None, ids=ids, batch_size=len(chunk), layers=layers):
             for i, c in zip(order, cols):
