@@ -161,7 +161,7 @@ class CompareFigure:
                 fig.layout[axis].range = [view.lo - 0.5, view.hi + 0.5]
             fig.layout.annotations[0].text = f"A: {symbol} per layer and token"
             fig.layout.annotations[1].text = f"B: {symbol} per layer and token"
-            prefix = f", first {cmp.shared_prefix} = common prefix (0)" if cmp.shared_prefix else ""
+            prefix = f" (common prefix: {cmp.shared_prefix}, where A − B = 0)" if cmp.shared_prefix else ""
             fig.layout.annotations[2].text = f"A − B on {len(cmp.pairs)} shared tokens{prefix}"
 
 

@@ -37,7 +37,7 @@ class LayerView:
         return raw / np.where(top > 0, top, 1.0), raw
 
     def colour_title(self, title: str) -> str:
-        return f"{title} ÷ layer max" if self.per_layer else title
+        return f"{title}/max" if self.per_layer else title
 
     def mean_over_layers(self, values: np.ndarray) -> list[float]:
         """Per token, the mean of the raw values over the layer range (the token strip's colour)."""
