@@ -311,6 +311,8 @@ def test_predictions_with_and_without_context(load, dash_factory):
 
 
 def test_layer_range_and_per_layer_colour_scale(load, dash_factory):
+    from icl_lens.ui.layer_view import SCALES
+
     model = load("tiny-llama")
     d = dash_factory(model)
     text = "abc abc abd"
@@ -322,11 +324,11 @@ def test_layer_range_and_per_layer_colour_scale(load, dash_factory):
     assert list(heat.y) == [1, 2]
     np.testing.assert_allclose(d.strip.widget.values, norms[1:3].mean(0), **TOL)
     assert [t.visible for t in d.trajectory_panel.norms] == [False, True, True]
-    d.layer_controls.scale.value = "per layer"
+    d.layer_controls.scale.value = SCALES[1]
     np.testing.assert_allclose(_arr(heat.z), norms[1:3] / norms[1:3].max(1, keepdims=True), **TOL)
     np.testing.assert_allclose(_arr(heat.customdata), norms[1:3], **TOL)  # the hover keeps the raw norm
     assert (heat.zmin, heat.zmax) == (0.0, 1.0) and "/max" in heat.colorbar.title.text
-    d.layer_controls.scale.value = "global"
+    d.layer_controls.scale.value = SCALES[0]
     d.layer_controls.range.value = (0, 2)
     np.testing.assert_allclose(_arr(heat.z), norms, **TOL)
     assert all(t.visible for t in d.trajectory_panel.norms)

@@ -139,7 +139,8 @@ class Dashboard:
         self.threshold = W.FloatSlider(value=default_threshold(a.name), min=0.0, max=8.0, step=0.05,
                                        description="flag at z >", continuous_update=False)
         self.threshold_note = W.HTML(value=f"<small>{html.escape(threshold_note(a.name))}</small>")
-        self.follow_last = W.Checkbox(value=True, description="query = last token", indent=False)
+        self.follow_last = W.Checkbox(value=True, description="query = last token", indent=False,
+                                      layout=W.Layout(width="auto"))
         self.status = W.HTML(value="<i>Type a prompt.</i>")
         self.status.add_class("icl-status")
         self.notice = W.HTML(value="")
@@ -163,6 +164,7 @@ class Dashboard:
         for button, fn in zip(self.export_buttons, exports):
             button.on_click(lambda _b, fn=fn: self._export(fn))
         self.strip.widget.layout = W.Layout(width="100%")
+        self.strip.widget.add_class("icl-strip-a")
 
         self.widget = W.VBox([
             _row(self.model_box, self.threshold, self.threshold_note, self.compare.enabled),
@@ -172,8 +174,8 @@ class Dashboard:
             W.HBox([self.strip.widget, self.compare.strip], layout=W.Layout(width="100%")),
             self.predictions.widget,
             _row(self.heatmap.widget, self.layer_controls.range, self.layer_controls.scale),
-            _row(self.trajectory_panel.widget, self.follow_last),
-            _row(self.layer, self.head, self.predictions.k, W.HTML("&nbsp;(layer: alignment matrix and attention)")),
+            _row(self.trajectory_panel.widget, self.follow_last, self.predictions.k),
+            _row(self.layer, self.head, W.HTML("&nbsp;(layer: alignment matrix and attention)")),
             self.grid.fig,
             self.compare.box,
             self.attention.widget,
@@ -466,7 +468,7 @@ class Dashboard:
         view = self.layer_controls.view(self.analyzer.n_layers)
         header = (f"model <b>{html.escape(s.model_name or '')}</b> · query {s.query} · layer {s.layer} · head {s.head}"
                   f" · flag at z &gt; {self.threshold.value:g} · heatmap {html.escape(self.heatmap.kind.value)}"
-                  f" · layers {view.lo}–{view.hi}, colour {'per layer' if view.per_layer else 'global'}"
+                  f" · layers {view.lo}–{view.hi}, {'per-layer' if view.per_layer else 'global'} colour scale"
                   f"<pre class='icl-saved-prompt' style='white-space:pre-wrap'>A: {html.escape(s.text or '')}</pre>")
         if self.compare.on:
             header += (f"<pre class='icl-saved-prompt-b' style='white-space:pre-wrap'>"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import ipywidgets as W
 import numpy as np
 
-SCALES = ("global", "per layer")
+SCALES = ("global scale", "per-layer scale")
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,9 @@ class LayerControls:
     def __init__(self, n_layers: int):
         self.range = W.IntRangeSlider(value=(0, n_layers - 1), min=0, max=n_layers - 1, description="layers",
                                       continuous_update=False, layout=W.Layout(width="300px"))
-        self.scale = W.ToggleButtons(options=SCALES, value=SCALES[0], description="colour",
-                                     tooltip="heatmap colour scale: one for all layers, or each layer ÷ its max",
-                                     style=dict(button_width="auto", description_width="initial"))
+        self.scale = W.ToggleButtons(options=SCALES, value=SCALES[0],
+                                     tooltips=["one colour scale for every layer", "each layer ÷ its own max"],
+                                     style=dict(button_width="auto"))
         self.widget = W.HBox([self.range, self.scale], layout=W.Layout(flex_flow="row wrap", align_items="center"))
 
     def resize(self, n_layers: int) -> None:

@@ -307,7 +307,7 @@ class AttentionPanel:
     """Attention pattern of one layer and head, drawn by circuitsvis (offline bundle)."""
 
     def __init__(self):
-        self.html = W.HTML(layout=W.Layout(width="100%"))
+        self.html = W.HTML()  # stretches to the dashboard (a 100% width plus its margin would stick out)
         self.widget = self.html
 
     def show(self, tokens, pattern, layer: int, head: int) -> None:

@@ -84,13 +84,13 @@ def predictions_html(pred: NextTokenPredictions | None, label=token_label) -> st
     tables = []
     for side, note in zip(SIDES, ("contextual forward", f"kept-only forward, positions {kept}, no patch")):
         rows = "".join(
-            f"<tr><td class='icl-pred-token'>{html.escape(label(t))}</td>"
+            f"<tr><td class='icl-pred-token' style='padding:0 6px 0 0;font-family:monospace;white-space:pre'>{html.escape(label(t))}</td>"
             f"<td class='icl-pred-p'>{float(p):.3f}</td>"
             f"<td style='width:90px'><div style='background:#1f77b4;height:9px;width:{90 * float(p):.0f}px'></div></td></tr>"
             for t, p in zip(pred.tokens[side], pred.probabilities[side]))
         tables.append(f"<div class='icl-pred-side' data-side='{side}' style='flex:1 1 260px;min-width:0'>"
                       f"<b>{side}</b> <small>({html.escape(note)})</small>"
-                      f"<table style='border-collapse:collapse;font-size:12px'>{rows}</table></div>")
+                      f"<table style='border-collapse:collapse;font-size:12px;line-height:1.25'>{rows}</table></div>")
     return (f"<div class='icl-predictions' data-query='{pred.query}'>"
             f"<b>next token after position {pred.query} ({html.escape(label(pred.query_token))!s})</b> "
             f"<small>· kept-only forward with every patch: max |Δlogit| = {pred.patched_error:.2g} from the "
@@ -103,8 +103,8 @@ class PredictionsPanel:
 
     def __init__(self, k: int = DEFAULT_TOP_K):
         self.k = W.BoundedIntText(value=k, min=1, max=50, description="top-k", layout=W.Layout(width="140px"))
-        self.html = W.HTML(layout=W.Layout(width="100%"))
-        self.widget = W.VBox([self.html], layout=W.Layout(width="100%"))
+        self.html = W.HTML()  # stretches to the dashboard's width (100% plus a margin would stick out)
+        self.widget = self.html
         self._cache: dict = {}
 
     def compute(self, model, ids, patches: TokenPatches, query: int, k: int) -> tuple[NextTokenPredictions, bool]:
