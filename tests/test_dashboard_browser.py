@@ -218,12 +218,17 @@ def test_dashboard_in_chromium(voila_url, load, tmp_path):
             page.locator("textarea").first.click()
             page.keyboard.type(PROMPT, delay=15)
             # the FINAL state: exact count and last label in strip and heatmap
-            page.wait_for_function(
-                f"""() => {{
-                  const s = ({STRIP_STATE})(), h = ({HEATMAP_STATE})();
-                  return s.length === {n} && s[s.length - 1] === {last!r} && h && h.n === {n}
-                         && h.last === {last!r};
-                }}""", timeout=120_000)
+            try:
+                page.wait_for_function(
+                    f"""() => {{
+                      const s = ({STRIP_STATE})(), h = ({HEATMAP_STATE})();
+                      return s.length === {n} && s[s.length - 1] === {last!r} && h && h.n === {n}
+                             && h.last === {last!r};
+                    }}""", timeout=120_000)
+            except Exception as exc:  # say what the page shows instead
+                raise AssertionError(f"final state not reached: strip {page.evaluate(STRIP_STATE)}, heatmap "
+                                     f"{page.evaluate(HEATMAP_STATE)}, status "
+                                     f"{page.inner_text('.icl-status')!r}, text {page.input_value('textarea')!r}") from exc
             page.wait_for_function("() => document.querySelector('.icl-status').innerText.includes('attention')",
                                    timeout=120_000)
             time.sleep(1.5)  # nothing older may be drawn after the final state

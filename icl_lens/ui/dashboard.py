@@ -5,12 +5,17 @@ Dherin et al. 2025, arXiv 2507.16003): a token strip coloured by patch norm
 ``‖ΔW‖_F = ‖u‖·‖v‖`` with spike-flagged tokens marked (click = choose the query), a
 layer × token heatmap of patch (or skip-correction) norms, the meta-gradient norms of
 the chosen query vs context length with the fitted decay exponent and consecutive-step
-alignment, the token × token patch alignment of one layer, and one head's attention.
+alignment, the token × token patch alignment of one layer, one head's attention, and the
+top-k next tokens at the query with and without its context (``ui/predictions.py``). The
+heatmaps show a layer range, on one colour scale or one per layer (``ui/layer_view.py``).
+Compare mode puts a second prompt beside the first, with the difference of their norms on
+shared tokens (``ui/compare.py``). ``save_html`` writes one self-contained HTML file of the
+view (``ui/html_export.py``); every export is also offered as a browser download.
 
 Typing is debounced; each keystroke bumps a generation counter and only the newest
 request is computed and drawn (``LatestWins``). Drawing is two-phase: the strip,
-heatmap and alignment matrix (from the patches alone) first, then the trajectory and
-attention panels, skipped if a newer keystroke is already waiting.
+heatmap and alignment matrix (from the patches alone) first, then the trajectory,
+attention and prediction panels, skipped if a newer keystroke is already waiting.
 """
 from __future__ import annotations
 
@@ -376,7 +381,7 @@ class Dashboard:
             self.trajectory_panel.show(trajectory, query, patches.tokens, a.n_layers, traj_note)
             show_layer_range(self.trajectory_panel, self.layer_controls.view(a.n_layers))
             self.attention.show(patches.tokens, pattern, layer, head)
-            self.predictions.show(predictions)
+            self.predictions.show(predictions, prompt="A" if request.compare_text is not None else "")
             s = self.shown
             s.trajectory, s.attention, s.head, s.predictions = trajectory, pattern, head, predictions
             self._set_status(parts, start, error, pending=False)
@@ -473,11 +478,12 @@ class Dashboard:
         if self.compare.on:
             header += (f"<pre class='icl-saved-prompt-b' style='white-space:pre-wrap'>"
                        f"B: {html.escape(self.compare.text.value)}</pre>")
-        sections = [f"<div class='icl-side'>{''.join(strips)}</div>", predictions_html(s.predictions)]
-        if s.attention is not None:
-            sections.append(attention_frame(attention_page(s.patches.tokens, s.attention, s.head), s.layer, s.head))
+        sections = [f"<div class='icl-side'>{''.join(strips)}</div>",
+                    predictions_html(s.predictions, prompt="A" if self.compare.on else "")]
+        after = [] if s.attention is None else [
+            attention_frame(attention_page(s.patches.tokens, s.attention, s.head), s.layer, s.head)]
         page = view_page(title=f"icl_lens dashboard — {s.model_name}", header=header, sections=sections,
-                         figures=list(self.figures().values()))
+                         figures=list(self.figures().values()), after=after)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(page, encoding="utf-8")
         return path

@@ -51,8 +51,8 @@ def figure_html(fig, first: bool) -> str:
                        config={"responsive": True, "displaylogo": False})
 
 
-def view_page(*, title: str, header: str, sections: list[str], figures: list) -> str:
-    """The whole page: ``sections`` (HTML, in order) then ``figures`` (plotly figures)."""
+def view_page(*, title: str, header: str, sections: list[str], figures: list, after: list[str] = ()) -> str:
+    """The whole page: ``sections`` (HTML, in order), ``figures`` (plotly figures), then ``after`` (HTML)."""
     css = (widgets_dir() / "token_strip.css").read_text(encoding="utf-8")
     plots = [figure_html(fig, i == 0) for i, fig in enumerate(figures)]
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -63,7 +63,7 @@ def view_page(*, title: str, header: str, sections: list[str], figures: list) ->
             f"<body class='icl-saved-view'><h3 style='margin:4px 0'>{html.escape(title)}</h3>"
             f"<div class='icl-saved-header'>{header}<br><small>saved {stamp} by icl_lens.dashboard.save_html; "
             "static: no kernel, no network</small></div>" + "\n".join(sections) + "\n".join(plots)
-            + "</body></html>")
+            + "\n".join(after) + "</body></html>")
 
 
 def download_link(path: Path) -> str:

@@ -76,10 +76,12 @@ def next_token_predictions(model, ids: Int[Tensor, " pos"], patches: TokenPatche
         patched_error=float((patched.double() - contextual.double()).abs().max()))
 
 
-def predictions_html(pred: NextTokenPredictions | None, label=token_label) -> str:
-    """Two tables side by side (with / without context), a bar per probability; static HTML."""
+def predictions_html(pred: NextTokenPredictions | None, label=token_label, prompt: str = "") -> str:
+    """Two tables side by side (with / without context), a bar per probability; static HTML.
+    ``prompt``: the prompt's name in compare mode ("A")."""
     if pred is None:
         return ""
+    whose = f"prompt {prompt}: " if prompt else ""
     kept = ", ".join(str(p) for p in pred.kept_positions)
     tables = []
     for side, note in zip(SIDES, ("contextual forward", f"kept-only forward, positions {kept}, no patch")):
@@ -92,7 +94,7 @@ def predictions_html(pred: NextTokenPredictions | None, label=token_label) -> st
                       f"<b>{side}</b> <small>({html.escape(note)})</small>"
                       f"<table style='border-collapse:collapse;font-size:12px;line-height:1.25'>{rows}</table></div>")
     return (f"<div class='icl-predictions' data-query='{pred.query}'>"
-            f"<b>next token after position {pred.query} ({html.escape(label(pred.query_token))!s})</b> "
+            f"<b>{whose}next token after position {pred.query} ({html.escape(label(pred.query_token))!s})</b> "
             f"<small>· kept-only forward with every patch: max |Δlogit| = {pred.patched_error:.2g} from the "
             f"contextual one</small>"
             f"<div style='display:flex;flex-wrap:wrap;gap:12px'>{''.join(tables)}</div></div>")
@@ -116,5 +118,5 @@ class PredictionsPanel:
         self._cache = {key: result, **dict(list(self._cache.items())[:7])}
         return result, True
 
-    def show(self, pred: NextTokenPredictions | None) -> None:
-        self.html.value = predictions_html(pred, token_label)
+    def show(self, pred: NextTokenPredictions | None, prompt: str = "") -> None:
+        self.html.value = predictions_html(pred, token_label, prompt)
