@@ -229,7 +229,8 @@ def test_dashboard_in_chromium(voila_url, load, tmp_path):
                 raise AssertionError(f"final state not reached: strip {page.evaluate(STRIP_STATE)}, heatmap "
                                      f"{page.evaluate(HEATMAP_STATE)}, status "
                                      f"{page.inner_text('.icl-status')!r}, text {page.input_value('textarea')!r}") from exc
-            page.wait_for_function("() => document.querySelector('.icl-status').innerText.includes('attention')",
+            # phase 2 done: its status names the predictions (phase 1 says "trajectory and attention next…")
+            page.wait_for_function("() => document.querySelector('.icl-status').innerText.includes('next tokens')",
                                    timeout=120_000)
             time.sleep(1.5)  # nothing older may be drawn after the final state
             strip, heat = page.evaluate(STRIP_STATE), page.evaluate(HEATMAP_STATE)

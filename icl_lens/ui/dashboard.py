@@ -172,7 +172,7 @@ class Dashboard:
         self.strip.widget.add_class("icl-strip-a")
 
         self.widget = W.VBox([
-            _row(self.model_box, self.threshold, self.threshold_note, self.compare.enabled),
+            _row(self.model_box, self.threshold, self.compare.enabled, self.threshold_note),
             W.HBox([self.text, self.compare.text], layout=W.Layout(width="100%")),  # A | B in compare mode
             self.notice,
             self.status,
