@@ -177,7 +177,7 @@ def voila_url(tmp_path):
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium chromium-driver)")
     port = _free_port()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", ICL_LENS_TEST_MODEL=MODEL,
+    env = dict(os.environ, HF_HUB_OFFLINE="1", ICL_LENS_TEST_MODEL=MODEL, ICL_LENS_EXPORT_DIR=str(tmp_path / "exports"),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     log = open(tmp_path / "voila.log", "w")
     proc = subprocess.Popen(
