@@ -8,6 +8,13 @@ titles and plot areas may overlap or leave the figure, and no control, strip, fi
 frame may stick out of the dashboard, and the attention pattern must fit its frame (no row
 hidden below a scroll bar). Screenshots go to artifacts/ (dashboard.png at 900 px).
 
+Compare mode: the checkbox puts a second prompt beside the first; B's token strip and the
+compare figure (A | B heatmaps, A − B on shared tokens) must hold B's exact tokens, and fit
+800–1400 px like the main figure (artifacts/dashboard_compare.png at 900 px). The saved view:
+the "view → HTML" button offers the file as a browser download; opened from disk (file://)
+in Chromium with every network request refused, it must show the same tokens (DOM text of
+both strips) and the same norms (plotly data of both figures) as the live page.
+
 Set ICL_LENS_TEST_MODEL=gemma-3-270m to run it on the embedded Gemma (default: tiny-gpt2).
 """
 from __future__ import annotations
@@ -34,8 +41,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--no-first-run"]
 MODEL = os.environ.get("ICL_LENS_TEST_MODEL", "tiny-gpt2")
 PROMPT = "one two three, one two three, one two"
+PROMPT_B = "one two four, one two three, one"
 
-STRIP_STATE = "() => Array.from(document.querySelectorAll('.icl-token')).map(e => e.textContent)"
+STRIP_STATE = "() => Array.from(document.querySelectorAll('.icl-strip-a .icl-token')).map(e => e.textContent)"
 HEATMAP_STATE = """() => {
   const g = Array.from(document.querySelectorAll('.js-plotly-plot'))
     .find(d => d.layout && d.layout.meta === 'icl_lens:figures');
@@ -47,9 +55,9 @@ HEATMAP_STATE = """() => {
 
 # Bounding boxes (page pixels) of the figure and of every subplot title, colour bar, legend,
 # axis title and plot area in plotly's SVG.
-LAYOUT_BOXES = """() => {
+LAYOUT_BOXES = """(meta) => {
   const g = Array.from(document.querySelectorAll('.js-plotly-plot'))
-    .find(d => d.layout && d.layout.meta === 'icl_lens:figures');
+    .find(d => d.layout && d.layout.meta === (meta || 'icl_lens:figures'));
   const box = (kind, name, e) => {
     const r = e.getBoundingClientRect();
     return {kind, name, x0: r.left, y0: r.top, x1: r.right, y1: r.bottom};
@@ -83,6 +91,17 @@ SET_WIDTH = """async (width) => {
   return {dashboard: dash.getBoundingClientRect().width, figure: svg()};
 }"""
 
+# The z data of the heatmaps of the figure with this meta (live page and saved page alike).
+FIGURE_DATA = """(meta) => {
+  const g = Array.from(document.querySelectorAll('.js-plotly-plot'))
+    .find(d => d.layout && d.layout.meta === meta);
+  if (!g) return null;
+  const plain = z => Array.from(z || [], row => Array.from(row, Number));
+  // _fullData: the saved page's arrays arrive base64-encoded ({dtype, bdata}); plotly.js decodes them there
+  return g._fullData.filter(t => t.type === 'heatmap').map(t => ({z: plain(t.z), x: Array.from(t.x || [], Number)}));
+}"""
+STRIP_B_STATE = "() => Array.from(document.querySelectorAll('.icl-strip-b .icl-token')).map(e => e.textContent)"
+
 # The attention pattern's own document against its frame's viewport.
 ATTENTION_SIZE = """() => ({height: document.documentElement.scrollHeight, view_height: window.innerHeight,
                             width: document.documentElement.scrollWidth, view_width: window.innerWidth})"""
@@ -112,6 +131,28 @@ def layout_problems(boxes: dict, tol: float = 1.0) -> list[str]:
     return out
 
 
+def check_layout(page, meta: str, width: int, expected_kinds: tuple[int, int, int], shot: Path) -> None:
+    """At ``width`` px: the figure with ``meta`` follows its container, nothing in it overlaps or leaves it,
+    and no control of the dashboard sticks out of it (screenshot of the dashboard to ``shot``)."""
+    sizes = page.evaluate(SET_WIDTH, width)
+    page.wait_for_function("""([meta, width]) => Math.abs(Array.from(document.querySelectorAll('.js-plotly-plot'))
+        .find(d => d.layout && d.layout.meta === meta).querySelector('.main-svg').getBoundingClientRect().width
+        - width) <= 1""", arg=[meta, width], timeout=20_000)
+    time.sleep(0.5)  # plotly redraws the subplots after resizing its SVG
+    boxes = page.evaluate(LAYOUT_BOXES, meta)
+    kinds = Counter(b["kind"] for b in boxes["items"])
+    assert (kinds["title"], kinds["colorbar"], kinds["plot"]) == expected_kinds, (meta, kinds)  # all found
+    problems = layout_problems(boxes)
+    page.locator(".icl-dashboard").screenshot(path=str(shot))
+    assert not problems, f"{meta} at {width} px:\n" + "\n".join(problems)
+    overflowing = page.evaluate(OVERFLOWING)
+    assert not overflowing, f"at {width} px: {overflowing}"
+    assert abs(sizes["dashboard"] - width) <= 1, sizes
+    figure = page.evaluate("""(meta) => Array.from(document.querySelectorAll('.js-plotly-plot'))
+        .find(d => d.layout && d.layout.meta === meta).querySelector('.main-svg').getBoundingClientRect().width""", meta)
+    assert abs(figure - width) <= 1, f"{meta} does not follow its container: {figure} px at {width} px"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -136,7 +177,7 @@ def voila_url(tmp_path):
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium chromium-driver)")
     port = _free_port()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", ICL_LENS_TEST_MODEL=MODEL,
+    env = dict(os.environ, HF_HUB_OFFLINE="1", ICL_LENS_TEST_MODEL=MODEL, ICL_LENS_EXPORT_DIR=str(tmp_path / "exports"),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     log = open(tmp_path / "voila.log", "w")
     proc = subprocess.Popen(
@@ -157,7 +198,7 @@ def voila_url(tmp_path):
     assert proc.returncode is not None
 
 
-def test_dashboard_in_chromium(voila_url, load):
+def test_dashboard_in_chromium(voila_url, load, tmp_path):
     from playwright.sync_api import sync_playwright
 
     model = load(MODEL)
@@ -166,7 +207,7 @@ def test_dashboard_in_chromium(voila_url, load):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 2400})
+            page = browser.new_page(viewport={"width": 1500, "height": 4400})  # the whole dashboard in view
             page.goto(voila_url, timeout=240_000)
             page.wait_for_selector("textarea", timeout=240_000)
             # the figure grid has been drawn once before typing starts
@@ -177,13 +218,19 @@ def test_dashboard_in_chromium(voila_url, load):
             page.locator("textarea").first.click()
             page.keyboard.type(PROMPT, delay=15)
             # the FINAL state: exact count and last label in strip and heatmap
-            page.wait_for_function(
-                f"""() => {{
-                  const s = ({STRIP_STATE})(), h = ({HEATMAP_STATE})();
-                  return s.length === {n} && s[s.length - 1] === {last!r} && h && h.n === {n}
-                         && h.last === {last!r};
-                }}""", timeout=120_000)
-            page.wait_for_function("() => document.querySelector('.icl-status').innerText.includes('attention')",
+            try:
+                page.wait_for_function(
+                    f"""() => {{
+                      const s = ({STRIP_STATE})(), h = ({HEATMAP_STATE})();
+                      return s.length === {n} && s[s.length - 1] === {last!r} && h && h.n === {n}
+                             && h.last === {last!r};
+                    }}""", timeout=120_000)
+            except Exception as exc:  # say what the page shows instead
+                raise AssertionError(f"final state not reached: strip {page.evaluate(STRIP_STATE)}, heatmap "
+                                     f"{page.evaluate(HEATMAP_STATE)}, status "
+                                     f"{page.inner_text('.icl-status')!r}, text {page.input_value('textarea')!r}") from exc
+            # phase 2 done: its status names the predictions (phase 1 says "trajectory and attention next…")
+            page.wait_for_function("() => document.querySelector('.icl-status').innerText.includes('next tokens')",
                                    timeout=120_000)
             time.sleep(1.5)  # nothing older may be drawn after the final state
             strip, heat = page.evaluate(STRIP_STATE), page.evaluate(HEATMAP_STATE)
@@ -217,6 +264,78 @@ def test_dashboard_in_chromium(voila_url, load):
                 """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
                      .some(g => g.layout && g.layout.meta === 'icl_lens:figures'
                                 && String(g.layout.annotations[1].text).includes('query 3 '))""", timeout=60_000)
+            page.wait_for_selector(".icl-predictions[data-query='3']", timeout=60_000)  # top-k at the query
+            compare_mode(page, model)
+            saved_view_matches(browser, page, tmp_path)
         finally:
             browser.close()
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000
+
+
+def compare_mode(page, model) -> None:
+    """Compare mode on: B beside A, B's exact tokens, the compare figure fitting 800–1400 px."""
+    tokens_b = icl_lens.token_patches(model, PROMPT_B).tokens
+    n_b, last_b = len(tokens_b), short_label(tokens_b[-1])
+    page.get_by_text("compare with a second prompt").click()
+    page.wait_for_selector(".icl-prompt-b textarea", state="visible", timeout=60_000)
+    page.locator(".icl-prompt-b textarea").click()
+    page.keyboard.type(PROMPT_B, delay=15)
+    page.wait_for_function(
+        f"""() => {{ const s = ({STRIP_B_STATE})(), f = ({FIGURE_DATA})('icl_lens:compare');
+                    return s.length === {n_b} && s[s.length - 1] === {last_b!r} && f && f[1].x.length === {n_b}; }}""",
+        timeout=120_000)
+    page.wait_for_function("() => document.querySelector('.icl-status').innerText.includes('next tokens')",
+                           timeout=120_000)
+    time.sleep(1.0)
+    a, b = (page.locator(sel).bounding_box() for sel in (".icl-prompt textarea", ".icl-prompt-b textarea"))
+    assert b["x"] >= a["x"] + a["width"] - 1 and abs(a["y"] - b["y"]) < 2, "prompts A and B are not side by side"
+    for width in WIDTHS:
+        shot = ARTIFACTS / ("dashboard_compare.png" if width == 900 else f"dashboard_compare_{width}.png")
+        check_layout(page, "icl_lens:compare", width, (3, 2, 3), shot)
+
+
+def saved_view_matches(browser, page, tmp_path: Path) -> None:
+    """'view → HTML' offers the file for download; opened from disk with the network refused, it shows the
+    live page's tokens and norms."""
+    live_a = page.evaluate("() => Array.from(document.querySelectorAll('.icl-strip-a .icl-token'))"
+                           ".map(e => e.textContent)")
+    live_b = page.evaluate(STRIP_B_STATE)
+    assert live_a and live_b
+    live = {meta: page.evaluate(FIGURE_DATA, meta) for meta in ("icl_lens:figures", "icl_lens:compare")}
+    page.get_by_role("button", name="view → HTML").click()
+    link = page.locator("a.icl-download[download='dashboard_view.html']")
+    link.wait_for(timeout=120_000)
+    with page.expect_download(timeout=120_000) as got:
+        link.click()
+    saved = tmp_path / "saved_view.html"
+    got.value.save_as(saved)
+    offline = browser.new_page(viewport={"width": 1200, "height": 2400})
+    asked = []
+
+    def refuse(route):
+        asked.append(route.request.url)
+        route.abort()
+
+    offline.route(lambda url: not url.startswith(("file:", "data:", "blob:", "about:")), refuse)
+    offline.goto(saved.as_uri(), timeout=120_000)
+    offline.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2",
+                              timeout=120_000)
+    assert offline.evaluate("() => Array.from(document.querySelectorAll('.icl-strip-a .icl-token'))"
+                            ".map(e => e.textContent)") == live_a
+    assert offline.evaluate("() => Array.from(document.querySelectorAll('.icl-strip-b .icl-token'))"
+                            ".map(e => e.textContent)") == live_b
+    for meta, data in live.items():
+        got_data = offline.evaluate(FIGURE_DATA, meta)
+        assert got_data is not None and len(got_data) == len(data), meta
+        for mine, theirs in zip(got_data, data):
+            assert mine["x"] == theirs["x"]
+            assert len(mine["z"]) == len(theirs["z"]) > 0
+            for row_a, row_b in zip(mine["z"], theirs["z"]):
+                assert row_a == pytest.approx(row_b, rel=1e-6, abs=1e-9), meta
+    assert offline.locator(".icl-predictions").count() == 1
+    frame = offline.query_selector(".icl-attention iframe").content_frame()  # circuitsvis' offline bundle draws
+    frame.wait_for_function("() => { const c = document.querySelector('canvas');"
+                            " return c && c.getBoundingClientRect().height > 0; }", timeout=60_000)
+    offline.screenshot(path=str(ARTIFACTS / "saved_view.png"), full_page=False)
+    offline.close()
+    assert not asked, f"the saved page asked the network for {asked}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 
 import numpy as np
@@ -224,20 +225,150 @@ def test_long_paste_is_cut_to_context_with_notice(load, dash_factory):
     assert d.notice.value == ""
 
 
-def test_exports_write_html_png_csv(load, dash_factory, tmp_path):
+def _png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_exports_write_html_png_svg_csv_at_their_sizes(load, dash_factory, tmp_path):
+    from icl_lens.ui.export import EXPORT_WIDTH
+
     d = dash_factory(load("tiny-llama"), export_dir=tmp_path)
     _type(d, "abc abc")
     (html,) = d.export_html()
     assert "plotly-graph-div" in html.read_text() and "icl_lens:figures" in html.read_text()
-    norms, traj, fit = d.export_csv()
+    norms, traj, fit, preds = d.export_csv()
     import pandas as pd
 
     frame = pd.read_csv(norms)
     assert len(frame) == d.model.cfg.n_layers * d.shown.patches.n_positions and "flagged" in frame
     assert set(pd.read_csv(traj)["metric"]) >= {"meta_gradient_norm", "consecutive_alignment"}
     assert len(pd.read_csv(fit)) == d.model.cfg.n_layers
-    pngs = d.export_png()  # kaleido drives /usr/bin/chromium
-    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert set(pd.read_csv(preds)["context"]) == {"with context", "without context"}
+    # images at the layout's height and the export width, not plotly's 700 × 500 default
+    (png,) = d.export_png()  # kaleido drives /usr/bin/chromium
+    assert _png_size(png) == (EXPORT_WIDTH, d.grid.fig.layout.height)
+    (svg,) = d.export_svg()
+    head = svg.read_text()[:400]
+    assert f'width="{EXPORT_WIDTH}" height="{d.grid.fig.layout.height}"' in head
+    (attention,) = d.export_attention()
+    assert attention.name == "attention_L0_H0.html" and "circuits-vis" in attention.read_text()
+    # every export button offers the files as a browser download (a data: URL, no server route)
+    d.export_buttons[4].click()
+    assert d.downloads.value.count("download='") == 4 and "href='data:text/csv;base64," in d.downloads.value
+
+
+def test_save_html_is_one_self_contained_file(load, dash_factory, tmp_path):
+    model = load("tiny-llama")
+    d = dash_factory(model, export_dir=tmp_path)
+    _type(d, "abc abc abd")
+    path = d.save_html(tmp_path / "view.html")
+    page = path.read_text()
+    assert page.count("icl_lens:figures") == 1 and "class='icl-token" in page
+    assert not re.findall(r"<(?:script|link|img)[^>]*(?:src|href)=", page)  # nothing loaded from elsewhere
+    assert page.count("<script") >= 2 and len(page) > 3_000_000  # plotly.js inlined
+    assert "circuits-vis" in page and "icl-predictions" in page
+    tokens = icl_lens.token_patches(model, "abc abc abd").tokens
+    from icl_lens.ui.panels import token_label
+    import html as html_lib
+
+    for t in set(tokens):
+        assert f">{html_lib.escape(token_label(t))}</span>" in page
+    d.export_buttons[0].click()  # the button writes export_dir/dashboard_view.html and offers it
+    assert (tmp_path / "dashboard_view.html").exists() and "download='dashboard_view.html'" in d.downloads.value
+
+
+def test_predictions_with_and_without_context(load, dash_factory):
+    model = load("tiny-llama")
+    d = dash_factory(model)
+    text = "ab=1;cd=2;ef=3;ab=1;cd="
+    _type(d, text)
+    ids = model.to_tokens(text)[0]
+    for query in (ids.numel() - 1, 6):
+        if query != ids.numel() - 1:
+            d.strip.widget.selected = query  # a click
+            assert d.wait(60)
+        pred = d.shown.predictions
+        assert pred.query == query == d.shown.query
+        k = d.predictions.k.value
+        with torch.no_grad():  # independent forwards: the prompt up to the query; BOS + query alone
+            full = model(ids[None, : query + 1])[0, -1]
+            kept = torch.tensor([0, query])
+            alone = model(ids[kept][None], position_ids=kept[None])[0, -1]
+        assert pred.kept_positions == (0, query)
+        for side, logits in (("with context", full), ("without context", alone)):
+            top = torch.topk(torch.softmax(logits.double(), -1), k)
+            assert pred.token_ids[side].tolist() == top.indices.tolist(), side
+            np.testing.assert_allclose(pred.probabilities[side].numpy(), top.values.numpy(), **TOL)
+        assert pred.token_ids["with context"].tolist() != pred.token_ids["without context"].tolist()
+        assert pred.patched_error < 1e-4  # kept-only + every patch = the contextual forward
+        shown = d.predictions.html.value
+        assert f"data-query='{query}'" in shown and shown.count("<tr>") == 2 * k
+    d.predictions.k.value = 3
+    assert d.wait(60)
+    assert len(d.shown.predictions.tokens["with context"]) == 3
+
+
+def test_layer_range_and_per_layer_colour_scale(load, dash_factory):
+    from icl_lens.ui.layer_view import SCALES
+
+    model = load("tiny-llama")
+    d = dash_factory(model)
+    text = "abc abc abd"
+    _type(d, text)
+    norms = icl_lens.token_patches(model, text).norms().double().numpy()
+    d.layer_controls.range.value = (1, 2)
+    heat = d.heatmap.fig.data[0]
+    np.testing.assert_allclose(_arr(heat.z), norms[1:3], **TOL)
+    assert list(heat.y) == [1, 2]
+    np.testing.assert_allclose(d.strip.widget.values, norms[1:3].mean(0), **TOL)
+    assert [t.visible for t in d.trajectory_panel.norms] == [False, True, True]
+    d.layer_controls.scale.value = SCALES[1]
+    np.testing.assert_allclose(_arr(heat.z), norms[1:3] / norms[1:3].max(1, keepdims=True), **TOL)
+    np.testing.assert_allclose(_arr(heat.customdata), norms[1:3], **TOL)  # the hover keeps the raw norm
+    assert (heat.zmin, heat.zmax) == (0.0, 1.0) and "/max" in heat.colorbar.title.text
+    d.layer_controls.scale.value = SCALES[0]
+    d.layer_controls.range.value = (0, 2)
+    np.testing.assert_allclose(_arr(heat.z), norms, **TOL)
+    assert all(t.visible for t in d.trajectory_panel.norms)
+
+
+def test_compare_mode_shows_b_and_the_difference_on_shared_tokens(load, dash_factory):
+    from icl_lens.ui.compare import shared_tokens
+
+    model = load("tiny-llama")
+    d = dash_factory(model)
+    a_text, b_text = "ab=1;cd=2;ef=3;ab=", "ab=1;XY=7;ef=3;ab="
+    _type(d, a_text)
+    assert d.compare.figure is None and d.compare.text.layout.display == "none"
+    d.compare.enabled.value = True
+    d.compare.text.value = b_text
+    assert d.wait(120) and d.last_error == "", d.last_error
+    assert d.compare.text.layout.display is None and d.text.layout.width == "50%"  # side by side
+    pa, pb = icl_lens.token_patches(model, a_text), icl_lens.token_patches(model, b_text)
+    assert d.compare.strip.tokens == list(pb.tokens) and d.strip.widget.tokens == list(pa.tokens)
+    np.testing.assert_allclose(d.compare.strip.values, pb.norms().mean(0).double().numpy(), **TOL)
+    heat_a, heat_b, diff = d.compare.figure.fig.data
+    np.testing.assert_allclose(_arr(heat_a.z), pa.norms().double().numpy(), **TOL)
+    np.testing.assert_allclose(_arr(heat_b.z), pb.norms().double().numpy(), **TOL)
+    pairs = d.shown.comparison.pairs
+    assert pairs == tuple(shared_tokens(pa.token_ids, pb.token_ids))
+    assert all(int(pa.token_ids[i]) == int(pb.token_ids[j]) for i, j in pairs)
+    assert len(pairs) < min(pa.n_positions, pb.n_positions)  # the changed tokens are left out
+    expected = np.stack([pa.norms()[:, i].double().numpy() - pb.norms()[:, j].double().numpy() for i, j in pairs], 1)
+    np.testing.assert_allclose(_arr(diff.z), expected, **TOL)
+    prefix = d.shown.comparison.shared_prefix
+    assert prefix == 6 and np.abs(_arr(diff.z)[:, :prefix]).max() < 1e-5  # a patch sees only its own prefix
+    assert np.abs(_arr(diff.z)[:, prefix:]).max() > 1e-3  # the same tokens after a different context differ
+    assert "compare_figures" in d.figures()
+    # the correction-norm toggle switches the compare figure too
+    d.heatmap.kind.value = d.heatmap.KINDS[1]
+    np.testing.assert_allclose(_arr(heat_b.z), pb.correction_norms().double().numpy(), **TOL)
+    d.compare.enabled.value = False
+    assert d.wait(60)
+    assert d.compare.text.layout.display == "none" and d.compare.box.layout.display == "none"
+    assert "compare_figures" not in d.figures() and d.shown.comparison is None
 
 
 def test_gemma_dashboard_matches_library(gemma, dash_factory):

@@ -5,12 +5,17 @@ Dherin et al. 2025, arXiv 2507.16003): a token strip coloured by patch norm
 ``‖ΔW‖_F = ‖u‖·‖v‖`` with spike-flagged tokens marked (click = choose the query), a
 layer × token heatmap of patch (or skip-correction) norms, the meta-gradient norms of
 the chosen query vs context length with the fitted decay exponent and consecutive-step
-alignment, the token × token patch alignment of one layer, and one head's attention.
+alignment, the token × token patch alignment of one layer, one head's attention, and the
+top-k next tokens at the query with and without its context (``ui/predictions.py``). The
+heatmaps show a layer range, on one colour scale or one per layer (``ui/layer_view.py``).
+Compare mode puts a second prompt beside the first, with the difference of their norms on
+shared tokens (``ui/compare.py``). ``save_html`` writes one self-contained HTML file of the
+view (``ui/html_export.py``); every export is also offered as a browser download.
 
 Typing is debounced; each keystroke bumps a generation counter and only the newest
 request is computed and drawn (``LatestWins``). Drawing is two-phase: the strip,
-heatmap and alignment matrix (from the patches alone) first, then the trajectory and
-attention panels, skipped if a newer keystroke is already waiting.
+heatmap and alignment matrix (from the patches alone) first, then the trajectory,
+attention and prediction panels, skipped if a newer keystroke is already waiting.
 """
 from __future__ import annotations
 
@@ -34,9 +39,23 @@ from icl_lens.ui.analysis import (
     threshold_note,
     timed,
 )
-from icl_lens.ui.export import export_csv, export_html, export_png
+from icl_lens.ui.compare import QUANTITIES, CompareView
+from icl_lens.ui.export import export_attention, export_csv, export_html, export_png, export_svg
+from icl_lens.ui.html_export import download_links, static_strip, view_page
 from icl_lens.ui.latest_wins import LatestWins
-from icl_lens.ui.panels import AlignmentPanel, AttentionPanel, FigureGrid, HeatmapPanel, StripPanel, TrajectoryPanel
+from icl_lens.ui.layer_view import LayerControls, show_layer_range
+from icl_lens.ui.panels import (
+    AlignmentPanel,
+    AttentionPanel,
+    FigureGrid,
+    HeatmapPanel,
+    StripPanel,
+    TrajectoryPanel,
+    attention_frame,
+    attention_page,
+    token_label,
+)
+from icl_lens.ui.predictions import PredictionsPanel, predictions_html
 
 
 @dataclass(frozen=True)
@@ -50,6 +69,8 @@ class ViewRequest:
     head: int
     threshold: float
     order: str = "prefix"  # trajectory order: "prefix" or "absorb" (docs/design.md §3)
+    compare_text: str | None = None  # compare mode's prompt B (None: compare mode off)
+    top_k: int = 8  # next-token predictions shown at the query
 
 
 @dataclass
@@ -68,6 +89,9 @@ class Shown:
     trajectory: object = None
     attention: object = None
     notice: str = ""
+    patches_b: object = None  # compare mode: prompt B's token patches
+    comparison: object = None  # compare mode: icl_lens.ui.compare.PromptComparison
+    predictions: object = None  # icl_lens.ui.predictions.NextTokenPredictions at the query
     texts_drawn: list = field(default_factory=list)  # (generation, text) in drawing order
 
 
@@ -95,7 +119,8 @@ class Dashboard:
     """The dashboard object; display it in a notebook (it renders as its widget)."""
 
     def __init__(self, model=None, *, prompt: str = "", debounce_s: float = 0.15,
-                 max_tokens: int | None = DEFAULT_MAX_TOKENS, export_dir: str | Path = "icl_lens_exports"):
+                 max_tokens: int | None = DEFAULT_MAX_TOKENS, export_dir: str | Path = "icl_lens_exports",
+                 compare: str | None = None):
         if model is None or isinstance(model, str):
             model = load_quietly(model or DEFAULT_MODEL)
         self.max_tokens = max_tokens
@@ -119,7 +144,8 @@ class Dashboard:
         self.threshold = W.FloatSlider(value=default_threshold(a.name), min=0.0, max=8.0, step=0.05,
                                        description="flag at z >", continuous_update=False)
         self.threshold_note = W.HTML(value=f"<small>{html.escape(threshold_note(a.name))}</small>")
-        self.follow_last = W.Checkbox(value=True, description="query = last token", indent=False)
+        self.follow_last = W.Checkbox(value=True, description="query = last token", indent=False,
+                                      layout=W.Layout(width="auto"))
         self.status = W.HTML(value="<i>Type a prompt.</i>")
         self.status.add_class("icl-status")
         self.notice = W.HTML(value="")
@@ -130,34 +156,54 @@ class Dashboard:
         self.trajectory_panel = TrajectoryPanel(self.grid)
         self.alignment = AlignmentPanel(self.grid)
         self.attention = AttentionPanel()
+        self.layer_controls = LayerControls(a.n_layers)
+        self.compare = CompareView()
+        self.predictions = PredictionsPanel()
+        self.downloads = W.HTML(value="")
+        self.downloads.add_class("icl-downloads")
         self.export_buttons = [W.Button(description=d, icon=i, layout=W.Layout(width="auto")) for d, i in
-                               (("figures → HTML", "file-code-o"), ("figures → PNG", "file-image-o"),
-                                ("norms, trajectory → CSV", "table"))]
-        for button, fn in zip(self.export_buttons, (self.export_html, self.export_png, self.export_csv)):
+                               (("view → HTML", "file-code-o"), ("figures → PNG", "file-image-o"),
+                                ("figures → SVG", "file-image-o"), ("attention → HTML", "eye"),
+                                ("numbers → CSV", "table"))]
+        exports = (self.save_html, self.export_png, self.export_svg, self.export_attention, self.export_csv)
+        for button, fn in zip(self.export_buttons, exports):
             button.on_click(lambda _b, fn=fn: self._export(fn))
+        self.strip.widget.layout = W.Layout(width="100%")
+        self.strip.widget.add_class("icl-strip-a")
 
         self.widget = W.VBox([
-            _row(self.model_box, self.threshold, self.threshold_note),
-            self.text,
+            _row(self.model_box, self.threshold, self.compare.enabled, self.threshold_note),
+            W.HBox([self.text, self.compare.text], layout=W.Layout(width="100%")),  # A | B in compare mode
             self.notice,
             self.status,
-            self.strip.widget,
-            _row(self.heatmap.widget, self.trajectory_panel.widget, self.follow_last),
+            W.HBox([self.strip.widget, self.compare.strip], layout=W.Layout(width="100%")),
+            self.predictions.widget,
+            _row(self.heatmap.widget, self.layer_controls.range, self.layer_controls.scale),
+            _row(self.trajectory_panel.widget, self.follow_last, self.predictions.k),
             _row(self.layer, self.head, W.HTML("&nbsp;(layer: alignment matrix and attention)")),
             self.grid.fig,
+            self.compare.box,
             self.attention.widget,
             _row(*self.export_buttons),
+            self.downloads,
         ], layout=W.Layout(width="100%"))
         self.widget.add_class("icl-dashboard")
 
         self.runner = LatestWins(self._work, self._on_error, debounce_s=debounce_s)
         self.text.observe(lambda _c: self._changed(debounce=True), names="value")
-        for control in (self.model_box, self.layer, self.head, self.threshold, self.trajectory_panel.order):
+        for control in (self.model_box, self.layer, self.head, self.threshold, self.trajectory_panel.order,
+                        self.predictions.k):
             control.observe(lambda _c: self._changed(debounce=False), names="value")
+        self.compare.text.observe(lambda _c: self._changed(debounce=True), names="value")
+        self.compare.enabled.observe(self._compare_toggled, names="value")
         self.heatmap.kind.observe(lambda _c: self._redraw_heatmap(), names="value")
+        self.layer_controls.observe(self._redraw_heatmap)
         self.trajectory_panel.loglog.observe(lambda _c: self.trajectory_panel.apply_scale(), names="value")
         self.strip.widget.observe(self._clicked, names="selected")
         self.follow_last.observe(self._follow, names="value")
+        if compare is not None:
+            self.compare.text.value = compare
+            self.compare.enabled.value = True
         if prompt:
             self.text.value = prompt
 
@@ -193,7 +239,13 @@ class Dashboard:
     def _request(self) -> ViewRequest:
         return ViewRequest(text=self.text.value, model_name=(self.model_box.value or "").strip(), query=self._query,
                            layer=int(self.layer.value), head=int(self.head.value),
-                           threshold=float(self.threshold.value), order=self.trajectory_panel.order.value)
+                           threshold=float(self.threshold.value), order=self.trajectory_panel.order.value,
+                           compare_text=self.compare.text.value if self.compare.on else None,
+                           top_k=int(self.predictions.k.value))
+
+    def _compare_toggled(self, change) -> None:
+        self.compare.layout_for(bool(change["new"]), self.text, self.strip.widget)
+        self._changed(debounce=False)
 
     def _changed(self, debounce: bool) -> None:
         if self._in_worker():  # the dashboard itself moved a control while drawing
@@ -235,8 +287,7 @@ class Dashboard:
             def revert():
                 self.model_box.value = previous
             self.runner.draw(generation, revert)
-            return ViewRequest(request.text, previous, request.query, request.layer, request.head,
-                               request.threshold, request.order), message
+            return replace(request, model_name=previous), message
         previous_default = default_threshold(self.analyzer.name)
         self.analyzer = PromptAnalyzer(model, self.max_tokens)
         a = self.analyzer
@@ -247,6 +298,7 @@ class Dashboard:
             self.layer.max, self.head.max = a.n_layers - 1, a.n_heads - 1
             self.threshold.value = request.threshold
             self.threshold_note.value = f"<small>{html.escape(threshold_note(a.name))}</small>"
+            self.layer_controls.resize(a.n_layers)
         self.runner.draw(generation, resize)
         return request, f"loaded {html.escape(name)} ({_ms(seconds)})"
 
@@ -277,11 +329,23 @@ class Dashboard:
         layer = min(request.layer, a.n_layers - 1)
         matrix = alignment_matrix(patches, layer)
         notice = prompt.notice(a.name, a.n_ctx)
+        patches_b = None
+        if request.compare_text is not None:
+            try:
+                prompt_b = a.encode(request.compare_text)
+            except PromptError:
+                prompt_b = None
+            if prompt_b is not None:
+                (patches_b, fresh), seconds = timed(self.compare.patches, a.model, prompt_b)
+                parts.append(f"prompt B patches ({_ms(seconds)})" if fresh else "prompt B: cached")
 
         def phase1():
-            self.strip.show(patches, spikes, query)
-            self.heatmap.show(patches)
+            view = self.layer_controls.view(a.n_layers)
+            self.strip.show(patches, spikes, query, view)
+            self.heatmap.show(patches, view)
             self.alignment.show(patches, matrix, layer)
+            self.shown.patches_b = patches_b
+            self._show_compare(patches, view)
             self.notice.value = (f"<div style='background:#fff3cd;padding:4px'>{html.escape(notice)}</div>"
                                  if notice else "")
             s = self.shown
@@ -307,12 +371,19 @@ class Dashboard:
         head = min(request.head, a.n_heads - 1)
         (pattern, fresh), seconds = timed(a.attention, prompt, layer)
         parts.append(f"attention L{layer}" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
+        if self.runner.newer_pending(generation):
+            return
+        (predictions, fresh), seconds = timed(self.predictions.compute, a.model, prompt.ids, patches, query,
+                                              request.top_k)
+        parts.append(f"top-{request.top_k} next tokens" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
 
         def phase2():
             self.trajectory_panel.show(trajectory, query, patches.tokens, a.n_layers, traj_note)
+            show_layer_range(self.trajectory_panel, self.layer_controls.view(a.n_layers))
             self.attention.show(patches.tokens, pattern, layer, head)
+            self.predictions.show(predictions, prompt="A" if request.compare_text is not None else "")
             s = self.shown
-            s.trajectory, s.attention, s.head = trajectory, pattern, head
+            s.trajectory, s.attention, s.head, s.predictions = trajectory, pattern, head, predictions
             self._set_status(parts, start, error, pending=False)
 
         if self.runner.draw(generation, phase2):
@@ -337,10 +408,14 @@ class Dashboard:
             self.alignment.show(None, None, 0)
             self.trajectory_panel.show(None, None, (), self.analyzer.n_layers)
             self.attention.show((), None, 0, 0)
+            self.predictions.show(None)
+            self.shown.patches_b = None
+            self._show_compare(None, self.layer_controls.view(self.analyzer.n_layers))
             self.notice.value = ""
             s = self.shown
             s.generation, s.text, s.patches, s.spikes, s.trajectory, s.attention = generation, "", None, None, None, None
             s.model_name, s.query, s.alignment, s.notice = self.analyzer.name, None, None, ""
+            s.predictions = None
             s.texts_drawn.append((generation, ""))
             msg = f"<i>{html.escape(message)}</i>"
             self.status.value = f"<span style='color:#b00020'>{error}</span><br>{msg}" if error else msg
@@ -354,13 +429,69 @@ class Dashboard:
         self._say(generation, f"Error: {html.escape(type(exc).__name__)}: {html.escape(str(exc))}", error=True)
 
     def _redraw_heatmap(self) -> None:
-        if self.shown.patches is not None:
-            self.heatmap.show(self.shown.patches)
+        """The heatmap kind, the layer range or the colour scale changed: redraw from what is shown."""
+        s = self.shown
+        view = self.layer_controls.view(self.analyzer.n_layers)
+        if s.patches is not None:
+            self.heatmap.show(s.patches, view)
+            self.strip.show(s.patches, s.spikes, s.query, view)
+        self._show_compare(s.patches, view)
+        show_layer_range(self.trajectory_panel, view)
+
+    def _show_compare(self, patches, view) -> None:
+        """Prompt B's strip and the compare figure (the strips share one colour scale in compare mode)."""
+        quantity = QUANTITIES[self.heatmap.KINDS.index(self.heatmap.kind.value)]
+        patches_b = self.shown.patches_b if self.compare.on else None
+        self.shown.comparison = self.compare.show(patches, patches_b, quantity, view)
+        if patches_b is not None and patches is not None:
+            top = max(self.strip.widget.vmax, self.compare.strip.vmax)
+            self.strip.widget.vmax = self.compare.strip.vmax = top
 
     # ------------------------------------------------------------------ export
     def figures(self) -> dict:
-        """The dashboard's plotly figures by name (one grid of every plot)."""
-        return {"dashboard_figures": self.grid.fig}
+        """The dashboard's plotly figures by name (one grid of every plot; in compare mode the compare figure too)."""
+        figures = {"dashboard_figures": self.grid.fig}
+        if self.compare.on and self.compare.figure is not None:
+            figures["compare_figures"] = self.compare.figure.fig
+        return figures
+
+    def save_html(self, path: str | Path | None = None) -> Path:
+        """Write ONE self-contained HTML file of the current view (default: ``export_dir/dashboard_view.html``).
+
+        The page opens in any browser with no kernel and no network: the plotly figures with
+        plotly.js inlined, the token strip(s) and predictions as static HTML, the attention
+        pattern with circuitsvis' offline bundle. Use it where widgets cannot run.
+        """
+        self.wait()
+        s = self.shown
+        if s.patches is None:
+            raise RuntimeError("nothing to save yet: type a prompt first")
+        path = Path(path) if path is not None else self.export_dir / "dashboard_view.html"
+        strips = [self._static_strip(self.strip.widget, "icl-strip-a")]
+        if self.compare.on and s.patches_b is not None:
+            strips.append(self._static_strip(self.compare.strip, "icl-strip-b"))
+        view = self.layer_controls.view(self.analyzer.n_layers)
+        header = (f"model <b>{html.escape(s.model_name or '')}</b> · query {s.query} · layer {s.layer} · head {s.head}"
+                  f" · flag at z &gt; {self.threshold.value:g} · heatmap {html.escape(self.heatmap.kind.value)}"
+                  f" · layers {view.lo}–{view.hi}, {'per-layer' if view.per_layer else 'global'} colour scale"
+                  f"<pre class='icl-saved-prompt' style='white-space:pre-wrap'>A: {html.escape(s.text or '')}</pre>")
+        if self.compare.on:
+            header += (f"<pre class='icl-saved-prompt-b' style='white-space:pre-wrap'>"
+                       f"B: {html.escape(self.compare.text.value)}</pre>")
+        sections = [f"<div class='icl-side'>{''.join(strips)}</div>",
+                    predictions_html(s.predictions, prompt="A" if self.compare.on else "")]
+        after = [] if s.attention is None else [
+            attention_frame(attention_page(s.patches.tokens, s.attention, s.head), s.layer, s.head)]
+        page = view_page(title=f"icl_lens dashboard — {s.model_name}", header=header, sections=sections,
+                         figures=list(self.figures().values()), after=after)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(page, encoding="utf-8")
+        return path
+
+    @staticmethod
+    def _static_strip(widget, css_class: str) -> str:
+        return static_strip(widget.tokens, widget.values, widget.flags, widget.selected, widget.vmax, token_label,
+                            css_class=css_class)
 
     def export_html(self) -> list[Path]:
         return export_html(self.figures(), self.export_dir)
@@ -368,8 +499,22 @@ class Dashboard:
     def export_png(self) -> list[Path]:
         return export_png(self.figures(), self.export_dir)
 
+    def export_svg(self) -> list[Path]:
+        return export_svg(self.figures(), self.export_dir)
+
+    def export_attention(self) -> list[Path]:
+        """The attention view (the shown layer and head) as a circuitsvis HTML page."""
+        s = self.shown
+        page = None if s.attention is None else attention_page(s.patches.tokens, s.attention, s.head)
+        return export_attention(page, s.layer, s.head, self.export_dir)
+
     def export_csv(self) -> list[Path]:
-        return export_csv(self.shown.patches, self.shown.spikes, self.shown.trajectory, self.export_dir)
+        paths = export_csv(self.shown.patches, self.shown.spikes, self.shown.trajectory, self.export_dir)
+        for name, result in (("predictions.csv", self.shown.predictions), ("compare.csv", self.shown.comparison)):
+            if result is not None:
+                paths.append(self.export_dir / name)
+                result.to_frame().to_csv(paths[-1], index=False)
+        return paths
 
     def _export(self, fn) -> None:
         try:
@@ -377,7 +522,9 @@ class Dashboard:
         except Exception as exc:  # noqa: BLE001 - shown in the status line
             self.status.value = f"<span style='color:#b00020'>Export failed: {html.escape(str(exc))}</span>"
             return
+        paths = paths if isinstance(paths, list) else [paths]
         self.status.value = "Saved " + ", ".join(html.escape(str(p)) for p in paths)
+        self.downloads.value = download_links(paths)  # the browser saves them (no server route needed)
 
 
 def dashboard(model=None, **kwargs) -> Dashboard:

@@ -14,6 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from icl_lens.core.patch_set import TokenPatches
+from icl_lens.ui.layer_view import LayerView
 from icl_lens.ui.token_strip import TokenStrip
 
 MAX_TICKS = 48  # token ticks along a plot's width (plotly turns crowded labels upright)
@@ -82,7 +83,7 @@ class FigureGrid:
         self.axis_names = {name: (s.xaxis.plotly_name, s.yaxis.plotly_name) for name, s in subplots.items()}
         self.row_domains = {row: tuple(grid.get_subplot(row, 1).yaxis.domain) for row in (1, 2, 3)}
         grid.add_trace(go.Heatmap(z=[], x=[], y=[], colorscale="Viridis", colorbar=self.colour_bar(1, "‖ΔW‖"),
-                                  hovertemplate="layer %{y}<br>%{text}<br>%{z:.4g}<extra></extra>"),
+                                  hovertemplate="layer %{y}<br>%{text}<br>%{customdata:.4g}<extra></extra>"),
                        *self.cell["heatmap"])
         grid.add_trace(go.Heatmap(z=[], x=[], y=[], zmin=-1, zmax=1, colorscale="RdBu", reversescale=True,
                                   colorbar=self.colour_bar(3, "cos"),
@@ -139,13 +140,14 @@ class StripPanel:
     def __init__(self):
         self.widget = TokenStrip()
 
-    def show(self, patches: TokenPatches | None, flags, query: int | None) -> None:
+    def show(self, patches: TokenPatches | None, flags, query: int | None, view: LayerView | None = None) -> None:
         w = self.widget
         if patches is None:
             with w.hold_sync():
                 w.tokens, w.values, w.flags, w.selected, w.vmax = [], [], [], -1, 0.0
             return
-        values = patches.norms().mean(0).detach().cpu().tolist()
+        norms = patches.norms().detach().cpu()
+        values = norms.mean(0).tolist() if view is None else view.mean_over_layers(norms.double().numpy())
         flagged = [False] * len(values) if flags is None else [bool(f) for f in flags.flags.tolist()]
         with w.hold_sync():
             w.tokens, w.values, w.flags = list(patches.tokens), values, flagged
@@ -171,20 +173,26 @@ class HeatmapPanel:
         t = patches.norms() if self.kind.value == self.KINDS[0] else patches.correction_norms()
         return t.detach().cpu().double().numpy()
 
-    def show(self, patches: TokenPatches | None) -> None:
+    def show(self, patches: TokenPatches | None, view: LayerView | None = None) -> None:
+        """Rows of ``view``'s layer range (default: every layer, one global colour scale)."""
         with self.fig.batch_update():
             trace = self.trace
             if patches is None:
-                trace.z, trace.x, trace.y, trace.text = [], [], [], []
+                trace.z, trace.x, trace.y, trace.text, trace.customdata = [], [], [], [], []
                 self.grid.axis("heatmap", "x").update(token_axis([]))
                 return
-            trace.z = self.values(patches)
+            view = view or LayerView(0, patches.n_layers - 1)
+            shown, raw = view.rows(self.values(patches))
+            trace.z, trace.customdata = shown, raw
+            trace.zmin, trace.zmax = (0.0, 1.0) if view.per_layer else (None, None)
+            trace.zauto = not view.per_layer
             trace.x = patches.positions
-            trace.y = list(range(patches.n_layers))
-            trace.text = [_labels(patches.tokens)] * patches.n_layers
-            trace.colorbar.title.text = "‖ΔW‖" if self.kind.value == self.KINDS[0] else "‖corr‖"
+            trace.y = view.layers
+            trace.text = [_labels(patches.tokens)] * len(view.layers)
+            title = "‖ΔW‖" if self.kind.value == self.KINDS[0] else "‖corr‖"
+            trace.colorbar.title.text = view.colour_title(title)
             self.grid.axis("heatmap", "x").update(token_axis(patches.tokens))
-            self.grid.axis("heatmap", "y").range = [-0.5, patches.n_layers - 0.5]
+            self.grid.axis("heatmap", "y").range = [view.lo - 0.5, view.hi + 0.5]
 
 
 class AlignmentPanel:
@@ -299,25 +307,34 @@ class AttentionPanel:
     """Attention pattern of one layer and head, drawn by circuitsvis (offline bundle)."""
 
     def __init__(self):
-        self.html = W.HTML(layout=W.Layout(width="100%"))
+        self.html = W.HTML()  # stretches to the dashboard (a 100% width plus its margin would stick out)
         self.widget = self.html
 
     def show(self, tokens, pattern, layer: int, head: int) -> None:
         if pattern is None:
             self.html.value = "<i>No prompt.</i>"
             return
-        import circuitsvis as cv
+        self.html.value = attention_frame(attention_page(tokens, pattern, head), layer, head)
 
-        rendered = cv.attention.attention_pattern(tokens=[token_label(t) for t in tokens],
-                                                  attention=pattern[head].numpy())
-        # circuitsvis draws a square as wide as its container: capped so that the whole square, with its axis
-        # labels, fits the frame's height at any width (a full-width square is cut off in a 900 px output area).
-        page = (f"<html><body style='margin:0;font-family:sans-serif'><div style='max-width:{ATTENTION_SIDE}px'>"
-                f"{rendered.local_src}</div></body></html>")
-        self.html.value = (f"<div class='icl-attention' data-layer='{layer}' data-head='{head}'>"
-                           f"<b>attention pattern, layer {layer}, head {head}</b>"
-                           f"<iframe style='width:100%;height:{ATTENTION_FRAME}px;border:0' "
-                           f"srcdoc=\"{html.escape(page, quote=True)}\"></iframe></div>")
+
+def attention_page(tokens, pattern, head: int) -> str:
+    """circuitsvis' attention pattern of ``head`` as a whole HTML page (its offline bundle inlined)."""
+    import circuitsvis as cv
+
+    rendered = cv.attention.attention_pattern(tokens=[token_label(t) for t in tokens],
+                                              attention=pattern[head].numpy())
+    # circuitsvis draws a square as wide as its container: capped so that the whole square, with its axis
+    # labels, fits the frame's height at any width (a full-width square is cut off in a 900 px output area).
+    return (f"<html><head><meta charset='utf-8'></head><body style='margin:0;font-family:sans-serif'>"
+            f"<div style='max-width:{ATTENTION_SIDE}px'>{rendered.local_src}</div></body></html>")
+
+
+def attention_frame(page: str, layer: int, head: int) -> str:
+    """The attention page in a frame of fixed height, with its title (live view and saved page)."""
+    return (f"<div class='icl-attention' data-layer='{layer}' data-head='{head}'>"
+            f"<b>attention pattern, layer {layer}, head {head}</b>"
+            f"<iframe style='width:100%;height:{ATTENTION_FRAME}px;border:0' "
+            f"srcdoc=\"{html.escape(page, quote=True)}\"></iframe></div>")
 
 
 def _np(t) -> np.ndarray:

@@ -18,5 +18,7 @@ import os
 import icl_lens
 
 # The browser test serves this with Voila; ICL_LENS_TEST_MODEL picks the model (default: a tiny one).
-dash = icl_lens.dashboard(os.environ.get("ICL_LENS_TEST_MODEL", "tiny-gpt2"), debounce_s=0.1)
+# Exports (and the saved view) go to ICL_LENS_EXPORT_DIR: the test's temporary folder, not the checkout.
+dash = icl_lens.dashboard(os.environ.get("ICL_LENS_TEST_MODEL", "tiny-gpt2"), debounce_s=0.1,
+                          export_dir=os.environ.get("ICL_LENS_EXPORT_DIR", "icl_lens_exports"))
 dash
