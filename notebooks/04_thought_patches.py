@@ -108,14 +108,14 @@ print("largest per-layer vector norm:", round(float(patch.vector_norms().max()),
 #
 # Four conditions on the task's 24 held-out test queries: the query alone (*none*), the few-shot prompt
 # plus query (*full*), the query alone with the thought patch (*patched*, the same default fit on the same 8
-# calibration queries), and a *control* patch with the same per-layer norms but random directions (plus a
-# *steering* vector: the mean residual difference added after one block). With 24 queries one query is about
+# calibration queries), and a *control* patch with the same per-layer norms but random directions (the report adds
+# a *steering* vector, the mean residual difference added after one block). With 24 queries one query is about
 # 4 points, so every accuracy comes with its 95% Wilson interval: two conditions whose intervals overlap are not
 # shown to differ.
 
 # %%
 small = Task(task.name, task.instruction, task.train[:8], task.test[:24])
-result = evaluate_thought(model, small)
+result = evaluate_thought(model, small, conditions=("none", "full", "patched", "control"))
 counts = {c: sum(o) for c, o in result.outcomes.items()}
 assert result.n_test >= 24
 {c: rate(k, result.n_test) for c, k in counts.items()}
@@ -151,7 +151,7 @@ for q, a, b in zip(queries, plain, patched):
 # evaluation over every task and both models.
 
 # %%
-for condition in ("patched", "control", "steering"):
+for condition in ("patched", "control"):
     loc = result.locality.get(condition)
     if loc:
         print(f"{condition:>8}: KL on unrelated texts {loc['kl']:.3f} nats; other task's answers kept "
