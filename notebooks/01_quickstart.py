@@ -184,7 +184,7 @@ u = {"in": patches.u_in[layer, t], "gate": patches.u_gate[layer, t]}
 with torch.no_grad():
     for name, W in first_dense_weights(model, layer).items():
         patched = (W + torch.outer(u[name], v)) @ a   # (W + ΔW) a, with ΔW = u vᵀ built for this one token
-        print(f"W_{name}: |(W + ΔW) a − W A| / |W A| = {float((patched - W @ A).norm() / (W @ A).norm()):.1e}; "
+        print(f"W_{'up' if name == 'in' else name}: |(W + ΔW) a − W A| / |W A| = {float((patched - W @ A).norm() / (W @ A).norm()):.1e}; "
               f"without the patch |W a − W A| / |W A| = {float((W @ a - W @ A).norm() / (W @ A).norm()):.2f}")
 del cache
 
