@@ -112,8 +112,9 @@ else:
 # it changes) and once directly, through the **skip connection** that carries it past the MLP. The token
 # patch only changes the MLP's weights, so it can only reproduce the first path. The second path —
 # `attn_C − attn_0`, what the context changed in attention's output — must be added back as a bias after the
-# MLP branch (after the post-FFN norm where the block has one, as Gemma's). That vector is the **correction**: the identity holds *only* with it,
-# so "context = a rank-1 weight update" is always "a rank-1 update **plus** the correction" in a real block.
+# MLP branch (after the post-FFN norm where the block has one, as Gemma's). That vector is the **correction**: the
+# identity holds *only* with it, so "context = a rank-1 weight update" is always "a rank-1 update **plus** the
+# correction" in a real block.
 #
 # ### Gotcha 2: the two norms are not in the same units
 #

@@ -27,7 +27,7 @@
 # flag is icl_lens's implementation of that suggestion, and the evaluation below says how well it works: **not well**.
 # The model is the embedded SmolLM2-135M (Binder's 2 GB); `MODEL = "gemma-3-270m"` on a laptop with 4 GB free.
 #
-# Every token `t` gets a *token patch* per layer, the rank-1 update `ΔW[l,t]` that makes its context-free input reproduce its contextual output (Dherin et al. 2025, arXiv 2507.16003). Its norm `‖ΔW[l,t]‖_F` says how much the context changes layer `l` at `t`.
+# Every token `t` gets a *token patch* per layer, the rank-1 update `ΔW[l,t]` that, with the skip correction, makes its context-free input reproduce its contextual output (Dherin et al. 2025, arXiv 2507.16003). Its norm `‖ΔW[l,t]‖_F` says how much the context changes layer `l` at `t`.
 #
 # A **spike** is a token whose patch norm is unusually large compared with the tokens just before it. `icl_lens.spike_scores` turns each layer's norm series into a robust z-score against a trailing window (median and `1.4826·MAD` of the previous `window` tokens), aggregates the layers (`statistic="mean"`, `"max"`, `"median"` of the per-layer z, or `"norm"`: z of the whole patch's norm), and flags tokens whose score passes `threshold`. Tokens with fewer than `window` predecessors are reported as *not enough context*, never flagged.
 
