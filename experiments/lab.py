@@ -25,12 +25,12 @@ from icl_lens.lab.mixers import ARCHITECTURES
 
 # Reading rules: each finding says on which side of these thresholds the measured numbers fall.
 EXACT = {"float64": 1e-10, "float32": 1e-4}  # relative error under which an identity counts as holding
-CONVERGES, FLAT = 0.8, 0.3  # decay exponent α: ≥ CONVERGES converges (≈ 1/i), < FLAT flat, between: slowly
+SHRINKS, FLAT = 0.8, 0.3  # decay exponent α: ≥ SHRINKS shrinks about like 1/i, < FLAT flat, between: slowly
 
 
 def _decay_class(alpha: float) -> str:
     alpha = round(alpha, 2)  # as printed
-    return "converges" if alpha >= CONVERGES else "flat" if alpha < FLAT else "converges slowly"
+    return "shrinks like 1/i" if alpha >= SHRINKS else "flat" if alpha < FLAT else "shrinks slowly"
 
 
 def findings(eq, conv, tp, mc, rv) -> list[str]:
@@ -41,8 +41,8 @@ def findings(eq, conv, tp, mc, rv) -> list[str]:
     c = conv.summary().set_index("arch")
     classes = {a: _decay_class(c.loc[a, "alpha_mean_curve"]) for a in c.index}
     by_class = "; ".join(f"{k}: {', '.join(a for a in c.index if classes[a] == k)}"
-                         for k in ("converges", "converges slowly", "flat") if k in classes.values())
-    rnn_claim = classes["softmax"] == "converges" and classes["gru"] == "flat"
+                         for k in ("shrinks like 1/i", "shrinks slowly", "flat") if k in classes.values())
+    rnn_claim = classes["softmax"] == "shrinks like 1/i" and classes["gru"] == "flat"
     t = tp.summary().set_index("K")
     k0, k1 = t.index.min(), t.index.max()
     gap0, gap1 = t.test_mse[k0] - t.train_mse[k0], t.test_mse[k1] - t.train_mse[k1]
@@ -59,7 +59,8 @@ def findings(eq, conv, tp, mc, rv) -> list[str]:
     return [
         f"Rules: an identity holds when its relative error is below {EXACT['float64']:.0e} (float64) / "
         f"{EXACT['float32']:.0e} (float32); a decay exponent "
-        f"α ≥ {CONVERGES} converges (≈ 1/i), α < {FLAT} is flat, in between converges slowly.", "",
+        f"α ≥ {SHRINKS} shrinks about like 1/i, α < {FLAT} is flat, in between shrinks slowly. Shrinking steps are "
+        "not convergence: steps ∝ i^−α with α ≤ 1 do not sum (at α = 1 the weights drift like log n).", "",
         f"- 1: the patched context-free forward {'reproduces' if exact else '**does not** reproduce'} the contextual "
         f"one for the {e.arch.nunique()} contextual layers: worst relative error {worst('float64'):.1e} at float64, "
         f"{worst('float32'):.1e} at float32.",

@@ -12,17 +12,17 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # 02 · The regression lab: exactness and convergence, on models you can hold in your hand
 #
 # **Learning objective.** After this notebook you can (1) show that the token-patch identity of notebook 01 holds
 # for *any* contextual layer — softmax, linear attention, a delta rule, a GRU — once the skip correction is added,
-# (2) compare the implicit dynamics with explicit finetuning *against a control*, and (3) explain **why** the
-# implicit steps of attention shrink like `1/i` while a gated recurrent state's do not.
+# (2) compare the implicit dynamics with explicit finetuning *against a control*, and (3) measure whether the
+# implicit steps shrink as the context grows, for attention and for a recurrent state, and say why.
 #
-# **Time box: 45 minutes** (sections 1–3: 30 min with exercises 1–2; sections 4–6: 15 min, exercise 3 optional).
+# **Time box: 45 minutes in the workshop** (sections 1–3 with exercises 1–2: §1 + exercise 1 18 min, §2 8 min,
+# §3 + exercise 2 15 min, 4 min to read the table at the end). Sections 4–6 and exercise 3 are **homework**, clearly
+# marked below: they run in a few seconds, but reading them takes another 25 minutes.
 #
 # Small models (10 Pre-LN blocks, d_model 32) were trained to do **in-context linear regression**: a prompt holds
 # pairs `(xᵢ, yᵢ = wᵀxᵢ)` from a fresh random `w`, then a query `x`; the model must output `wᵀx`.
@@ -33,19 +33,24 @@
 # [Dherin et al. 2025 (arXiv 2507.16003)](https://arxiv.org/abs/2507.16003),
 # [Mazzawi, Dherin et al. 2025 (arXiv 2510.08734)](https://arxiv.org/abs/2510.08734) and
 # [McDermott, Heath, Parhi 2026 (arXiv 2606.25342)](https://arxiv.org/abs/2606.25342); the table at the end says
-# which ones icl_lens reproduces. The trained checkpoints ship with `icl_lens`; nothing is trained here. Solutions
-# to the exercises are hidden (click the collapsed cell to reveal them); each exercise has a check cell.
+# which ones icl_lens reproduces. The trained checkpoints ship with `icl_lens`; nothing is trained here. Each
+# exercise has an answer cell (`None` until you fill it), a collapsed solution cell (it runs only in the notebook
+# tests) and a check cell.
 
 # %%
-import torch
-import plotly.express as px
+import gc
+
 import pandas as pd
+import plotly.express as px
 import plotly.graph_objects as go
+import torch
+
 from icl_lens import lab
 from icl_lens.core.power_law import power_law_fit
-from workshop.claims import claim, claims_view, count_where
-from workshop.exercise_checks import check_answer, check_choice
+from icl_lens.stats.bootstrap import bootstrap_mean
 from icl_lens.ui.panels import vertical_marker
+from workshop.claims import claim, claims_view
+from workshop.exercise_checks import check_answer, check_compare, solutions_on
 
 torch.set_num_threads(1)  # the models are tiny: one thread is fastest
 torch.manual_seed(0)
@@ -67,10 +72,10 @@ print("target:", prompts.targets[0].item(), " model says:", models["softmax"](pr
 # Dherin et al. show that a block *contextual layer → MLP* run **with** its context gives the same output as the block
 # run **without** context but with the MLP's first weight matrix patched by a rank-1 matrix
 # `ΔW = (W δ) aᵀ/‖a‖²`, where `δ = A(C, x) − A(x)` is what the context changed in the MLP's input. The theorem does not
-# care what the contextual layer is, so it must hold for all four models. The theorem is stated for a contextual layer
-# followed by an MLP; these blocks also have skip connections, so, as in notebook 01, each layer also adds the **correction** `attn_C − attn_0` after the
-# MLP. We run every token **alone** with its patches and corrections and compare with the contextual forward; the
-# cell asserts the identity.
+# care what the contextual layer is, so it must hold for all four models. The theorem is stated for a contextual
+# layer followed by an MLP; these blocks also have skip connections, so, as in notebook 01, each layer also adds the
+# **correction** `attn_C − attn_0` after the MLP. We run every token **alone** with its patches and corrections and
+# compare with the contextual forward; the cell asserts the identity.
 
 # %%
 eq = lab.numerical_equivalence(n_prompts=8)
@@ -81,32 +86,38 @@ px.bar(df, x="arch", y="rel_error_prediction", color="dtype", barmode="group", l
        title="Contextual vs patched context-free forward (max relative error)")
 
 # %% [markdown]
-# ### Exercise 1 · Predict, then check: how much of the context effect do the W_in patches carry alone?
+# ### Exercise 1 · Predict, then check: which part carries the context effect? (8 min)
 #
 # `lab.patch_parts(name)` runs the query context-free with only the `W_in` patches, only the skip
-# corrections, or both. Its `unexplained` column is the share of the context effect a variant leaves
-# unexplained (0 = all of it reproduced, 1 = none). **Predict** for the 10-layer softmax model: do the `W_in`
-# patches alone (no corrections) leave *less* than half of the effect unexplained? Write `"yes"` or `"no"` into
-# `prediction_1`, then compute `effect = lab.patch_parts("softmax", n_prompts=16).summary()` and run the check.
+# corrections, or both, and compares each prediction with the contextual one. **Predict** for the 10-layer softmax
+# model: which part alone leaves **more** of the context effect unexplained, the `W_in` patches (`"w_in"`) or the
+# corrections (`"correction"`)? Or can 16 prompts not tell them apart (`"not distinguishable"`)? Write your answer
+# into `prediction_1`. Then compute `parts = lab.patch_parts("softmax", n_prompts=16)` and run the check: it
+# measures, per prompt, the squared gap to the contextual prediction (as a share of the no-context gap) and
+# compares the two variants' 95% intervals.
 
 # %%
-prediction_1 = None  # "yes" or "no"
-effect = None
+prediction_1 = None  # "w_in", "correction" or "not distinguishable"
+parts = None
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-effect = lab.patch_parts("softmax", n_prompts=16).summary()
-prediction_1 = "yes" if float(effect.set_index("variant").unexplained["w_in"]) < 0.5 else "no"
+if solutions_on():  # runs only in the notebook tests (ICL_LENS_SOLUTIONS=1); read it or copy it up
+    parts = lab.patch_parts("softmax", n_prompts=16)
+    prediction_1 = "w_in"
 
 # %%
-unexplained = effect.set_index("variant").unexplained
-check_choice(prediction_1, "yes" if unexplained["w_in"] < 0.5 else "no", ("yes", "no"),
-             "do the W_in patches alone leave less than half the effect unexplained",
-             why=f"W_in only leaves {unexplained['w_in']:.2f}, the corrections only {unexplained['correction']:.2f}, "
-                 f"both {unexplained['full']:.2g}: in a deep Pre-LN model much of the context effect rides the skip "
-                 "connections, so 'context = a weight update of W_in' needs the correction to be exact.")
+# Check cell: per-prompt unexplained shares with bootstrap intervals (the check computes its own patch_parts).
+reference = lab.patch_parts("softmax", n_prompts=16).to_frame()
+base = ((reference["none"] - reference.contextual) ** 2).mean()
+gap = {k: bootstrap_mean((reference[k] - reference.contextual) ** 2 / base) for k in ("w_in", "correction", "full")}
+check_compare(prediction_1, gap["w_in"], gap["correction"], "which part alone leaves more unexplained",
+              labels=("w_in", "correction"), names=("W_in patches only", "corrections only"),
+              why=f"Both together leave {gap['full'].mean:.1g}. In a deep Pre-LN model much of the context effect "
+                  "rides the skip connections, so 'context = a weight update of W_in' needs the correction.")
+check_answer(None if parts is None else len(parts.targets), 16, "prompts in your patch_parts run")
 
 # %% [markdown]
-# ## 2 · Implicit dynamics vs explicit finetuning, the paper's way — 10 min
+# ## 2 · Implicit dynamics vs explicit finetuning, the paper's way — 8 min
 #
 # Feed the context pairs one at a time: after `i` pairs, layer `l` behaves as if its weights were `W + ΔW_l(i)`.
 # The steps `ΔW_l(i) − ΔW_l(i−1)` are the *meta-gradients*. Is this the same as actually fine-tuning the context-free
@@ -120,9 +131,6 @@ curves = {name: lab.loss_curves(name, n_prompts=16, n_probes=16) for name in ("s
 frame = pd.concat([c.curves().assign(model=name) for name, c in curves.items()])
 px.line(frame, x="examples", y="test_mse", color="method", facet_col="model", log_y=True,
         title="Test error vs examples consumed: in context vs finetuning W_in")
-
-# %%
-curves["single_block"].sweep()
 
 # %% [markdown]
 # Now the weight-space alignment, per layer and prompt, in both orders of consuming the context: *prefix* (the query
@@ -145,21 +153,59 @@ assert steps["single_block"] > 0.1 and abs(steps["softmax"]) < 0.1, steps  # wha
 table
 
 # %% [markdown]
-# **Try:** on the single block each implicit step lines up with the SGD step on the same pair, far above the
-# control; on the 10-layer Pre-LN model the cosines are as small as the control. Two reasons to check. First,
-# `input_side` in `lab.implicit_vs_explicit("single_block").summary()`: a rank-1 cosine is the product of an
-# input-side and an output-side cosine, and in a 3-dimensional residual stream every context-free MLP input points
-# almost the same way. Second, where does the context act at all? Exercise 1 answered it for the softmax model;
-# the table below does it for three models.
+# **Read it:** on the single block each implicit step lines up with the SGD step on the same pair, far above the
+# control; on the 10-layer Pre-LN model the cosines are as small as the control. Exercise 1 gave one reason: in the
+# deep model the context acts mostly through the skip corrections, which no weight update of `W_in` carries. (A
+# second one, for homework: `input_side` in `lab.implicit_vs_explicit("single_block").summary()`; a rank-1 cosine is
+# the product of an input-side and an output-side cosine.)
+#
+# ## 3 · Does the implicit learning converge? — 15 min with exercise 2
+#
+# The models were trained on up to 16 pairs; we feed them up to 64 and measure the meta-gradient norm
+# `‖ΔW(i) − ΔW(i−1)‖` per pair, and fit a decay exponent α (`norm ≈ c·i^(−α)`; α > 0: the steps shrink).
+#
+# ### Exercise 2 · Predict, then check: the GRU beyond its training length
+#
+# **Predict before you run the next cell**: fitted only on context lengths beyond the training length
+# (`pairs_seen ≥ conv.n_train`), is the GRU's decay exponent closer to 0 (steps of constant size, `"0"`) or to 1
+# (a running average, `"1"`)? If you think 4 prompts cannot tell, answer `"not distinguishable"`.
 
 # %%
-pd.concat([lab.patch_parts(name, n_prompts=16).summary().assign(model=name)
-           for name in ("single_block", "one_block_preln", "softmax")]).pivot(index="model", columns="variant",
-                                                                             values="unexplained").round(3)
+prediction_2 = None  # "0", "1" or "not distinguishable"
+
+# %%
+conv = lab.convergence_by_architecture(n_prompts=4, n_max=64)
 
 # %% [markdown]
-# ## 3 · Does the implicit learning converge? And why? — 10 min
-#
+# Now compute it as `alpha_gru`: `power_law_fit(y, x=n).exponent` (already imported) on the mean over prompts of
+# `conv.total_norms("gru")` (prompt × pairs seen), restricted to `n ≥ conv.n_train`.
+
+# %%
+alpha_gru = None
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+if solutions_on():
+    n = torch.arange(1, conv.n_max + 1, dtype=torch.float64)
+    beyond = n >= conv.n_train
+    mean_norm = conv.total_norms("gru").double().mean(0)
+    alpha_gru = float(power_law_fit(mean_norm[beyond], x=n[beyond]).exponent[0])
+    prediction_2 = "0"
+    print(f"GRU decay exponent beyond training length: {alpha_gru:.3f}")
+
+# %%
+# Check cell: the exponent of the mean curve, and the prompts' exponents (one fit per prompt) against the midpoint.
+summary = conv.summary().set_index("arch")
+check_answer(alpha_gru, float(summary.alpha_beyond_train["gru"]), "GRU decay exponent beyond the training length",
+             rel_tol=1e-6)
+pairs = torch.arange(1, conv.n_max + 1, dtype=torch.float64)
+late = pairs >= conv.n_train
+per_prompt = bootstrap_mean([float(power_law_fit(row[late], x=pairs[late]).exponent[0])
+                             for row in conv.total_norms("gru").double()])
+check_compare(prediction_2, per_prompt, (0.5, 0.5, 0.5), "is the GRU's exponent closer to 0 or to 1",
+              labels=("1", "0"), names=("GRU α, per prompt", "midpoint"),
+              why="Nothing in a GRU's update divides by the number of pairs seen (the next cell says why).")
+
+# %% [markdown]
 # **Why attention's steps shrink.** Softmax attention's output for the query is a *weighted average* of the values it
 # has seen, `Σⱼ softmaxⱼ vⱼ`; normalised linear attention is also an average, `S φ(q) / ζᵀφ(q)` with `ζ` the running
 # sum of the keys' features. Adding the `i`-th pair to an average of `i − 1` moves it by about `1/i` of the difference
@@ -169,18 +215,18 @@ pd.concat([lab.patch_parts(name, n_prompts=16).summary().assign(model=name)
 # in between: a gradient step of rate `β` on the current pair's error, so its steps shrink only as the memory's
 # prediction error does — on consistent (noise-free) regression pairs it does shrink.
 #
-# **What shrinking steps do and do not mean.** α > 0 says the steps get smaller. Whether the implicit weights `Wᵢ`
-# *converge* depends on whether the steps sum: steps `∝ 1/i` (α = 1) still add up to a `log n` drift, only α > 1
-# gives a finite total. So read α together with the error beyond the training length.
+# **What shrinking steps do and do not mean.** α > 0 says the steps get smaller, not that the implicit weights `Wᵢ`
+# *converge*: that needs the steps to sum to a finite total. Steps `∝ i^(−α)` sum only for α > 1; with α ≤ 1 they
+# do not (at α = 1 the weights drift like `log n`). No value of α below 1 "converges", so read α together with the
+# error beyond the training length.
 #
 # **What the papers claim.** Only the first paper (Dherin et al.) claims that recurrent (RNN-style) layers give
-# unstable, non-convergent implicit updates. The parametric-attention paper (McDermott et al.) argues the other way
-# for *parametric* forms — linear attention, delta rules, test-time training — as the route to lifelong in-context
-# learning. The lab lets you see both: the models were trained on up to 16 pairs; we go to 64.
+# unstable, non-convergent implicit updates. McDermott, Heath and Parhi ask a different question — whether a model's
+# memory can stay a fixed size over an unbounded stream of tokens — and argue that lifelong in-context learning
+# needs *parametric* (fixed-state) forms of attention: linear attention, delta rules, test-time training. That is
+# not a claim about whether implicit weight updates converge, so the two papers do not contradict each other.
 
 # %%
-conv = lab.convergence_by_architecture(n_prompts=4, n_max=64)
-summary = conv.summary().set_index("arch")
 frame = conv.to_frame().groupby(["arch", "pairs_seen"], as_index=False).meta_gradient_norm.mean()
 fig = px.line(frame, x="pairs_seen", y="meta_gradient_norm", color="arch", log_x=True, log_y=True,
               title="Meta-gradient norm vs pairs seen (mean over prompts)")
@@ -196,36 +242,14 @@ assert summary.alpha_mean_curve["softmax"] > 0.7 and summary.alpha_mean_curve["l
 assert summary.alpha_mean_curve["gru"] < 0.4 < summary.alpha_mean_curve["delta"]
 
 # %% [markdown]
-# **Try:** compare the fitted exponents `alpha_mean_curve` with the error columns. Does the architecture whose steps
-# shrink the fastest also keep its error low beyond the training length?
+# **Discuss:** compare the fitted exponents `alpha_mean_curve` with the error columns. Does the architecture whose
+# steps shrink the fastest also keep its error low beyond the training length? (Then jump to the table at the end.)
 #
-# ### Exercise 2 · Predict, then check: the GRU beyond its training length
+# ---
 #
-# **Predict** first: fitted only on context lengths beyond the training length (`pairs_seen ≥ conv.n_train`), is the
-# GRU's decay exponent closer to 0 (steps of constant size) or to 1 (a running average)? Write `"0"` or `"1"` into
-# `prediction_2`. Then compute it as `alpha_gru`, with `power_law_fit(y, x=n).exponent` (already imported) on the mean
-# over prompts of `conv.total_norms("gru")`.
-
-# %%
-prediction_2 = None  # "0" or "1"
-alpha_gru = None
-
-# %% jupyter={"source_hidden": true} tags=["solution"]
-n = torch.arange(1, conv.n_max + 1, dtype=torch.float64)
-beyond = n >= conv.n_train
-mean_norm = conv.total_norms("gru").double().mean(0)
-alpha_gru = float(power_law_fit(mean_norm[beyond], x=n[beyond]).exponent[0])
-prediction_2 = "0" if alpha_gru < 0.5 else "1"
-print(f"GRU decay exponent beyond training length: {alpha_gru:.3f}")
-
-# %%
-expected = float(summary.alpha_beyond_train["gru"])
-check_answer(alpha_gru, expected, "GRU decay exponent beyond the training length", rel_tol=1e-6)
-check_choice(prediction_2, "0" if expected < 0.5 else "1", ("0", "1"), "is it closer to 0 or to 1",
-             why="Nothing in a GRU's update divides by the number of pairs seen: its steps do not shrink like 1/i.")
-
-# %% [markdown]
-# ## 4 · A static *thought patch* — 5 min
+# # Homework (after the workshop): sections 4–6 and exercise 3
+#
+# ## 4 · A static *thought patch*
 #
 # A token patch depends on the query. Averaging over `K` calibration queries gives one static edit per layer
 # (the *thought matrix*, by least squares, plus a bias) that stands in for the prompt for **any** query
@@ -247,7 +271,7 @@ fig
 # **Try:** the patched model never quite reaches the contextual model's error. Which layers would you expect to need the
 # most calibration data? (`lab.fit_thought_patch` returns the per-layer edits; compare their norms.)
 #
-# ## 5 · Memory and time per token — 5 min
+# ## 5 · Memory and time per token
 #
 # Softmax attention must keep every key and value (a cache growing with the context); the parametric layers keep a
 # fixed-size state. We decode token by token and read the bytes held and the time per token.
@@ -262,11 +286,13 @@ px.line(mc, x="context_length", y="us_per_token_min", color="arch", log_x=True, 
         title="Wall time per token (µs, minimum over a window; noisy on a shared machine)")
 
 # %% [markdown]
-# ## 6 · Attention is regression — 5 min (+ exercise 3, optional)
+# ## 6 · Attention is regression
 #
-# Softmax attention *is* a Nadaraya–Watson kernel estimator on its own keys and values with kernel `exp(q·k/√d)`; the
-# fixed-state layers are online regressors whose updates are gradient steps (linear attention: Hebbian loss
-# `−⟨S k, v⟩`; delta rule: `½‖S k − v‖²`). All checked at float64, and asserted:
+# McDermott, Heath and Parhi (2026) read attention as test-time regression of values on keys: softmax attention
+# *is* a Nadaraya–Watson kernel estimator on its own keys and values (kernel `exp(q·k/√d)`), a non-parametric
+# estimator whose memory grows with the context, and the fixed-state layers are *parametric* online regressors
+# whose updates are gradient steps (linear attention: Hebbian loss `−⟨S k, v⟩`; delta rule: `½‖S k − v‖²`). The
+# cells below check those identities at float64, and assert them:
 
 # %%
 rv = lab.attention_as_regression(n_prompts=2).to_frame()
@@ -277,30 +303,34 @@ px.bar(rv, x="check", y="max_rel_error", color="arch", log_y=True, title="Identi
 rv
 
 # %% [markdown]
-# The delta rule shrinks the current pair's loss by exactly `(1 − β)²`. That factor holds **because the lab's keys
-# are L2-normalised** (`‖k‖ = 1`): the residual after the step is `(S − β(Sk − v)kᵀ)k − v = (1 − β‖k‖²)(Sk − v)`.
-# With unnormalised keys the factor would be `(1 − β‖k‖²)²`, and a large key could overshoot. **Try:** what does a
+# One more identity, not from the papers but from the delta rule's own algebra (the Widrow–Hoff / LMS step): one
+# step shrinks the current pair's loss by exactly `(1 − β)²`. That factor holds **because the lab's keys are
+# L2-normalised** (`‖k‖ = 1`): the residual after the step is `(S − β(Sk − v)kᵀ)k − v = (1 − β‖k‖²)(Sk − v)`. With
+# unnormalised keys the factor would be `(1 − β‖k‖²)²`, and a large key could overshoot. **Try:** what does a
 # layer with `β ≈ 1` remember about earlier pairs, and why might a trained model keep `β` well below 1?
 #
-# ### Exercise 3 (optional) · The learned rates
+# ### Exercise 3 (homework) · The learned rates
 #
 # For layer 0 of the delta-rule model, read the learned rates `β` (hook `blocks.0.mix.hook_beta`) along one prompt
 # (`lab.sample_prompts(1, 16, 4, generator=torch.Generator().manual_seed(2))`, `models["delta"].run_with_cache`),
-# plot them, and put their mean into `mean_beta`. **Predict** before you look: is it below 0.5?
+# plot them, and put their mean into `mean_beta`.
 
 # %%
 mean_beta = None
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-p = lab.sample_prompts(1, 16, 4, generator=torch.Generator().manual_seed(2))
-_, cache = models["delta"].run_with_cache(p.tokens)
-beta = cache["blocks.0.mix.hook_beta"][0]  # pos × head
-mean_beta = float(beta.mean())
-px.line(beta.numpy(), labels={"index": "position", "value": "β", "variable": "head"}, title="Delta-rule rates, layer 0")
+if solutions_on():
+    p = lab.sample_prompts(1, 16, 4, generator=torch.Generator().manual_seed(2))
+    _, cache = models["delta"].run_with_cache(p.tokens)
+    beta = cache["blocks.0.mix.hook_beta"][0]  # pos × head
+    mean_beta = float(beta.mean())
+    px.line(beta.numpy(), labels={"index": "position", "value": "β", "variable": "head"},
+            title="Delta-rule rates, layer 0").show()
 
 # %%
-_, reference = models["delta"].run_with_cache(lab.sample_prompts(1, 16, 4, generator=torch.Generator().manual_seed(2)).tokens)
-check_answer(mean_beta, float(reference["blocks.0.mix.hook_beta"].mean()), "mean β of layer 0", rel_tol=1e-6,
+_, reference_cache = models["delta"].run_with_cache(
+    lab.sample_prompts(1, 16, 4, generator=torch.Generator().manual_seed(2)).tokens)
+check_answer(mean_beta, float(reference_cache["blocks.0.mix.hook_beta"].mean()), "mean β of layer 0", rel_tol=1e-6,
              why="β < 1 keeps part of the old memory at every step: a rate of 1 would overwrite the memory's "
                  "answer for the current key with the current pair alone.")
 
@@ -316,7 +346,8 @@ alphas = summary.alpha_mean_curve
 claims_view([
     claim("Context = a rank-1 update of the MLP's first weights, for any contextual layer", "Dherin et al. 2025",
           f"max relative error {worst['float64']:.1e} (float64), {worst['float32']:.1e} (float32), 4 layer types",
-          "float64 rounding ≈ 1e-16", bool(worst["float64"] < 1e-12), "Exact with the skip correction added."),
+          "float64 rounding ≈ 1e-16", "partly" if worst["float64"] < 1e-12 else False,
+          "Exact as a rank-1 update plus the skip correction (these blocks have skip connections)."),
     claim("Implicit steps align with SGD steps on the same examples (single block)", "Dherin et al. 2025",
           f"per-step cosine {sgd['single_block']:+.3f}", f"control {control['single_block']:+.3f}",
           "partly" if sgd["single_block"] > control["single_block"] + 0.1 else False,
@@ -327,15 +358,24 @@ claims_view([
           "Not distinguishable from the control: the context effect rides the skip corrections (exercise 1)."),
     claim("Attention's implicit steps shrink as the context grows", "Dherin et al. 2025",
           f"α softmax {alphas['softmax']:.2f}, linear {alphas['linear']:.2f}", "α = 0: steps of constant size",
-          bool(min(alphas["softmax"], alphas["linear"]) > 0.5), "α ≈ 1: running averages whose steps shrink like 1/i."),
+          bool(min(alphas["softmax"], alphas["linear"]) > 0.5),
+          "α ≈ 1: running averages whose steps shrink like 1/i (shrinking, yet not summable: no convergence proof)."),
     claim("Recurrent layers give non-convergent implicit updates", "Dherin et al. 2025 (only this paper)",
           f"α GRU {alphas['gru']:.2f}, delta rule {alphas['delta']:.2f}", "attention α ≈ 1",
           "partly", "The GRU's steps barely shrink; the delta rule's (a parametric, regression-style recurrence) do."),
-    claim("Parametric attention (fixed-size state) is the route to lifelong ICL", "McDermott, Heath, Parhi 2026",
+    claim("Lifelong ICL needs parametric (fixed-state) attention", "McDermott, Heath, Parhi 2026",
           f"error at 64 pairs: delta {summary.norm_mse_at_n_max['delta']:.3f}, "
           f"softmax {summary.norm_mse_at_n_max['softmax']:.3f}", "softmax keeps a growing cache (section 5)",
-          "partly", "An argument, not a benchmark: the lab's delta rule matches softmax at a fixed state size here."),
-    claim("Delta rule: one step shrinks the current pair's loss by (1 − β)²", "McDermott, Heath, Parhi 2026",
-          f"max relative error {float(rv[rv.check.str.contains('1-beta')].max_rel_error.max()):.1e}",
-          "holds only with L2-normalised keys", bool((rv.max_rel_error < 1e-10).all()), ""),
+          "partly", "A position paper, not a benchmark: the lab's delta rule matches softmax at a fixed state size here."),
+    claim("Softmax attention is a Nadaraya–Watson kernel estimator", "McDermott, Heath, Parhi 2026",
+          f"max relative error {float(rv[~rv.check.str.contains('1-beta')].max_rel_error.max()):.1e} (float64)",
+          "float64 rounding ≈ 1e-16", bool((rv.max_rel_error < 1e-10).all()), ""),
 ])
+
+# %% [markdown]
+# **Before you switch notebooks**: the last cell frees the models; then shut this kernel down (*Kernel → Shut Down
+# Kernel*).
+
+# %%
+del models, curves, conv, tp, eq
+gc.collect()

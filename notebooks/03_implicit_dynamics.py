@@ -12,8 +12,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # 03 · Does it transfer to a real LM? Implicit dynamics as online gradient steps
 #
@@ -21,28 +19,34 @@
 # check that each step is exact, read a decay exponent correctly (what its sign says and what it does *not* say),
 # and judge an alignment cosine against a control.
 #
-# **Time box: 35 minutes** (15 running and reading, 20 for the three exercises).
+# **Time box: 35 minutes** (15 running and reading, 20 for the three exercises; the first exercise's check runs six
+# trajectories, about a minute).
 #
 # Reading the context one token at a time turns a query's token patch into a sequence of implicit weights
 # `W₀, W₁, …, Wₙ`: `Wᵢ` makes the context-free input `[BOS, x_t]` (BOS kept, as in 01) reproduce the model's output
 # with context `c₁..cᵢ`. The step `Wᵢ − Wᵢ₋₁` is the *meta-gradient* of token `cᵢ` (Dherin et al. 2025,
 # arXiv 2507.16003, §3). Notebook 02 showed on the regression lab that attention's steps shrink like `1/i` because
-# attention is a running average. Here we ask whether the same holds on Gemma 3 270M. icl_lens computes all n+1
-# steps for every layer in one batched forward, factored.
+# attention is a running average. Here we ask whether the same holds on a real LM: the embedded SmolLM2-135M (30
+# layers; it fits Binder's 2 GB), or Gemma 3 270M if you set `MODEL = "gemma-3-270m"` on a laptop with 4 GB free.
+# icl_lens computes all n+1 steps for every layer in one batched forward, factored.
 
 # %%
+import gc
+
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 import torch
 
 import icl_lens
-from workshop.claims import alignment_row, claim, claims_view, count_where, mean_ci, verdict_above
-from workshop.exercise_checks import check_answer, check_below, check_choice
+from icl_lens.stats.bootstrap import bootstrap_mean
 from icl_lens.ui.panels import layer_lines
+from workshop.claims import alignment_row, claim, claims_view, count_where, mean_ci, verdict_above
+from workshop.exercise_checks import check_answer, check_below, check_compare, missing, no_answer, solutions_on
 
 torch.set_num_threads(1)
-model = icl_lens.load_model("gemma-3-270m")
+MODEL = "smollm2-135m"  # or "gemma-3-270m" (about 2.2 GB of memory)
+model = icl_lens.load_model(MODEL)
 prompt = "France: Paris\nJapan: Tokyo\nItaly: Rome\nSpain: Madrid\nGermany:"
 traj = icl_lens.trajectory(model, prompt)  # query = last token
 print(f"query {traj.query} {traj.tokens[traj.query]!r}, n = {traj.n_context} context tokens, "
@@ -93,7 +97,7 @@ px.bar(fit, x="layer", y="exponent", color="r_squared", color_continuous_scale="
 # %% [markdown]
 # On this prompt the steps do **not** shrink in most layers, unlike the lab's attention models. The lab's argument
 # (a running average over i.i.d. examples) does not carry over directly: a real prompt's tokens are not examples
-# of one regression, most of Gemma's attention sits on BOS (the sink), and a few tokens (the answers, the newlines)
+# of one regression, most of the model's attention sits on BOS (the sink), and a few tokens (the answers, the newlines)
 # move the query far more than the others. The exercise below asks whether a prompt without repeated structure
 # behaves differently.
 #
@@ -133,30 +137,37 @@ fig
 #
 # ## Exercises (20 min)
 #
-# ### Exercise 1 · Predict, then check: free text vs few-shot
+# ### Exercise 1 · Predict, then check: free text vs few-shot (8 min)
 #
-# **Predict**: does a free-text prompt (no repeated structure) have a *higher* or *lower* mean decay exponent
-# (mean over layers) than the few-shot prompt above? Write `"higher"` or `"lower"` into `prediction_1`. Then compute
-# `free_exponent`, the mean exponent of `icl_lens.trajectory(model, other_prompt)`.
+# One prompt per kind cannot answer a question about kinds of prompts, so the check runs three of each.
+# **Predict**: do free-text prompts (no repeated structure) have a *higher* or *lower* mean decay exponent (mean over
+# layers) than few-shot prompts, or will three prompts of each not tell them apart (`"not distinguishable"`)? Write
+# your answer into `prediction_1`. Then compute `free_exponent`, the mean exponent of
+# `icl_lens.trajectory(model, other_prompt)` (one free-text prompt, defined in section 5).
 
 # %%
-prediction_1 = None  # "higher" or "lower"
+prediction_1 = None  # "higher", "lower" or "not distinguishable"
 free_exponent = None
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-free = icl_lens.trajectory(model, "The old lighthouse keeper climbed the stairs every night to light the")
-free_exponent = float(free.decay_fit().exponent.mean())
-few_shot = icl_lens.trajectory(model, "France: Paris\nJapan: Tokyo\nItaly: Rome\nSpain: Madrid\nGermany:")
-prediction_1 = "higher" if free_exponent > float(few_shot.decay_fit().exponent.mean()) else "lower"
+if solutions_on():  # runs only in the notebook tests (ICL_LENS_SOLUTIONS=1); read it or copy it up
+    free = icl_lens.trajectory(model, "The old lighthouse keeper climbed the stairs every night to light the")
+    free_exponent = float(free.decay_fit().exponent.mean())
+    prediction_1 = "not distinguishable"
 
 # %%
-reference = icl_lens.trajectory(model, other_prompt)  # the check cells' own computation
-expected = float(reference.decay_fit().exponent.mean())
-few_shot_exponent = float(traj.decay_fit().exponent.mean())
-check_answer(free_exponent, expected, "mean decay exponent of the free-text prompt", rel_tol=1e-6)
-check_choice(prediction_1, "higher" if expected > few_shot_exponent else "lower", ("higher", "lower"),
-             "free text vs few-shot", why=f"free text {expected:+.2f}, few-shot {few_shot_exponent:+.2f}; "
-                                            "b > 0 would mean shrinking steps.")
+# Check cell: mean exponent per prompt, three prompts of each kind, with bootstrap intervals over prompts.
+few_shot_prompts = [prompt, "hot: cold\nbig: small\nfast: slow\nhappy: sad\nup:",
+                    "cat: chat\ndog: chien\nhouse: maison\nwater: eau\nbread:"]
+free_prompts = [other_prompt, "She opened the window and the cold morning air filled the",
+                "After the long meeting, the engineers went back to their desks and"]
+mean_exponent = {p: float(icl_lens.trajectory(model, p).decay_fit().exponent.mean())
+                 for p in few_shot_prompts + free_prompts}
+free_ci = bootstrap_mean([mean_exponent[p] for p in free_prompts])
+few_ci = bootstrap_mean([mean_exponent[p] for p in few_shot_prompts])
+check_answer(free_exponent, mean_exponent[other_prompt], "mean decay exponent of the free-text prompt", rel_tol=1e-6)
+check_compare(prediction_1, free_ci, few_ci, "free text vs few-shot", names=("free text", "few-shot"),
+              why="b > 0 would mean shrinking steps.")
 
 # %% [markdown]
 # ### Exercise 2 · Is every step exact on the free-text prompt too?
@@ -168,31 +179,36 @@ check_choice(prediction_1, "higher" if expected > few_shot_exponent else "lower"
 free_check = None
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-free_prompt = "The old lighthouse keeper climbed the stairs every night to light the"
-free_traj = icl_lens.trajectory(model, free_prompt)
-free_check = icl_lens.verify_trajectory(model, free_prompt, free_traj, steps=range(1, free_traj.n_context + 1))
+if solutions_on():
+    free_prompt = "The old lighthouse keeper climbed the stairs every night to light the"
+    free_traj = icl_lens.trajectory(model, free_prompt)
+    free_check = icl_lens.verify_trajectory(model, free_prompt, free_traj, steps=range(1, free_traj.n_context + 1))
 
 # %%
-check_answer(len(free_check.steps), reference.n_context, "number of steps checked")
-check_below(free_check.relative_error, 1e-4, "worst relative logit error over the steps")
+if missing(free_check):
+    no_answer("the check of every step on the free-text prompt")
+else:
+    check_answer(len(free_check.steps), icl_lens.trajectory(model, other_prompt).n_context, "number of steps checked")
+    check_below(free_check.relative_error, 1e-4, "worst relative logit error over the steps")
 
 # %% [markdown]
 # ### Exercise 3 · Read a cosine against its control
 #
-# In how many of the 18 layers is the same-prompt cosine of section 5 larger than the control's? Put the count into
+# In how many of the layers is the same-prompt cosine of section 5 larger than the control's? Put the count into
 # `answer_3`. Is the implicit update aligned with this prompt's own SGD update in a way the control is not?
 
 # %%
 answer_3 = None
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-answer_3 = int((cosines["same prompt"] > cosines["control"]).sum())
+if solutions_on():
+    answer_3 = int((cosines["same prompt"] > cosines["control"]).sum())
 
 # %%
 check_answer(answer_3, int((fa.cosine() > fa.cosine_with_explicit_of(fa_other)).sum()),
              "layers where the same-prompt cosine beats the control",
-             why=f"Both are tiny (|cos| ≤ {float(cosines.abs().max().max()):.3f}) and of the same size: the "
-                 "alignment is not specific to this prompt's context.")
+             why=f"Of {len(cosines)} layers; all |cos| ≤ {float(cosines.abs().max().max()):.3f}. One prompt and one "
+                 "control decide nothing: the 64-prompt evaluation in the table below is the answer that counts.")
 
 # %% [markdown]
 # ## Paper says / we measure
@@ -204,12 +220,12 @@ check_answer(answer_3, int((fa.cosine() > fa.cosine_with_explicit_of(fa_other)).
 shrinks = bool((fit.exponent > 0).mean() > 0.5)
 aligned = bool(cosines["same prompt"].mean() > cosines["control"].mean() + 0.1)
 not_above = "Interval not above the control's (or below 0.1)."
-step, step_control = (alignment_row("gemma-3-270m", c, "absorb", "step") for c in ("sgd", "control"))
-cum, cum_control = (alignment_row("gemma-3-270m", c, "absorb", "cumulative") for c in ("sgd", "control"))
+step, step_control = (alignment_row(MODEL, c, "absorb", "step") for c in ("sgd", "control"))
+cum, cum_control = (alignment_row(MODEL, c, "absorb", "cumulative") for c in ("sgd", "control"))
 claims_view([
     claim("Each implicit step Wᵢ is exact", "Dherin et al. 2025", f"worst relative error {check.relative_error:.1e}",
           "float32 tolerance 1e-4", check.relative_error < 1e-4, ""),
-    claim("Meta-gradients shrink as the context grows (convergent implicit learning)", "Dherin et al. 2025",
+    claim("Attention gives smooth, convergent implicit updates: meta-gradients shrink", "Dherin et al. 2025",
           f"b < 0 (steps grow) in {growing} layers (this prompt)", "b = 0: steps of constant size",
           shrinks, "" if shrinks else "The lab's running-average argument (02) does not carry over: real prompt "
                                       "tokens are not i.i.d. examples and most attention sits on BOS."),
@@ -217,10 +233,18 @@ claims_view([
           f"mean cos over layers {cosines['same prompt'].mean():+.4f}",
           f"control (another prompt's SGD) {cosines['control'].mean():+.4f}", aligned,
           "" if aligned else "Tiny, and no larger than pairing with another prompt's SGD update."),
-    claim("… per step, paper's order, 64 prompts", "Dherin et al. 2025", mean_ci(step),
+    claim(f"… per step, paper's order, 64 prompts ({MODEL})", "Dherin et al. 2025", mean_ci(step),
           mean_ci(step_control), verdict_above(step, step_control, floor=0.1),
           "" if verdict_above(step, step_control, floor=0.1) else not_above),
-    claim("… cumulative, paper's order, 64 prompts", "Dherin et al. 2025", mean_ci(cum),
+    claim(f"… cumulative, paper's order, 64 prompts ({MODEL})", "Dherin et al. 2025", mean_ci(cum),
           mean_ci(cum_control), verdict_above(cum, cum_control, floor=0.1),
           "" if verdict_above(cum, cum_control, floor=0.1) else not_above),
 ])
+
+# %% [markdown]
+# **Before you switch notebooks**: the last cell frees the model; then shut this kernel down (*Kernel → Shut Down
+# Kernel*).
+
+# %%
+del model, traj, fa, fa_other
+gc.collect()

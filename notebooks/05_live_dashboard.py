@@ -12,8 +12,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # 05 · Open exploration: the live dashboard
 #
@@ -25,22 +23,27 @@
 # two exercises are a starting point.
 #
 # Every token of a prompt changes the first MLP weights of every layer by a rank-1 *token patch*
-# `ΔW = (W δ) aᵀ/‖a‖²` plus the skip correction (Dherin et al. 2025, arXiv 2507.16003; notebook 01). Type below: the
-# strip colours each token by its patch norm (▲ = spike flag, notebook 06), the heatmap shows every layer (colour
-# per cell: compare tokens within a layer, not layers), and clicking a token shows how its implicit weights evolve as
-# context is consumed (meta-gradient norms, log–log, with the fitted decay exponent α: α > 0 means the steps
-# shrink, which is not yet convergence). Appending text recomputes only the new positions (`PatchSession`).
-# `make lab` opens this notebook; `make app` serves the dashboard alone (Voila).
+# `ΔW = (W δ) aᵀ/‖a‖²`, plus the skip correction (Dherin et al. 2025, arXiv 2507.16003; notebook 01). Type below: the
+# strip colours each token by its patch norm (▲ = spike flag, notebook 06), the heatmap shows every layer (compare
+# tokens within a layer, not layers), and clicking a token shows how its implicit weights evolve as context is
+# consumed (meta-gradient norms, log–log, with the fitted decay exponent α: α > 0 means the steps shrink, which is
+# not yet convergence). Appending text recomputes only the new positions (`PatchSession`). `make lab` opens this
+# notebook; `make app` serves the dashboard alone (Voila). The model is the embedded SmolLM2-135M (Binder's 2 GB);
+# `MODEL = "gemma-3-270m"` on a laptop with 4 GB free.
 
 # %%
+import gc
+
 import torch
 
 import icl_lens
+from icl_lens.stats import wilson_interval
 from workshop.claims import claim, claims_view, count_where
-from workshop.exercise_checks import check_answer, check_choice
+from workshop.exercise_checks import check_answer, check_compare, solutions_on
 
 torch.set_num_threads(1)
-dash = icl_lens.dashboard()  # embedded Gemma 3 270M; try model='smollm2-135m'
+MODEL = "smollm2-135m"  # or "gemma-3-270m" (about 2.2 GB of memory)
+dash = icl_lens.dashboard(MODEL)
 dash
 
 # %% [markdown]
@@ -53,51 +56,68 @@ dash
 answer_1 = None  # e.g. " Paris"
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-frame = icl_lens.token_patches(dash.model, "The capital of France is Paris. The capital of Italy is").to_frame()
-last = frame[frame.layer == frame.layer.max()]
-answer_1 = last.loc[last.norm.idxmax(), "token"]
-last.nlargest(3, "norm")[["position", "token", "norm"]]
+if solutions_on():  # runs only in the notebook tests (ICL_LENS_SOLUTIONS=1); read it or copy it up
+    frame = icl_lens.token_patches(dash.model, "The capital of France is Paris. The capital of Italy is").to_frame()
+    last = frame[frame.layer == frame.layer.max()]
+    answer_1 = last.loc[last.norm.idxmax(), "token"]
+    print(last.nlargest(3, "norm")[["position", "token", "norm"]])
 
 # %%
 prompt = "The capital of France is Paris. The capital of Italy is"
 patches = icl_lens.token_patches(dash.model, prompt)
 every = patches.to_frame()
 last_layer = every[every.layer == every.layer.max()]
-check_answer(str(answer_1).strip(), last_layer.loc[last_layer.norm.idxmax(), "token"].strip(),
-             "token with the largest last-layer patch norm")
+check_answer(None if answer_1 is None else str(answer_1).strip(),
+             last_layer.loc[last_layer.norm.idxmax(), "token"].strip(), "token with the largest last-layer patch norm")
 
 # %% [markdown]
-# ## Exercise 2 · Predict, then check: do the last token's steps shrink? (5 min)
+# ## Exercise 2 · Predict, then check: do the steps shrink? (5 min)
 #
-# **Predict** for the same prompt: in most layers, do the meta-gradients of the last token *shrink* (α > 0) or
-# *grow* (α < 0)? Write `"shrink"` or `"grow"` into `prediction_2`. Then read the fitted exponents in the bar chart
-# (hover a line for its layer's α and R²), or compute them with
-# `icl_lens.trajectory(dash.model, prompt).decay_fit().to_frame()`.
+# **Predict**: for the last token of a prompt, do the meta-gradients *shrink* (α > 0) or *grow* (α < 0) in most
+# layers, or can't three prompts tell (`"not distinguishable"`)? Write `"shrink"`, `"grow"` or
+# `"not distinguishable"` into `prediction_2`. Then read the fitted exponents in the dashboard (click the last token;
+# hover a line for its layer's α and R²), or compute them with
+# `icl_lens.trajectory(dash.model, prompt).decay_fit().to_frame()`. The check pools the layers of three prompts.
 
 # %%
-prediction_2 = None  # "shrink" or "grow"
+prediction_2 = None  # "shrink", "grow" or "not distinguishable"
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-fit = icl_lens.trajectory(dash.model, "The capital of France is Paris. The capital of Italy is").decay_fit().to_frame()
-prediction_2 = "shrink" if (fit.exponent > 0).mean() > 0.5 else "grow"
-fit[["layer", "exponent", "r_squared"]].round(2)
+if solutions_on():
+    fit = icl_lens.trajectory(dash.model, "The capital of France is Paris. The capital of Italy is").decay_fit()
+    print(fit.to_frame()[["layer", "exponent", "r_squared"]].round(2))
+    prediction_2 = "grow"
 
 # %%
-exponents = icl_lens.trajectory(dash.model, prompt).decay_fit().to_frame().exponent
+exercise_prompts = [prompt, "The cat sat on the mat. The dog sat on the rug. The bird sat on the",
+                    "One, two, three, four, five, six, seven,"]
+exponents = [e for p in exercise_prompts for e in icl_lens.trajectory(dash.model, p).decay_fit().to_frame().exponent]
 shrinking = count_where(exponents, lambda a: a > 0)
-check_choice(prediction_2, "shrink" if (exponents > 0).mean() > 0.5 else "grow", ("shrink", "grow"),
-             "do most layers' steps shrink", why=f"α > 0 in {shrinking} layers on this prompt.")
+k, n = sum(e > 0 for e in exponents), len(exponents)
+check_compare(prediction_2, (k / n, *wilson_interval(k, n)), (0.5, 0.5, 0.5), "do most layers' steps shrink",
+              labels=("shrink", "grow"), names=("share of layers with α > 0", "half"),
+              why=f"α > 0 in {shrinking} (prompt, layer) pairs over three prompts.")
 
 # %% [markdown]
-# ## Paper says / we measure (on the exercise prompt)
+# ## Paper says / we measure (on the exercise prompts)
 
 # %%
 report = icl_lens.verify_equivalence(dash.model, prompt, patches)
 assert report.relative_error < 1e-4
 claims_view([
-    claim("The patches behind the dashboard are exact", "Dherin et al. 2025", f"relative error {report.relative_error:.1e}",
-          "float32 tolerance 1e-4", report.relative_error < 1e-4, ""),
-    claim("Meta-gradients shrink as the context grows", "Dherin et al. 2025", f"α > 0 in {shrinking} layers",
-          "α = 0: steps of constant size", bool((exponents > 0).mean() > 0.5),
-          "One prompt: explore others; notebook 03 and EVAL.md for more."),
+    claim("The patches behind the dashboard are exact (rank-1 patch + correction)", "Dherin et al. 2025",
+          f"relative error {report.relative_error:.1e}", "float32 tolerance 1e-4", report.relative_error < 1e-4, ""),
+    claim("Attention's meta-gradients shrink as the context grows", "Dherin et al. 2025",
+          f"α > 0 in {shrinking} (prompt, layer) pairs", "α = 0: steps of constant size",
+          k / n > 0.5 and wilson_interval(k, n)[0] > 0.5,
+          "Three prompts: explore others; notebook 03 and EVAL.md for more."),
 ])
+
+# %% [markdown]
+# **Before you switch notebooks**: the last cell frees the model; then shut this kernel down (*Kernel → Shut Down
+# Kernel*).
+
+# %%
+dash.close()
+del dash, patches
+gc.collect()

@@ -22,19 +22,29 @@
 # **Time box: 15 minutes**, open exploration (in a 3-hour session, pick 05 or 06; the other is homework); the
 # exercises are a starting point.
 #
-# Every token `t` gets a *token patch* per layer, the rank-1 update `ΔW[l,t]` that makes its context-free input reproduce its contextual output (Dherin et al. 2025, arXiv 2507.16003). Its norm `‖ΔW[l,t]‖_F` says how much the context changes layer `l` at `t`.
+# **Whose idea.** Dherin et al. 2025 (arXiv 2507.16003) suggest that the exact meta-gradients of a generation could
+# serve to monitor a model's health, e.g. to detect hallucinations or mode collapse; they do not test it. The spike
+# flag is icl_lens's implementation of that suggestion, and the evaluation below says how well it works: **not well**.
+# The model is the embedded SmolLM2-135M (Binder's 2 GB); `MODEL = "gemma-3-270m"` on a laptop with 4 GB free.
+#
+# Every token `t` gets a *token patch* per layer, the rank-1 update `ΔW[l,t]` that, with the skip correction, makes its context-free input reproduce its contextual output (Dherin et al. 2025, arXiv 2507.16003). Its norm `‖ΔW[l,t]‖_F` says how much the context changes layer `l` at `t`.
 #
 # A **spike** is a token whose patch norm is unusually large compared with the tokens just before it. `icl_lens.spike_scores` turns each layer's norm series into a robust z-score against a trailing window (median and `1.4826·MAD` of the previous `window` tokens), aggregates the layers (`statistic="mean"`, `"max"`, `"median"` of the per-layer z, or `"norm"`: z of the whole patch's norm), and flags tokens whose score passes `threshold`. Tokens with fewer than `window` predecessors are reported as *not enough context*, never flagged.
 
 # %%
+import gc
+
+import pandas as pd
 import torch
 
 import icl_lens
-from workshop.claims import auroc_ci, claim, claims_view, spike_auroc, spike_difference
-from workshop.exercise_checks import check_answer, check_choice
+from workshop.claims import (auroc_ci, claim, claims_view, spike_auroc, spike_difference, spike_flag,
+                             spike_without_copied_answers)
+from workshop.exercise_checks import check_answer, missing, no_answer, solutions_on
 
 torch.set_num_threads(1)
-model = icl_lens.load_model("gemma-3-270m")
+MODEL = "smollm2-135m"  # or "gemma-3-270m" (about 2.2 GB of memory)
+model = icl_lens.load_model(MODEL)
 print(model.cfg.n_layers, "layers")
 
 # %% [markdown]
@@ -45,7 +55,7 @@ prompt = ("The cat sat on the mat. The dog sat on the rug. The bird sat on the b
           "The fish swam in the bowl. The horse stood in the field. Meanwhile, the Treaty of Westphalia "
           "was signed in 1648.")
 patches = icl_lens.token_patches(model, prompt)
-threshold = icl_lens.spike_threshold("gemma-3-270m", statistic="mean", window=16)  # calibrated per model (EVAL.md)
+threshold = icl_lens.spike_threshold(MODEL, statistic="mean", window=16)  # calibrated per model (EVAL.md)
 print("threshold:", threshold.describe())
 spikes = icl_lens.spike_scores(patches, window=16, threshold=threshold.value)
 print("flagged:", [(t, spikes.tokens[t]) for t in spikes.flagged_positions])
@@ -110,11 +120,12 @@ gen.to_frame()
 answer_1 = None
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-for window in (8, 16):
-    s = icl_lens.spike_scores(patches, window=window, statistic="max")
-    print(f"window {window}: {int((~s.enough_context).sum())} without enough context; flagged",
-          [s.tokens[t] for t in s.flagged_positions])
-answer_1 = int((~icl_lens.spike_scores(patches, window=8).enough_context).sum())
+if solutions_on():  # runs only in the notebook tests (ICL_LENS_SOLUTIONS=1); read it or copy it up
+    for window in (8, 16):
+        s = icl_lens.spike_scores(patches, window=window, statistic="max")
+        print(f"window {window}: {int((~s.enough_context).sum())} without enough context; flagged",
+              [s.tokens[t] for t in s.flagged_positions])
+    answer_1 = int((~icl_lens.spike_scores(patches, window=8).enough_context).sum())
 
 # %%
 check_answer(answer_1, int((~icl_lens.spike_scores(patches, window=8).enough_context).sum()),
@@ -129,44 +140,100 @@ check_answer(answer_1, int((~icl_lens.spike_scores(patches, window=8).enough_con
 # Thirty tokens cannot answer that: compare with the evaluation's answer in the table below (893 questions).
 
 # %%
-samples, n_flagged = [], []  # three GenerationPatches, and the number of flagged tokens in each
+samples, n_flagged = None, None  # three GenerationPatches, and the number of flagged tokens in each
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-samples, n_flagged = [], []
-for seed in range(3):
-    g = icl_lens.generate_with_patches(model, prompt, max_new_tokens=10, greedy=False, temperature=1.2, seed=seed,
-                                        statistic="max")
-    f = g.to_frame()
-    samples.append(g)
-    n_flagged.append(int(f.flagged.sum()))
-    flagged, other = f[f.flagged].logprob.mean(), f[~f.flagged].logprob.mean()
-    print(f"seed {seed}: {g.text!r}: {int(f.flagged.sum())} flagged; mean log-prob {f.logprob.mean():.2f} "
-          f"(flagged {flagged:.2f}, others {other:.2f})")
+if solutions_on():
+    samples, n_flagged = [], []
+    for seed in range(3):
+        g = icl_lens.generate_with_patches(model, prompt, max_new_tokens=10, greedy=False, temperature=1.2,
+                                            seed=seed, statistic="max")
+        f = g.to_frame()
+        samples.append(g)
+        n_flagged.append(int(f.flagged.sum()))
+        flagged, other = f[f.flagged].logprob.mean(), f[~f.flagged].logprob.mean()
+        print(f"seed {seed}: {g.text!r}: {int(f.flagged.sum())} flagged; mean log-prob {f.logprob.mean():.2f} "
+              f"(flagged {flagged:.2f}, others {other:.2f})")
 
 # %%
-check_answer(len(samples), 3, "number of sampled continuations")
-check_answer(n_flagged, [int(g.to_frame().flagged.sum()) for g in samples], "flagged tokens per continuation",
-             why=f"{sum(len(g.to_frame()) for g in samples)} tokens in all: far too few to say whether flagged "
-                 "tokens are less likely; the evaluation below uses 893 questions.")
+check_answer(None if samples is None else len(samples), 3, "number of sampled continuations")
+if missing(samples, n_flagged):
+    no_answer("flagged tokens per continuation")
+else:
+    check_answer(n_flagged, [int(g.to_frame().flagged.sum()) for g in samples], "flagged tokens per continuation",
+                 why=f"{sum(len(g.to_frame()) for g in samples)} tokens in all: far too few to say whether flagged "
+                     "tokens are less likely; the evaluation below uses 893 questions.")
+
+# %% [markdown]
+# ## What the flag is worth: the evaluation's numbers
+#
+# `python -m experiments.spikes` (`reports/eval_spikes.json`) generated answers to 893 factual questions of 17 kinds
+# per model and asked: does the flag single out the wrong answers? Read the rows in this order:
+#
+# - **the flag itself** (the calibrated threshold, `statistic="mean"`, `window=16`, on held-out questions): of the
+#   answers it flags, how many are wrong (precision), and how many of the wrong answers it flags (recall);
+# - **the unsupervised spike score** (max over the answer) as a ranking of wrong vs right answers, *within* a kind of
+#   question (AUROC 0.5 = chance);
+# - the **log-probability** baseline, and a **supervised** detector (logistic regression on patch features, trained
+#   on labelled answers: not the flag);
+# - a **confound**: whether the answer's first word repeats a word of the question (a wrong answer that copies the
+#   question). That one-bit feature alone ranks wrong answers about as well as the log-probability; leaving those
+#   answers out, the supervised patch detector no longer beats the log-probability.
+
+# %%
+evaluation = []
+for name in ("gemma-3-270m", "smollm2-135m"):
+    flag = spike_flag(name)
+    without = spike_without_copied_answers(name)
+    evaluation.append({
+        "model": name,
+        "flag precision": None if flag is None else f"{flag['answer_precision']:.1%}",
+        "flag recall": None if flag is None else f"{flag['answer_recall']:.1%} of {flag['incorrect_answers']} wrong",
+        "spike score AUROC": auroc_ci(spike_auroc(name, "spike score, max over answer")),
+        "log-prob AUROC": auroc_ci(spike_auroc(name, "−mean log p, answer")),
+        "repeats a question word AUROC": auroc_ci(spike_auroc(name, "answer repeats a question word")),
+        "supervised patch AUROC": auroc_ci(spike_auroc(name, "patch, answer + last prompt token")),
+        "patch − log-prob, no copied answers": None if without is None else
+        f"{without['difference']:+.3f} [{without['low']:+.3f}, {without['high']:+.3f}]"})
+pd.DataFrame(evaluation).set_index("model").T.fillna("not measured in this checkout")
 
 # %% [markdown]
 # ## Paper says / we measure
 #
-# Spike flags are icl_lens's own hypothesis, not a paper's claim. Their value is measured by
-# `python -m experiments.spikes` (`reports/eval_spikes.json`): AUROC for telling wrong answers from right ones,
-# within a kind of question, against the log-probability baseline. A checkout without that report says
-# "not measured in this checkout".
+# The idea is Dherin et al.'s suggestion; the flag and its test are icl_lens's. AUROCs are within a kind of
+# question, grouped (`reports/eval_spikes.json`; a checkout without that report says "not measured in this
+# checkout").
 
 # %%
 rows = []
 for name in ("gemma-3-270m", "smollm2-135m"):
-    patch_row, base_row = spike_auroc(name, "patch, answer + last prompt token"), spike_auroc(name, "−mean log p, answer")
-    diff = spike_difference(name)
+    score, base = spike_auroc(name, "spike score, max over answer"), spike_auroc(name, "−mean log p, answer")
+    flag = spike_flag(name)
+    rows.append(claim(f"Meta-gradient spikes can detect hallucinations ({name}: the flag)",
+                      "Dherin et al. 2025 (a suggestion, not tested there)",
+                      None if score is None or flag is None else
+                      f"spike score AUROC {auroc_ci(score)}; flag recall {flag['answer_recall']:.1%}, "
+                      f"precision {flag['answer_precision']:.1%}",
+                      None if base is None else f"log-prob baseline {auroc_ci(base)}",
+                      None if score is None or base is None else bool(score["low"] > base["high"]),
+                      "Barely above chance and below the log-probability; the flag catches few wrong answers."))
+    patch_row, diff = spike_auroc(name, "patch, answer + last prompt token"), spike_difference(name)
+    without = spike_without_copied_answers(name)
     beats = None if diff is None else diff["low"] > 0
-    rows.append(claim(f"Patch features spot wrong answers better than log-probability ({name})",
-                      "icl_lens hypothesis (no paper claim)",
+    rows.append(claim(f"… with a supervised detector on patch features ({name})", "icl_lens (trained on labels)",
                       None if diff is None else f"AUROC {auroc_ci(patch_row)}; paired difference "
                                                 f"{diff['difference']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]",
-                      None if base_row is None else f"log-prob baseline {auroc_ci(base_row)}",
-                      beats, "" if beats is None or beats else "The paired difference's interval includes 0 or lies below it."))
+                      None if base is None else f"log-prob baseline {auroc_ci(base)}",
+                      beats if beats is None or not beats or without is None else "partly",
+                      "" if without is None else
+                      f"Without answers that repeat a question word: {without['difference']:+.3f} "
+                      f"[{without['low']:+.3f}, {without['high']:+.3f}]."))
 claims_view(rows)
+
+# %% [markdown]
+# **Before you switch notebooks**: the last cell frees the model; then shut this kernel down (*Kernel → Shut Down
+# Kernel*).
+
+# %%
+del model, patches, gen, samples
+gc.collect()

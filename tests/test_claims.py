@@ -1,5 +1,6 @@
 """The workshop helpers: claims tables and report readers (missing reports read as "not measured"),
-accuracies with their Wilson intervals, exercise checks (a right answer passes, a wrong or missing one fails and says why),
+accuracies with their Wilson intervals, exercise checks (right passes, wrong says why, missing says "no answer yet";
+strict only with the solutions on; predictions graded on overlapping intervals),
 and the figure helpers for log axes and many layers."""
 import json
 
@@ -14,7 +15,12 @@ from workshop.claims import (
     NOT_MEASURED, alignment_row, auroc_ci, claim, claims_table, count_where, mean_ci, rate, read_report,
     spike_auroc, spike_difference, thought_counts, verdict_above,
 )
-from workshop.exercise_checks import ExerciseCheckFailed, check_answer, check_below, check_choice
+from icl_lens.stats.bootstrap import bootstrap_mean
+from workshop.claims import spike_flag, spike_without_copied_answers, thought_locality
+from workshop.exercise_checks import (
+    NO_ANSWER, NOT_DISTINGUISHABLE, RIGHT, WRONG, ExerciseCheckFailed, check_answer, check_below, check_choice,
+    check_compare, compare_intervals, missing, no_answer, solutions_on,
+)
 
 
 def test_rate_states_the_wilson_interval():
@@ -96,29 +102,74 @@ def test_checkout_reports_are_read():
             assert row is not None and row["low"] <= row["mean"] <= row["high"]
 
 
-def test_exercise_checks_pass_right_answers_and_explain_wrong_ones(capsys):
-    check_answer(3, 3, "layer")
+def test_exercise_checks_pass_right_answers_and_explain_wrong_ones(capsys, monkeypatch):
+    monkeypatch.delenv("ICL_LENS_SOLUTIONS", raising=False)
+    assert not solutions_on()
+    assert check_answer(3, 3, "layer") == RIGHT
     check_answer(0.1 + 0.2, 0.3, "sum", rel_tol=1e-9)
     check_answer(" Paris ", "paris", "token")
     check_choice("No", "no", ("yes", "no"), "identity", why="because")
     check_below(1e-6, 1e-4, "error")
     out = capsys.readouterr().out
     assert out.count("✓") == 5 and "because" in out
+    # a participant's wrong answer is explained, and the notebook goes on (no exception)
+    assert check_answer(2, 3, "layer") == WRONG
+    assert "✗ layer: you answered 2, icl_lens measures 3" in capsys.readouterr().out
+    assert check_answer("3", 3, "layer") == WRONG and "expected a number" in capsys.readouterr().out
+    assert check_choice("maybe", "no", ("yes", "no"), "identity") == WRONG
+    assert "answer one of" in capsys.readouterr().out
+    assert check_choice("yes", "no", ("yes", "no"), "identity") == WRONG
+    assert check_below(1e-3, 1e-4, "error") == WRONG and check_below(float("nan"), 1e-4, "error") == WRONG
+    capsys.readouterr()
+    # an answer not given yet: "no answer yet", never ✓ and never a crash, whatever the check compares
+    for unanswered in (check_answer(None, 3, "layer"), check_answer(None, None, "layer"),
+                       check_choice(None, "no", ("yes", "no"), "identity"), check_below(None, 1e-4, "error"),
+                       check_compare(None, (0.5, 0.4, 0.6), (0.1, 0.0, 0.2), "which"), no_answer("patches")):
+        assert unanswered == NO_ANSWER
+    out = capsys.readouterr().out
+    assert out.count("no answer yet") == 6 and "✓" not in out and "✗" not in out
+    assert missing(None) and missing(1, ...) and not missing(0, "", [])
+
+
+def test_checks_are_strict_with_the_solutions_on(monkeypatch):
+    monkeypatch.setenv("ICL_LENS_SOLUTIONS", "1")
+    assert solutions_on()
+    assert check_answer(3, 3, "layer") == RIGHT
     with pytest.raises(ExerciseCheckFailed, match="no answer yet"):
         check_answer(None, 3, "layer")
-    with pytest.raises(ExerciseCheckFailed, match="you answered 2, icl_lens measures 3"):
+    with pytest.raises(ExerciseCheckFailed, match="you answered 2"):
         check_answer(2, 3, "layer")
-    with pytest.raises(ExerciseCheckFailed, match="expected a number"):
-        check_answer("3", 3, "layer")
-    with pytest.raises(ExerciseCheckFailed, match="answer one of"):
-        check_choice("maybe", "no", ("yes", "no"), "identity")
-    with pytest.raises(ExerciseCheckFailed, match="you answered 'yes'"):
-        check_choice("yes", "no", ("yes", "no"), "identity")
-    with pytest.raises(ExerciseCheckFailed, match="above"):
-        check_below(1e-3, 1e-4, "error")
-    with pytest.raises(ExerciseCheckFailed):
-        check_below(float("nan"), 1e-4, "error")
     assert issubclass(ExerciseCheckFailed, AssertionError)
+
+
+def test_predictions_are_graded_on_signal(capsys, monkeypatch):
+    monkeypatch.delenv("ICL_LENS_SOLUTIONS", raising=False)
+    apart, near, low = {"mean": 0.6, "low": 0.55, "high": 0.65}, (0.49, 0.40, 0.58), (0.2, 0.1, 0.3)
+    assert compare_intervals(apart, low) == "higher" and compare_intervals(low, apart) == "lower"
+    assert compare_intervals(near, (0.5, 0.5, 0.5)) == NOT_DISTINGUISHABLE  # 0.49 against 0.5 is no verdict
+    assert check_compare("higher", apart, low, "a vs b") == RIGHT
+    assert check_compare("lower", apart, low, "a vs b") == WRONG
+    # overlapping intervals: only "not distinguishable" is right, whichever way the point estimates fall
+    assert check_compare("lower", near, (0.5, 0.5, 0.5), "a vs half") == WRONG
+    assert check_compare("not distinguishable", near, (0.5, 0.5, 0.5), "a vs half") == RIGHT
+    assert "The intervals overlap" in capsys.readouterr().out
+    ci = bootstrap_mean([0.1, 0.2, 0.3, 0.4])
+    assert compare_intervals(ci, (0.9, 0.9, 0.9), labels=("1", "0")) == "0"
+
+
+def test_evaluation_failures_are_read_from_the_reports(tmp_path):
+    """04's locality and 06's flag numbers come from the committed reports, and read as None where missing."""
+    kept = thought_locality()
+    assert kept and all(0.0 <= share <= 1.0 for share in kept.values())
+    assert {model for model, _ in kept} == {"gemma-3-270m", "smollm2-135m"}
+    flag = spike_flag("gemma-3-270m")
+    assert flag["statistic"] == "mean" and flag["window"] == 16 and 0 <= flag["answer_recall"] <= 1
+    without = spike_without_copied_answers("smollm2-135m")
+    assert without["low"] <= without["difference"] <= without["high"]
+    assert thought_locality(root=tmp_path) is None and spike_flag("gemma-3-270m", root=tmp_path) is None
+    assert spike_without_copied_answers("gemma-3-270m", root=tmp_path) is None
+    _write(tmp_path, "thought.m", {"table/a": {"locality_accuracy": {"patched": 0.25}}, "preserve/a": {}})
+    assert thought_locality(("m",), root=tmp_path) == {("m", "a"): 0.25}
 
 
 def test_vertical_marker_keeps_a_log_axis_on_the_data():

@@ -1,27 +1,89 @@
-"""Every workshop notebook runs top to bottom (solutions included) on the embedded models."""
+"""Every workshop notebook runs top to bottom on the embedded models, twice: as a participant first opens it
+(no answers: every check says "no answer yet", none passes, none crashes) and with the hidden solutions on
+(``ICL_LENS_SOLUTIONS=1``: every check passes). Each run prints the kernel's peak memory, which must stay
+within Binder's 2 GB (≤ 1.8 GB)."""
 import ast
+import os
 import pathlib
+import re
+import time
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+CHECK_CALL = re.compile(r"\bcheck_(answer|below|choice|compare)\(")
+PEAK_LIMIT_GB = 1.8
+# The kernel's peak resident memory (VmHWM), read by a cell the test appends; ru_maxrss where /proc is missing.
+PEAK_CELL = """
+import resource, sys
+try:
+    _hwm = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:')) * 1024
+except OSError:
+    _hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == 'darwin' else 1024)
+print('PEAK_BYTES', _hwm)
+"""
 
 
 def test_there_is_a_numbered_path():
     assert NOTEBOOKS and NOTEBOOKS[0].name.startswith("01_")
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs(path):
+def _is_solution(cell) -> bool:
+    return "solution" in cell.metadata.get("tags", [])
+
+
+def _check_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code" and not _is_solution(c) and CHECK_CALL.search(c.source)]
+
+
+def _text(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+
+def run_notebook(path, solutions: bool, monkeypatch) -> tuple[nbformat.NotebookNode, float, float]:
+    """Execute a copy of the notebook (cwd notebooks/, as in JupyterLab and Binder); return it, its peak memory
+    in GB and its wall time in seconds."""
     nb = nbformat.read(path, as_version=4)
     assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks without outputs"
-    assert any("solution" in c.metadata.get("tags", []) for c in nb.cells), "exercises need hidden solutions"
-    # cwd = notebooks/, as in JupyterLab and Binder: the notebooks import the helpers of notebooks/workshop/
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    if solutions:
+        monkeypatch.setenv("ICL_LENS_SOLUTIONS", "1")
+    else:
+        monkeypatch.delenv("ICL_LENS_SOLUTIONS", raising=False)
+    nb.cells.append(nbformat.v4.new_code_cell(PEAK_CELL))
+    start = time.perf_counter()
+    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    seconds = time.perf_counter() - start
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    assert not errors
+    assert not errors, [f"{e['ename']}: {e['evalue']}" for e in errors]
+    peak = int(re.search(r"PEAK_BYTES (\d+)", _text(nb.cells[-1])).group(1)) / 2**30
+    print(f"\n{path.stem} (solutions {'on' if solutions else 'off'}): {seconds:.0f} s, "
+          f"peak kernel memory {peak:.2f} GB (limit {PEAK_LIMIT_GB} GB)")
+    return nb, peak, seconds
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_as_opened_says_no_answer_yet(path, monkeypatch):
+    """No edits, solutions off: the notebook runs to its end and every check reports "no answer yet"."""
+    nb, peak, _ = run_notebook(path, solutions=False, monkeypatch=monkeypatch)
+    checks = _check_cells(nb)
+    assert checks, f"{path.name}: no check cells"
+    for cell in checks:
+        out = _text(cell)
+        assert "no answer yet" in out, f"{path.name}: a check cell did not say 'no answer yet':\n{cell.source}\n{out}"
+        assert "✓" not in out and "✗" not in out, f"{path.name}: a check graded an unanswered exercise:\n{out}"
+    assert peak <= PEAK_LIMIT_GB, f"{path.name}: peak kernel memory {peak:.2f} GB > {PEAK_LIMIT_GB} GB"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_with_solutions_passes_every_check(path, monkeypatch):
+    """Solutions on: every check passes (a wrong answer raises there, so a claim that no longer holds fails)."""
+    nb, peak, _ = run_notebook(path, solutions=True, monkeypatch=monkeypatch)
+    for cell in _check_cells(nb):
+        out = _text(cell)
+        assert "✓" in out and "no answer yet" not in out and "✗" not in out, f"{path.name}:\n{cell.source}\n{out}"
+    assert peak <= PEAK_LIMIT_GB, f"{path.name}: peak kernel memory {peak:.2f} GB > {PEAK_LIMIT_GB} GB"
 
 
 def _assigned(source: str) -> set[str]:
@@ -43,20 +105,26 @@ def _loaded(source: str) -> set[str]:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_is_a_self_serve_lesson(path):
-    """Objective, time box, a claims table; every exercise has a check cell after its solution; solution
-    cells use no name that only another solution cell defines (each runs on its own)."""
+    """Objective, time box, a claims table; every exercise has a check cell after its solution; solution cells
+    run only with the solutions flag and use no name that only another solution cell defines (each runs on its
+    own); the notebook ends by releasing its model."""
     cells = nbformat.read(path, as_version=4).cells
     text = "\n".join(c.source for c in cells if c.cell_type == "markdown")
     for needed in ("Learning objective", "Time box", "Paper says / we measure"):
         assert needed in text, f"{path.name}: no '{needed}'"
     code = [c for c in cells if c.cell_type == "code"]
     assert any("claims_view(" in c.source for c in code), f"{path.name}: the claims table is not built"
-    solution = [i for i, c in enumerate(code) if "solution" in c.metadata.get("tags", [])]
+    solution = [i for i, c in enumerate(code) if _is_solution(c)]
+    assert solution, f"{path.name}: exercises need hidden solutions"
     for i in solution:
-        later = [c for c in code[i + 1:] if "solution" not in c.metadata.get("tags", [])]
-        assert later and "check_" in later[0].source, f"{path.name}: solution cell {i} is not followed by a check cell"
-    main = set().union(*(_assigned(c.source) for c in code if "solution" not in c.metadata.get("tags", [])))
+        assert code[i].source.lstrip().startswith("if solutions_on():"), \
+            f"{path.name}: solution cell {i} runs without the solutions flag"
+        later = [c for c in code[i + 1:] if not _is_solution(c)]
+        assert later and CHECK_CALL.search(later[0].source), \
+            f"{path.name}: solution cell {i} is not followed by a check cell"
+    main = set().union(*(_assigned(c.source) for c in code if not _is_solution(c)))
     for i in solution:
         others = set().union(set(), *(_assigned(code[j].source) for j in solution if j != i))
         borrowed = (_loaded(code[i].source) - _assigned(code[i].source) - main) & others
         assert not borrowed, f"{path.name}: solution cell {i} needs {sorted(borrowed)} from another solution cell"
+    assert "gc.collect()" in code[-1].source, f"{path.name}: the last cell does not release the model"

@@ -56,7 +56,7 @@ def _lab_results(gru_alpha: float, test_mse: float):
 def test_lab_findings_follow_the_numbers():
     text = "\n".join(lab.findings(*_lab_results(gru_alpha=0.1, test_mse=0.1)))
     assert "claim (attention's steps shrink, a recurrent layer's do not) holds here" in text
-    assert "converges: softmax, linear; converges slowly: delta; flat: gru" in text
+    assert "shrinks like 1/i: softmax, linear; shrinks slowly: delta; flat: gru" in text
     assert "0.100 is below no context (0.500) and above the prompt in context" in text
     other = "\n".join(lab.findings(*_lab_results(gru_alpha=0.9, test_mse=0.6)))
     assert "do not) **does not** hold here" in other

@@ -182,3 +182,34 @@ def count_where(values: Sequence[float], predicate) -> str:
     """``"17 of 18"``: how many ``values`` satisfy ``predicate``."""
     values = list(values)
     return f"{sum(bool(predicate(v)) for v in values)} of {len(values)}"
+
+
+def thought_locality(models: Sequence[str] = ("gemma-3-270m", "smollm2-135m"), *, root: str | Path | None = None
+                     ) -> dict[tuple[str, str], float] | None:
+    """``{(model, task): share}``: on how many of another task's queries the thought-patched model keeps the
+    unpatched model's answer (``locality_accuracy["patched"]`` of each ``table/<task>`` row of
+    ``eval_thought.<model>.json``). None when no report has it."""
+    shares = {}
+    for model in models:
+        report = read_report(f"thought.{model}", root) or {}
+        for key, row in report.items():
+            share = lookup(row, "locality_accuracy", "patched")
+            if key.startswith("table/") and isinstance(share, (int, float)):
+                shares[(model, key.removeprefix("table/"))] = float(share)
+    return shares or None
+
+
+def spike_flag(model: str, statistic: str = "mean", window: int = 16, *, root: str | Path | None = None
+               ) -> dict | None:
+    """The calibrated spike flag's held-out row of ``eval_spikes.json`` (threshold, answer precision and recall, …)."""
+    for row in lookup(read_report("spikes", root), "models", model, "flags") or ():
+        if isinstance(row, dict) and (row.get("statistic"), row.get("window")) == (statistic, window):
+            return row
+    return None
+
+
+def spike_without_copied_answers(model: str, *, root: str | Path | None = None) -> dict | None:
+    """The paired patch-vs-log-probability AUROC difference on answers that do not repeat a question word
+    (``{difference, low, high}``; None if absent)."""
+    row = lookup(read_report("spikes", root), "models", model, "without_copied_answers", "patch_vs_baseline")
+    return row if isinstance(row, dict) and "difference" in row else None

@@ -2,61 +2,148 @@
 
 Exercises are predict-then-check (ARENA style): the learner writes a prediction or a
 computed answer into a variable, and a check cell compares it with what the library
-measures (``verify_*`` identities, trajectories, evaluations) in that cell. A right answer
-prints a line starting with ``✓``; a wrong or missing one raises :class:`ExerciseCheckFailed`
-(an ``AssertionError``) whose message says what was expected and why, so a notebook run
-top to bottom with the solutions stops where a claim no longer holds.
+measures (``verify_*`` identities, trajectories, evaluations) in that cell.
+
+Every check prints one line and returns its status (:data:`RIGHT`, :data:`WRONG`,
+:data:`NO_ANSWER`):
+
+- an answer still ``None`` (or ``...``) prints ``… no answer yet`` and never raises, so a
+  notebook run top to bottom without edits reaches its end with every check saying so;
+- a right answer prints a line starting with ``✓``;
+- a wrong answer prints a line starting with ``✗`` that says what icl_lens measures and why.
+
+Predictions about a *difference* are graded on signal (:func:`check_compare`): two measured
+intervals that overlap make ``"not distinguishable"`` the right answer, never a direction
+read off two point estimates.
+
+The hidden solution cells run only when :func:`solutions_on` (environment variable
+``ICL_LENS_SOLUTIONS=1``, set by ``tests/test_notebooks.py``). Then the checks are strict: a
+wrong or missing answer raises :class:`ExerciseCheckFailed`, so a notebook run with its
+solutions stops where a claim no longer holds.
 """
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from numbers import Real
 from typing import Any
 
+SOLUTIONS_ENV = "ICL_LENS_SOLUTIONS"
+RIGHT, WRONG, NO_ANSWER = "right", "wrong", "no answer yet"
+NOT_DISTINGUISHABLE = "not distinguishable"
+
 
 class ExerciseCheckFailed(AssertionError):
-    """A learner's answer differs from what icl_lens measures; the message says how."""
+    """A learner's answer differs from what icl_lens measures (raised only when solutions are on)."""
 
 
-def _missing(answer: Any) -> bool:
-    return answer is None or answer is Ellipsis
+def solutions_on() -> bool:
+    """Whether the hidden solution cells fill in the answers (``ICL_LENS_SOLUTIONS=1``; the notebook tests)."""
+    return os.environ.get(SOLUTIONS_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def missing(*answers: Any) -> bool:
+    """Whether any of ``answers`` is still unanswered (``None`` or ``...``)."""
+    return any(a is None or a is Ellipsis for a in answers)
+
+
+def no_answer(what: str) -> str:
+    """Say that ``what`` has no answer yet (strict when solutions are on) and return :data:`NO_ANSWER`."""
+    message = f"… {what}: no answer yet. Set the variable in the exercise cell, run it, then rerun this cell."
+    if solutions_on():
+        raise ExerciseCheckFailed(message)
+    print(message)
+    return NO_ANSWER
+
+
+def _verdict(ok: bool, right: str, wrong: str) -> str:
+    if ok:
+        print(right)
+        return RIGHT
+    if solutions_on():
+        raise ExerciseCheckFailed(wrong)
+    print(wrong)
+    return WRONG
 
 
 def check_answer(answer: Any, expected: Any, what: str, *, rel_tol: float = 0.0, abs_tol: float = 0.0,
-                 why: str = "") -> None:
+                 why: str = "") -> str:
     """``answer`` equals ``expected`` (numbers within ``rel_tol``/``abs_tol``; strings ignoring case and spaces).
 
     ``what`` names the quantity (``"layer with the largest mean patch norm"``); ``why`` is
     added to the message either way, so a learner who guessed right also reads the reason.
     """
     tail = f" {why}" if why else ""
-    if _missing(answer):
-        raise ExerciseCheckFailed(f"✗ {what}: no answer yet. Set the variable in the cell above, then rerun this cell.")
+    if missing(answer):
+        return no_answer(what)
     if isinstance(expected, bool) or not isinstance(expected, Real):
         ok = _norm(answer) == _norm(expected)
     else:
         if isinstance(answer, bool) or not isinstance(answer, Real):
-            raise ExerciseCheckFailed(f"✗ {what}: expected a number, got {answer!r}.")
+            return _verdict(False, "", f"✗ {what}: expected a number, got {answer!r}.")
         ok = math.isclose(float(answer), float(expected), rel_tol=rel_tol, abs_tol=abs_tol)
-    if not ok:
-        raise ExerciseCheckFailed(f"✗ {what}: you answered {answer!r}, icl_lens measures {expected!r}.{tail}")
-    print(f"✓ {what}: {answer!r} is right.{tail}")
+    return _verdict(ok, f"✓ {what}: {answer!r} is right.{tail}",
+                    f"✗ {what}: you answered {answer!r}, icl_lens measures {expected!r}.{tail}")
 
 
-def check_below(value: float, bound: float, what: str, *, why: str = "") -> None:
-    """``value ≤ bound`` (an identity's error under its tolerance); a non-finite value fails."""
-    if not isinstance(value, Real) or not math.isfinite(float(value)) or float(value) > bound:
-        raise ExerciseCheckFailed(f"✗ {what} is {value!r}, above {bound:g}.{(' ' + why) if why else ''}")
-    print(f"✓ {what} = {float(value):.2e} ≤ {bound:g}.{(' ' + why) if why else ''}")
+def check_below(value: Any, bound: float, what: str, *, why: str = "") -> str:
+    """``value ≤ bound`` (an identity's error under its tolerance); a non-finite value fails, ``None`` has no answer."""
+    tail = f" {why}" if why else ""
+    if missing(value):
+        return no_answer(what)
+    ok = isinstance(value, Real) and math.isfinite(float(value)) and float(value) <= bound
+    shown = f"{float(value):.2e}" if isinstance(value, Real) else repr(value)
+    return _verdict(ok, f"✓ {what} = {shown} ≤ {bound:g}.{tail}", f"✗ {what} is {shown}, above {bound:g}.{tail}")
 
 
-def check_choice(answer: Any, expected: str, choices: tuple[str, ...], what: str, *, why: str = "") -> None:
+def check_choice(answer: Any, expected: str, choices: tuple[str, ...], what: str, *, why: str = "") -> str:
     """A prediction among ``choices`` (e.g. ``("shrink", "grow")``); an answer outside them is called out."""
     if expected not in choices:
         raise ValueError(f"expected {expected!r} is not one of {choices}")
-    if not _missing(answer) and _norm(answer) not in {_norm(c) for c in choices}:
-        raise ExerciseCheckFailed(f"✗ {what}: answer one of {choices}, got {answer!r}.")
-    check_answer(answer, expected, what, why=why)
+    if missing(answer):
+        return no_answer(what)
+    if _norm(answer) not in {_norm(c) for c in choices}:
+        return _verdict(False, "", f"✗ {what}: answer one of {choices}, got {answer!r}.")
+    return check_answer(answer, expected, what, why=why)
+
+
+def _interval(x: Any) -> tuple[float, float, float]:
+    """``(estimate, low, high)`` from a mapping (``mean``/``auroc``/``rate`` + ``low``/``high``), an object with
+    ``mean``/``low``/``high`` (``icl_lens.stats.bootstrap.MeanCI``) or a ``(estimate, low, high)`` triple."""
+    if isinstance(x, Mapping):
+        estimate = next(x[k] for k in ("mean", "estimate", "auroc", "rate") if k in x)
+        return float(estimate), float(x["low"]), float(x["high"])
+    if all(hasattr(x, k) for k in ("mean", "low", "high")):
+        return float(x.mean), float(x.low), float(x.high)
+    estimate, low, high = x
+    return float(estimate), float(low), float(high)
+
+
+def compare_intervals(a: Any, b: Any, labels: tuple[str, str] = ("higher", "lower")) -> str:
+    """``labels[0]`` if ``a``'s interval lies above ``b``'s, ``labels[1]`` if below, else ``"not distinguishable"``."""
+    _, a_low, a_high = _interval(a)
+    _, b_low, b_high = _interval(b)
+    if a_low > b_high:
+        return labels[0]
+    if a_high < b_low:
+        return labels[1]
+    return NOT_DISTINGUISHABLE
+
+
+def check_compare(answer: Any, a: Any, b: Any, what: str, *, labels: tuple[str, str] = ("higher", "lower"),
+                  names: tuple[str, str] = ("A", "B"), why: str = "") -> str:
+    """A prediction about ``a`` against ``b``, graded on signal: one of ``labels`` or ``"not distinguishable"``.
+
+    ``a`` and ``b`` are measured intervals (see :func:`compare_intervals`). Where they
+    overlap, ``"not distinguishable"`` is the right answer and a direction is wrong, however
+    the point estimates fall: the measurement cannot tell the two apart.
+    """
+    expected = compare_intervals(a, b, labels)
+    shown = "; ".join(f"{n} {e:.3g} [{lo:.3g}, {hi:.3g}]" for n, (e, lo, hi) in zip(names, (_interval(a), _interval(b))))
+    reason = f"{shown}." + (" The intervals overlap." if expected == NOT_DISTINGUISHABLE else "")
+    return check_choice(answer, expected, (*labels, NOT_DISTINGUISHABLE), what,
+                        why=f"{reason} {why}".strip())
 
 
 def _norm(x: Any) -> Any:
