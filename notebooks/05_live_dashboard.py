@@ -28,11 +28,12 @@
 # tokens within a layer, not layers), and clicking a token shows how its implicit weights evolve as context is
 # consumed (meta-gradient norms, log–log, with the fitted decay exponent α: α > 0 means the steps shrink, which is
 # not yet convergence). Appending text recomputes only the new positions (`PatchSession`). `make lab` opens this
-# notebook; `make app` serves the dashboard alone (Voila). The model is the embedded SmolLM2-135M (Binder's 2 GB);
-# `MODEL = "gemma-3-270m"` on a laptop with 4 GB free.
+# notebook; `make app` serves the dashboard alone (Voila). The model is icl_lens's default, the embedded Gemma 3 270M
+# (about 2.2 GB of memory); where `ICL_LENS_WORKSHOP_MODEL` names another (Binder's 2 GB sets `smollm2-135m`), that one.
 
 # %%
 import gc
+import os
 
 import torch
 
@@ -42,7 +43,7 @@ from workshop.claims import claim, claims_view, count_where
 from workshop.exercise_checks import check_answer, check_compare, solutions_on
 
 torch.set_num_threads(1)
-MODEL = "smollm2-135m"  # or "gemma-3-270m" (about 2.2 GB of memory)
+MODEL = os.environ.get("ICL_LENS_WORKSHOP_MODEL", icl_lens.DEFAULT_MODEL)
 dash = icl_lens.dashboard(MODEL)
 dash
 
