@@ -38,7 +38,7 @@ app: models
 	$(BIN)/voila notebooks/05_live_dashboard.ipynb --no-browser --port=8866 --Voila.ip=127.0.0.1 --strip_sources=True
 
 test: models browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 bench: models
 	$(BIN)/python benchmarks/bench_patches.py
