@@ -50,7 +50,7 @@ preflight:
 	@$(BIN)/python tools/preflight.py
 
 test: models browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 bench: models
 	$(BIN)/python benchmarks/bench_patches.py

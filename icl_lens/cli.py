@@ -32,6 +32,8 @@ DEVICE = re.compile(r"(cpu|mps|cuda)(:\d+)?")
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([kmgt])(i)?)?b?", re.IGNORECASE)
 
 
+EQUIVALENCE_CHUNK = 128  # verify_equivalence's default chunk_size
+
 class CommandError(ValueError):
     """A command-line input is invalid; the message says which and why."""
 
@@ -124,7 +126,7 @@ class MemoryEstimate:
     copy of the model for the half-precision noise floor); ``factors``: the token patches,
     ``layers · tokens · (d_mlp per dense input + 2 d_model)``; ``activations``: the forward's
     per-layer activations and its float64 attention scores; ``equivalence``: full-vocabulary
-    logits of every position in the equivalence check (and the noise floor).
+    logits of the positions the equivalence check compares at once (and the noise floor).
     """
 
     tokens: int
@@ -153,7 +155,7 @@ def estimate_patches_memory(model, n_tokens: int, *, noise_floor: bool = False) 
 
     Within about 25% of the peak RSS measured on SmolLM2-135M (30 layers, 49k vocabulary) at
     256–1,500 tokens (tests/test_cli.py repeats one such run); it grows as ``tokens · layers · (d_mlp + d_model)`` for the factors and activations,
-    ``tokens · vocabulary`` for the equivalence check and ``heads · tokens²`` for attention.
+    ``min(tokens, 128) · vocabulary`` for the (chunked) equivalence check and ``heads · tokens²`` for attention.
     ``noise_floor``: a float32 copy of the model and its logits too (half precision).
     """
     from icl_lens.model.block_family import block_family
@@ -167,10 +169,11 @@ def estimate_patches_memory(model, n_tokens: int, *, noise_floor: bool = False) 
     weights = L * (dense + 1) * F * D * patch
     factors = L * n * (dense * F + 2 * D) * patch
     activations = 4 * L * n * D * patch + 3 * H * n * n * 8  # scores, float64 softmax, mask
-    equivalence = 4 * n * V * logit  # contextual logits, kept-only rows, their stack, the difference
+    chunk = min(n, EQUIVALENCE_CHUNK)  # verify_equivalence unembeds and compares this many positions at a time
+    equivalence = 4 * chunk * V * logit  # contextual logits, kept-only rows, their stack, the difference
     if noise_floor:
         weights += 4 * sum(p.numel() for p in model.parameters())
-        equivalence += 4 * n * V * 4
+        equivalence += 4 * chunk * V * 4
     return MemoryEstimate(tokens=n, weights=weights, factors=factors, activations=activations,
                           equivalence=equivalence)
 

@@ -12,16 +12,23 @@ token*, whose output predicts ``g_0``. Kept per question, all from the one gener
 * ``log p(g_k | prefix)`` and the entropy of the distribution ``g_k`` came from,
 * the residual stream entering layer ``n_layers // 2`` at positions ``P − 1 …`` (recorded
   during the same forwards by :func:`icl_lens.model.residual_stream.recording_residual`).
+
+The answer cache (:func:`save_answers`, :func:`load_answers`) is one safetensors file per
+model: the arrays as tensors, everything else as JSON in the file's header. Loading it
+parses data only (no pickle), so a cache file written by someone else cannot run code; a
+file that is not such a cache is refused with :class:`AnswerCacheError`.
 """
 from __future__ import annotations
 
 import ctypes
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
-import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 from tqdm.auto import tqdm
 
 from experiments.factual_prompts import FEW_SHOT, FactualPrompt, is_correct
@@ -108,17 +115,66 @@ def cache_matches(saved: AnswerSet, model_name: str, items: list[FactualPrompt],
             and saved.max_new_tokens == max_new_tokens and [a.item for a in saved.answers] == list(items))
 
 
+CACHE_FORMAT = "icl_lens.spikes.answers/1"
+_ARRAYS = ("norms", "correction_norms", "informative", "logprobs", "entropies", "hidden")
+
+
+class AnswerCacheError(ValueError):
+    """A file given as the answer cache is not one written by :func:`save_answers`."""
+
+
+def save_answers(answer_set: AnswerSet, path: Path | str) -> Path:
+    """Write ``answer_set`` as one safetensors file (arrays) with a JSON header (everything else)."""
+    path = Path(path)
+    tensors, rows = {}, []
+    for i, a in enumerate(answer_set.answers):
+        for name in _ARRAYS:
+            tensors[f"{i}.{name}"] = np.ascontiguousarray(getattr(a, name))
+        rows.append({"item": asdict(a.item), "completion": a.completion, "correct": bool(a.correct),
+                     "prompt_length": int(a.prompt_length), "n_answer": int(a.n_answer), "seconds": float(a.seconds)})
+    head = {f.name: getattr(answer_set, f.name) for f in fields(AnswerSet) if f.name != "answers"}
+    meta = {"format": CACHE_FORMAT, "answer_set": json.dumps(head), "answers": json.dumps(rows)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    save_file(tensors, str(tmp), metadata=meta)
+    tmp.replace(path)
+    return path
+
+
+def load_answers(path: Path | str) -> AnswerSet:
+    """Read a file written by :func:`save_answers`; anything else raises :class:`AnswerCacheError`."""
+    try:
+        with safe_open(str(path), framework="np") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != CACHE_FORMAT:
+                raise AnswerCacheError(f"{path} is not an answer cache of format {CACHE_FORMAT}; remove it to regenerate")
+            arrays = {key: f.get_tensor(key) for key in f.keys()}
+        head, rows = json.loads(meta["answer_set"]), json.loads(meta["answers"])
+        answers = tuple(
+            Answered(item=FactualPrompt(**{**r["item"], "answers": tuple(r["item"]["answers"])}),
+                     completion=r["completion"], correct=r["correct"], prompt_length=r["prompt_length"],
+                     n_answer=r["n_answer"], seconds=r["seconds"], **{n: arrays[f"{i}.{n}"] for n in _ARRAYS})
+            for i, r in enumerate(rows))
+        return AnswerSet(answers=answers, **head)
+    except AnswerCacheError:
+        raise
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError) as err:
+        raise AnswerCacheError(f"{path} is not a readable answer cache ({type(err).__name__}: {err}); "
+                               "remove it to regenerate") from None
+
+
 def answer_all(model, items: list[FactualPrompt], *, max_new_tokens: int, window: int,
                cache: Path | None = None) -> AnswerSet:
     """Answer ``items`` in order with one shared session (its cached preamble is reused).
 
-    ``cache``: a file to load the answers from if it exists (same model, questions, few-shot
-    preamble and ``max_new_tokens``), else to save them to (re-running only the analysis costs
-    no generation).
+    ``cache``: a safetensors file (:func:`save_answers`) to load the answers from if it exists
+    (same model, questions, few-shot preamble and ``max_new_tokens``), else to save them to
+    (re-running only the analysis costs no generation). A file there that is not an answer
+    cache raises :class:`AnswerCacheError`; it is never unpickled.
     """
     name = model.cfg.model_name
     if cache is not None and Path(cache).exists():
-        saved = torch.load(cache, weights_only=False)
+        saved = load_answers(cache)
         if cache_matches(saved, name, items, max_new_tokens):
             return saved
     layer = probe_layer(int(model.cfg.n_layers))
@@ -132,6 +188,5 @@ def answer_all(model, items: list[FactualPrompt], *, max_new_tokens: int, window
     out = AnswerSet(name, int(model.cfg.n_layers), layer, tuple(answers), time.perf_counter() - start,
                     time.process_time() - cpu_start, FEW_SHOT, max_new_tokens)
     if cache is not None:
-        Path(cache).parent.mkdir(parents=True, exist_ok=True)
-        torch.save(out, cache)
+        save_answers(out, cache)
     return out

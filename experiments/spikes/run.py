@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: one-token steps gain little from more on shared cores)")
     parser.add_argument("--cache", default=None,
-                        help="folder for the generated answers (one file per model), reused when it matches")
+                        help="folder for the generated answers (one safetensors file per model, e.g. .cache/spikes), "
+                             "reused when it matches")
     parser.add_argument("--out", default="reports/eval_spikes.md")
     parser.add_argument("--thresholds-out", default=None,
                         help=f"where to write calibrated thresholds (default: {THRESHOLDS_FILE} for a full run, "
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     spike_within: dict = {}
     for name in args.models:
         model = load_model(name)
-        cache = None if args.cache is None else Path(args.cache) / f"{name}.pt"
+        cache = None if args.cache is None else Path(args.cache) / f"{name}.safetensors"
         answer_set = answer_all(model, items, max_new_tokens=args.max_new_tokens, window=args.window, cache=cache)
         del model
         result = evaluate_model(answer_set, window=args.window, folds=args.folds, inner_folds=args.inner_folds,

@@ -140,8 +140,17 @@ class EquivalenceReport:
 
 
 def verify_equivalence(model: Model, prompt: Prompt, patches: TokenPatches | None = None, *,
-                       batch_size: int = 16) -> EquivalenceReport:
-    """Run the identity of docs/design.md §2 for every position of ``prompt`` (needs every layer and position)."""
+                       batch_size: int = 16, chunk_size: int = 128) -> EquivalenceReport:
+    """Run the identity of docs/design.md §2 for every position of ``prompt`` (needs every layer and position).
+
+    The contextual forward stops before the unembedding (its final hidden state is read);
+    positions are then unembedded and compared ``chunk_size`` at a time, so the full-vocabulary
+    logits of at most ``chunk_size`` positions per side are held at once (for Gemma 3's 262k
+    vocabulary, 4,096 positions of float32 logits would take 4.3 GB). The report does not
+    depend on ``chunk_size``.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     ids = encode_prompt(model, prompt)
     if patches is None:
         patches = token_patches(model, ids)
@@ -151,23 +160,48 @@ def verify_equivalence(model: Model, prompt: Prompt, patches: TokenPatches | Non
         raise ValueError("the equivalence check needs the patches of every layer and position; these hold "
                          f"{patches.n_layers} of {model.cfg.n_layers} layers and {len(patches)} of "
                          f"{ids.numel()} positions (compute them without layers= and select())")
-    with torch.no_grad():
-        contextual = model(ids[None])[0]
-    queries = list(range(ids.numel()))
-    kept = kept_only_logits(model, ids, patches, queries, batch_size=batch_size)
-    err = (kept - contextual).abs().amax(-1)
-    return EquivalenceReport(tokens=patches.tokens, max_abs_err=err.cpu(),
-                             max_abs_logit=float(contextual.abs().max()))
+    hidden = _final_hidden(model, ids)
+    errs, max_abs_logit = [], 0.0
+    for start in range(0, ids.numel(), chunk_size):
+        queries = list(range(start, min(start + chunk_size, ids.numel())))
+        contextual = _unembedded(model, hidden[queries])
+        kept = kept_only_logits(model, ids, patches, queries, batch_size=batch_size)
+        errs.append((kept - contextual).abs().amax(-1).cpu())
+        max_abs_logit = max(max_abs_logit, float(contextual.abs().max()))
+        del contextual, kept
+    return EquivalenceReport(tokens=patches.tokens, max_abs_err=torch.cat(errs), max_abs_logit=max_abs_logit)
 
 
 @torch.no_grad()
-def noise_floor(model: Model, reference: Model, prompt: Prompt) -> float:
+def _final_hidden(model: Model, ids: Int[Tensor, " pos"]) -> Float[Tensor, "pos d_model"]:
+    """The contextual forward's input to the unembedding, every position; the unembedding never runs."""
+    with activations_captured(model, ["unembed.hook_in"], stop_after="unembed.hook_in") as got:
+        model(ids[None], return_type=None)
+    return got["unembed.hook_in"][0]
+
+
+@torch.no_grad()
+def _unembedded(model: Model, hidden: Float[Tensor, "n d_model"]) -> Float[Tensor, "n vocab"]:
+    """The model's own readout of final hidden states: its unembedding, then its logit transform (Gemma's soft cap)."""
+    return model.adapter.apply_output_logits_transform(model.unembed(hidden[None]))[0]
+
+
+@torch.no_grad()
+def noise_floor(model: Model, reference: Model, prompt: Prompt, *, chunk_size: int = 128) -> float:
     """Max |logit difference| between ``model`` (half precision) and ``reference`` (float32) on ``prompt``.
 
     Half-precision exactness is measured against this floor: the patched kept-only
-    forward must stay within twice the half model's own distance from float32.
+    forward must stay within twice the half model's own distance from float32. Positions
+    are unembedded ``chunk_size`` at a time, as in :func:`verify_equivalence`.
     """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     ids = encode_prompt(model, prompt)
-    half = model(ids[None])[0].float()
-    full = reference(ids.to(reference.cfg.device)[None])[0].float().to(half.device)
-    return float((half - full).abs().max())
+    half = _final_hidden(model, ids)
+    full = _final_hidden(reference, ids.to(reference.cfg.device))
+    floor = 0.0
+    for start in range(0, ids.numel(), chunk_size):
+        rows = slice(start, start + chunk_size)
+        diff = _unembedded(model, half[rows]).float() - _unembedded(reference, full[rows]).float().to(half.device)
+        floor = max(floor, float(diff.abs().max()))
+    return floor
