@@ -74,7 +74,9 @@ def _check_matches_library(d, model, text: str, layer: int, threshold: float = 3
         np.testing.assert_allclose(_arr(trace.y), norms[row], **TOL)
         assert list(trace.x) == list(range(1, norms.shape[1] + 1))
         assert f"α={float(fit.exponent[row]):.2f}" in trace.name
-        np.testing.assert_allclose(_arr(d.trajectory_panel.steps[l].y), align[row], **TOL)
+        # cosines of differences of nearly equal float32 patches: the dashboard's forward (prefix keys and
+        # values from its PatchSession) rounds differently, so 1e-5 absolute (float64 equality: test_incremental)
+        np.testing.assert_allclose(_arr(d.trajectory_panel.steps[l].y), align[row], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(_arr(d.trajectory_panel.exponents.y), fit.exponent.double().numpy(), **TOL)
     # attention pattern of the chosen layer (all heads; the panel draws the chosen one)
     torch.testing.assert_close(d.shown.attention, attention_pattern(model, text, layer))

@@ -111,9 +111,14 @@ class _TrajectoryCapture:
     """Hook callbacks that compute the query copies' patch factors while the forward runs."""
 
     def __init__(self, model, family: BlockFamily, layout: PrefixVariantLayout, kept_bos: bool,
-                 out: dict[str, Tensor], row_of_layer: dict[int, int], zero_first: bool):
+                 out: dict[str, Tensor], row_of_layer: dict[int, int], zero_first: bool,
+                 offset: int = 0, bos_values: dict[int, Tensor] | None = None):
         self.model, self.family, self.kept_bos, self.zero_first = model, family, kept_bos, zero_first
         self.rows, self.kept = layout.copy_rows(), layout.kept
+        # offset > 0: the first ``offset`` positions sit in a key/value cache, the forward's rows start there
+        self.offset, self.bos_values = offset, bos_values or {}
+        if offset:
+            self.rows = slice(self.rows.start - offset, self.rows.stop - offset)
         self.out, self.row_of_layer = out, row_of_layer
         self.dtype = patch_dtype(model)
         self.state: dict[str, Tensor] = {}
@@ -124,7 +129,7 @@ class _TrajectoryCapture:
         return [
             (f.resid_pre(layer), self._store("r", copies_only=True)),
             (f.values(layer), self._store("values", copies_only=False)),
-            (f.scores(layer), self._attend),
+            (f.scores(layer), lambda x, hook, layer=layer: self._attend(x, hook, layer)),
             (f.attn_out(layer), self._store("attn_C", copies_only=True)),
             (f.mlp_input(layer), lambda x, hook, layer=layer: self._patch(x, layer)),
         ]
@@ -135,12 +140,15 @@ class _TrajectoryCapture:
                 self.state[key] = (x[0, self.rows] if copies_only else x[0]).detach()
         return hook
 
-    def _attend(self, scores: Tensor, hook) -> None:
+    def _attend(self, scores: Tensor, hook, layer: int) -> None:
+        self.layer = layer
         if self.kept is not None:  # absorb order: the query row renormalised over each step's kept set
             self.state["z0"] = kept_set_output(scores[0, :, self.rows].detach(), self.state.pop("values"), self.kept)
             return
         # Kept set {BOS, t} of each copy: its own key (the diagonal) and key 0.
-        z0 = bos_and_self_output(scores[0].detach(), self.state.pop("values"), keep_bos=self.kept_bos)
+        bos_value = self.bos_values[self.layer][0] if self.offset else None
+        z0 = bos_and_self_output(scores[0].detach(), self.state.pop("values"), keep_bos=self.kept_bos,
+                                 offset=self.offset, bos_value=bos_value)
         self.state["z0"] = z0[self.rows]
 
     @torch.no_grad()
@@ -179,8 +187,13 @@ def _resolve_layers(model, layers: Sequence[int] | None) -> tuple[int, ...]:
 
 
 def _capture_layout(model, ids: Tensor, layout: PrefixVariantLayout, kept_bos: bool,
-                    wanted: tuple[int, ...], *, zero_first: bool) -> dict[str, Tensor]:
-    """One hooked forward of ``layout``'s sequence; patch factors of its query copies for ``wanted`` layers."""
+                    wanted: tuple[int, ...], *, zero_first: bool, past=None) -> dict[str, Tensor]:
+    """One hooked forward of ``layout``'s sequence; patch factors of its query copies for ``wanted`` layers.
+
+    ``past``: ``(cache, bos_values)`` holding the keys and values of the sequence's first
+    ``layout.query`` positions (the prompt prefix, :meth:`PatchSession.prefix_cache`); the
+    forward then runs the query copies only.
+    """
     family = block_family(model)
     cfg, dtype, device = model.cfg, patch_dtype(model), ids.device
     steps, k = layout.n_steps, len(wanted)
@@ -191,13 +204,18 @@ def _capture_layout(model, ids: Tensor, layout: PrefixVariantLayout, kept_bos: b
         "correction": torch.zeros(k, steps, cfg.d_model, dtype=dtype, device=device),
         "zero_input": torch.zeros(k, steps, dtype=torch.bool, device=device),
     }
+    skip = 0 if past is None else layout.query
     capture = _TrajectoryCapture(model, family, layout, kept_bos, out, {layer: row for row, layer in enumerate(wanted)},
-                                 zero_first=zero_first)
+                                 zero_first=zero_first, offset=skip, bos_values=None if past is None else past[1])
     fwd_hooks = [h for layer in range(wanted[-1] + 1) for h in capture.hooks(layer)]
     mask = variant_attention_mask(model, layout)
+    kwargs = {}
+    if past is not None:  # the prefix rows are in the cache: keep the copies' rows of the mask(s)
+        mask = {k: m[..., skip:, :] for k, m in mask.items()} if isinstance(mask, dict) else mask[..., skip:, :]
+        kwargs["past_key_values"] = past[0]
+    positions = layout.positions[skip:]
     with torch.no_grad(), activations_captured(model, fwd_hooks, stop_after=family.mlp_input(wanted[-1])):
-        model(ids[layout.positions][None], return_type=None, position_ids=layout.positions[None],
-              attention_mask=mask)
+        model(ids[positions][None], return_type=None, position_ids=positions[None], attention_mask=mask, **kwargs)
     return out
 
 
@@ -219,7 +237,7 @@ ORDERS = ("prefix", "absorb")
 
 
 def trajectory(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None,
-               order: str = "prefix") -> Trajectory:
+               order: str = "prefix", session=None) -> Trajectory:
     """Implicit weights W₀..Wₙ of query ``query`` as its context is consumed (docs/design.md §3).
 
     ``prompt``: text or token ids. ``query``: position (negative counts from the end).
@@ -234,6 +252,10 @@ def trajectory(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] 
     ``[BOS, c_{i+1}..cₙ, x_t]`` with it (and the kept context tokens' own patches for the
     same removal) reproduces the full-context output. One forward over the prompt up to
     ``t``. Both orders give ``W₀ = W`` and the same ``Wₙ`` (the query's token patch).
+
+    ``session``: a :class:`~icl_lens.model.incremental.PatchSession` of ``model`` whose last
+    prompt starts with ``x₀..x_{t−1}``: the prefix order then reuses its keys and values
+    and runs the n+1 query copies only (the same result, about half the forward).
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -241,7 +263,12 @@ def trajectory(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] 
     wanted = _resolve_layers(model, layers)
     make = prefix_variant_layout if order == "prefix" else absorb_layout
     layout = make(setup.query, setup.first_context, device=setup.ids.device)
-    out = _capture_layout(model, setup.ids, layout, setup.kept_bos, wanted, zero_first=True)
+    past = None
+    if session is not None and order == "prefix":
+        if session.model is not model:
+            raise ValueError("the session belongs to another model")
+        past = session.prefix_cache(setup.ids, setup.query)
+    out = _capture_layout(model, setup.ids, layout, setup.kept_bos, wanted, zero_first=True, past=past)
     return _finish(model, setup, wanted, out, order)
 
 

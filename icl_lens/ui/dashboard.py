@@ -8,9 +8,16 @@ the chosen query vs context length with the fitted decay exponent and consecutiv
 alignment, the token × token patch alignment of one layer, and one head's attention.
 
 Typing is debounced; each keystroke bumps a generation counter and only the newest
-request is computed and drawn (``LatestWins``). Drawing is two-phase: the strip,
-heatmap and alignment matrix (from the patches alone) first, then the trajectory and
-attention panels, skipped if a newer keystroke is already waiting.
+request is computed and drawn (``LatestWins``). Drawing is in phases: the strip, heatmap
+and alignment matrix (from the patches alone) first, then the attention pattern (new rows
+only, from the PatchSession's cached keys), then the trajectory of the selected query
+(only the layers shown, the prompt prefix's keys and values taken from the PatchSession).
+A later phase is skipped, and a running forward abandoned at the next block, as soon as a
+newer keystroke waits.
+
+App mode (Voila, ``make app``; :mod:`icl_lens.ui.app_mode`): the model box loads the embedded
+names only unless the operator allows more (``allow_models=`` or ``ICL_LENS_APP_MODELS``),
+messages name no server path, and exports go to a private folder per dashboard.
 """
 from __future__ import annotations
 
@@ -23,17 +30,20 @@ from pathlib import Path
 
 import ipywidgets as W
 
-from icl_lens.model.loading import DEFAULT_MODEL, known_model_names, load_model
+from icl_lens.model.loading import DEFAULT_MODEL, load_model
 from icl_lens.model.prompts import PromptError
 from icl_lens.ui.analysis import (
+    DEFAULT_CACHE_BYTES,
     DEFAULT_MAX_TOKENS,
     PromptAnalyzer,
+    Superseded,
     alignment_matrix,
     default_threshold,
     spike_flags,
     threshold_note,
     timed,
 )
+from icl_lens.ui.app_mode import in_app_mode, model_policy, private_export_dir, redact_paths
 from icl_lens.ui.export import export_csv, export_html, export_png
 from icl_lens.ui.latest_wins import LatestWins
 from icl_lens.ui.panels import AlignmentPanel, AttentionPanel, FigureGrid, HeatmapPanel, StripPanel, TrajectoryPanel
@@ -50,6 +60,7 @@ class ViewRequest:
     head: int
     threshold: float
     order: str = "prefix"  # trajectory order: "prefix" or "absorb" (docs/design.md §3)
+    layers: tuple[int, ...] | None = None  # layers the trajectory panel shows (None: all)
 
 
 @dataclass
@@ -92,15 +103,30 @@ def _ms(seconds: float) -> str:
 
 
 class Dashboard:
-    """The dashboard object; display it in a notebook (it renders as its widget)."""
+    """The dashboard object; display it in a notebook (it renders as its widget).
+
+    ``cache_bytes``: cap of the analysis cache in bytes of tensor memory (default 512 MiB,
+    :data:`~icl_lens.ui.analysis.DEFAULT_CACHE_BYTES`). ``app``: app mode (default: on in a
+    Voila kernel, see :mod:`icl_lens.ui.app_mode`). ``allow_models``: which names the model box
+    may load (True: any name, folder or hub id; False: the embedded names; a list: the
+    embedded names and these; None: ``ICL_LENS_APP_MODELS`` if set, else embedded names only in
+    app mode and any name otherwise). ``export_dir``: where exports go (default: a private
+    folder per dashboard in app mode, ``./icl_lens_exports`` otherwise).
+    """
 
     def __init__(self, model=None, *, prompt: str = "", debounce_s: float = 0.15,
-                 max_tokens: int | None = DEFAULT_MAX_TOKENS, export_dir: str | Path = "icl_lens_exports"):
+                 max_tokens: int | None = DEFAULT_MAX_TOKENS, export_dir: str | Path | None = None,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, app: bool | None = None,
+                 allow_models: bool | str | list[str] | None = None):
+        self.app = in_app_mode(app)
+        self.models = model_policy(allow_models, self.app)
         if model is None or isinstance(model, str):
             model = load_quietly(model or DEFAULT_MODEL)
-        self.max_tokens = max_tokens
+        self.max_tokens, self.cache_bytes = max_tokens, cache_bytes
+        if export_dir is None:
+            export_dir = private_export_dir() if self.app else "icl_lens_exports"
         self.export_dir = Path(export_dir)
-        self.analyzer = PromptAnalyzer(model, max_tokens)
+        self.analyzer = PromptAnalyzer(model, max_tokens, cache_bytes)
         self.shown = Shown(model_name=self.analyzer.name)
         self.timeline: dict[int, dict[str, float]] = {}
         self.last_error: str = ""
@@ -110,7 +136,7 @@ class Dashboard:
         self.text = W.Textarea(value="", placeholder="Type or paste a prompt…", continuous_update=True,
                                layout=W.Layout(width="100%", height="90px"))
         self.text.add_class("icl-prompt")
-        self.model_box = W.Combobox(value=a.name, options=known_model_names(), ensure_option=False,
+        self.model_box = W.Combobox(value=a.name, options=list(self.models.names), ensure_option=False,
                                     continuous_update=False, description="model",
                                     placeholder="embedded name or HF id")
         self.layer = W.IntSlider(value=0, min=0, max=a.n_layers - 1, description="layer", continuous_update=False)
@@ -193,7 +219,12 @@ class Dashboard:
     def _request(self) -> ViewRequest:
         return ViewRequest(text=self.text.value, model_name=(self.model_box.value or "").strip(), query=self._query,
                            layer=int(self.layer.value), head=int(self.head.value),
-                           threshold=float(self.threshold.value), order=self.trajectory_panel.order.value)
+                           threshold=float(self.threshold.value), order=self.trajectory_panel.order.value,
+                           layers=self.visible_layers())
+
+    def visible_layers(self) -> tuple[int, ...] | None:
+        """The layers the trajectory panel shows (None: all); only these are computed."""
+        return None
 
     def _changed(self, debounce: bool) -> None:
         if self._in_worker():  # the dashboard itself moved a control while drawing
@@ -222,14 +253,21 @@ class Dashboard:
         self.runner.draw(generation, lambda: setattr(
             self.status, "value", f"<span style='color:{colour}'>{text}</span>"))
 
+    def _shown(self, text: str) -> str:
+        """A message as the page may show it: no server paths in app mode, HTML-escaped."""
+        return html.escape(redact_paths(text) if self.app else text)
+
     def _switch_model(self, request: ViewRequest, generation: int) -> tuple[ViewRequest, str]:
-        """Load the requested model; on failure keep the previous one and say why."""
+        """Load the requested model; on failure (or a name the policy refuses) keep the previous one and say why."""
         name = request.model_name
         try:
+            if not self.models.allows(name):
+                raise PermissionError(self.models.refusal(name))
             model, seconds = timed(load_quietly, name)
         except Exception as exc:  # noqa: BLE001 - any load failure is shown, the old model stays
             previous = self.analyzer.name
-            message = (f"Could not load model {html.escape(name)!r}: {html.escape(str(exc).splitlines()[0])} "
+            lines = str(exc).splitlines() or [type(exc).__name__]
+            message = (f"Could not load model {self._shown(repr(name))}: {self._shown(lines[0])} "
                        f"Keeping {html.escape(previous)}.")
 
             def revert():
@@ -238,7 +276,7 @@ class Dashboard:
             return ViewRequest(request.text, previous, request.query, request.layer, request.head,
                                request.threshold, request.order), message
         previous_default = default_threshold(self.analyzer.name)
-        self.analyzer = PromptAnalyzer(model, self.max_tokens)
+        self.analyzer = PromptAnalyzer(model, self.max_tokens, self.cache_bytes)
         a = self.analyzer
         if abs(request.threshold - previous_default) < 1e-9:  # still at the old model's default: take the new one's
             request = replace(request, threshold=default_threshold(a.name))
@@ -293,30 +331,41 @@ class Dashboard:
         if not self.runner.draw(generation, phase1):
             return
         self.timeline.setdefault(generation, {})["phase1"] = time.perf_counter()
-        if self.runner.newer_pending(generation):
+        stale = lambda: self.runner.newer_pending(generation)  # noqa: E731
+        if stale():
             return
-        (trajectory, fresh), seconds = timed(a.trajectory, prompt, query, request.order)
+        head = min(request.head, a.n_heads - 1)
+        try:
+            (pattern, fresh), seconds = timed(a.attention, prompt, layer, stale=stale)
+        except Superseded:
+            return
+        parts.append(f"attention L{layer}" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
+
+        def attention():
+            self.attention.show(patches.tokens, pattern, layer, head)
+            self.shown.attention, self.shown.head = pattern, head
+
+        if not self.runner.draw(generation, attention) or stale():
+            return
+        self.timeline[generation]["attention"] = time.perf_counter()
+        try:
+            (trajectory, fresh), seconds = timed(a.trajectory, prompt, query, request.order, request.layers, stale)
+        except Superseded:
+            return
         if isinstance(trajectory, str):  # no context before the query
             traj_note, trajectory = trajectory, None
             parts.append(f"no trajectory for query {query}")
         else:
             traj_note = ""
             parts.append(f"trajectory of query {query}, {request.order} order" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
-        if self.runner.newer_pending(generation):
-            return
-        head = min(request.head, a.n_heads - 1)
-        (pattern, fresh), seconds = timed(a.attention, prompt, layer)
-        parts.append(f"attention L{layer}" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
 
         def phase2():
             self.trajectory_panel.show(trajectory, query, patches.tokens, a.n_layers, traj_note)
-            self.attention.show(patches.tokens, pattern, layer, head)
-            s = self.shown
-            s.trajectory, s.attention, s.head = trajectory, pattern, head
+            self.shown.trajectory = trajectory
             self._set_status(parts, start, error, pending=False)
 
         if self.runner.draw(generation, phase2):
-            self.timeline.setdefault(generation, {})["phase2"] = time.perf_counter()
+            self.timeline[generation]["phase2"] = time.perf_counter()
 
     def _unpin(self) -> None:
         self._query = None
@@ -324,7 +373,7 @@ class Dashboard:
 
     def _set_status(self, parts: list[str], start: float, error: str, pending: bool) -> None:
         total = time.perf_counter() - start
-        tail = " · trajectory and attention next…" if pending else ""
+        tail = " · attention and trajectory next…" if pending else ""
         text = "Recomputed " + " · ".join(parts) + f" — {_ms(total)}{tail}"
         if error:
             text = f"<span style='color:#b00020'>{error}</span><br>{text}"
@@ -351,7 +400,7 @@ class Dashboard:
     def _on_error(self, exc: BaseException) -> None:
         self.last_error = "".join(traceback.format_exception(exc))
         generation = self.runner.generation
-        self._say(generation, f"Error: {html.escape(type(exc).__name__)}: {html.escape(str(exc))}", error=True)
+        self._say(generation, f"Error: {html.escape(type(exc).__name__)}: {self._shown(str(exc))}", error=True)
 
     def _redraw_heatmap(self) -> None:
         if self.shown.patches is not None:
@@ -375,9 +424,10 @@ class Dashboard:
         try:
             paths = fn()
         except Exception as exc:  # noqa: BLE001 - shown in the status line
-            self.status.value = f"<span style='color:#b00020'>Export failed: {html.escape(str(exc))}</span>"
+            self.status.value = f"<span style='color:#b00020'>Export failed: {self._shown(str(exc))}</span>"
             return
-        self.status.value = "Saved " + ", ".join(html.escape(str(p)) for p in paths)
+        # app mode: the file names only (the folder is the visitor's private one, a server path)
+        self.status.value = "Saved " + ", ".join(html.escape(p.name if self.app else str(p)) for p in paths)
 
 
 def dashboard(model=None, **kwargs) -> Dashboard:
