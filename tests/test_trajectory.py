@@ -99,6 +99,20 @@ def test_metrics_match_dense_reconstruction(load):
     assert traj.cumulative_norms().shape == (3, n + 1)
 
 
+def test_step_metrics_equal_the_separate_methods(load):
+    """The dashboard's one-pass metrics (u_gate and u_in summed, never stacked) are the methods' numbers."""
+    model = load("tiny-gemma3", torch.float64)
+    traj = trajectory(model, TINY_PROMPT)
+    metrics = traj.step_metrics()
+    assert _rel(metrics.meta_gradient_norms, traj.meta_gradient_norms()) <= 1e-12
+    torch.testing.assert_close(metrics.consecutive_alignment, traj.consecutive_alignment(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(metrics.fit.exponent, traj.decay_fit().exponent, rtol=1e-10, atol=1e-12, equal_nan=True)
+    frame = metrics.to_frame()
+    n = traj.n_context
+    assert len(frame) == len(traj.layers) * (n + n - 1)
+    assert frame[frame.metric == "consecutive_alignment"].step.min() == 2
+
+
 def test_power_law_fit_recovers_exponent():
     gen = torch.Generator().manual_seed(0)
     b = torch.rand(3, generator=gen, dtype=torch.float64) * 2

@@ -34,6 +34,7 @@ from icl_lens.dynamics.trajectory_metrics import (
     consecutive_alignment,
     cumulative_norms,
     meta_gradient_norms,
+    step_norms_and_alignment,
     total_alignment,
 )
 
@@ -62,6 +63,27 @@ class DecayFit:
             "r_squared": self.r_squared.double().numpy(),
             "n_points": self.n_points.numpy(),
         })
+
+
+@dataclass(frozen=True, eq=False)
+class StepMetrics:
+    """Per layer: meta-gradient norms ``‖Wᵢ − Wᵢ₋₁‖`` (column k: step k+1), the cosine of consecutive
+    meta-gradients (column k: ``cos(G_{k+1}, G_{k+2})``) and the power-law :class:`DecayFit` of the norms."""
+
+    layers: tuple[int, ...]
+    meta_gradient_norms: Float[Tensor, "layer n"]
+    consecutive_alignment: Float[Tensor, "layer m"]
+    fit: DecayFit
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy table (layer, step, metric, value); ``step`` is the prefix length i."""
+        rows = []
+        for metric, values, first in (("meta_gradient_norm", self.meta_gradient_norms, 1),
+                                      ("consecutive_alignment", self.consecutive_alignment, 2)):
+            values = values.detach().cpu().double()
+            for k, layer in enumerate(self.layers):
+                rows += [(layer, first + j, metric, float(values[k, j])) for j in range(values.shape[1])]
+        return pd.DataFrame(rows, columns=["layer", "step", "metric", "value"])
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,6 +118,16 @@ class Trajectory:
     def meta_gradient_norms(self) -> Float[Tensor, "layer n"]:
         """``‖Wᵢ₊₁ − Wᵢ‖_F``; column k is the meta-gradient of context token ``c_{k+1}``."""
         return meta_gradient_norms(self.stacked_u(), self.v)
+
+    def step_metrics(self) -> StepMetrics:
+        """Meta-gradient norms, consecutive alignment and decay fit from one pass over the factors
+        (what the dashboard's trajectory panel draws; the same numbers as the three methods)."""
+        outputs = [self.u_in] if self.u_gate is None else [self.u_gate, self.u_in]
+        norms, consecutive = step_norms_and_alignment(outputs, self.v)
+        fit = power_law_fit(norms)
+        return StepMetrics(layers=self.layers, meta_gradient_norms=norms, consecutive_alignment=consecutive,
+                           fit=DecayFit(layers=self.layers, exponent=fit.exponent, prefactor=fit.prefactor,
+                                        r_squared=fit.r_squared, n_points=fit.n_points))
 
     def cumulative_norms(self) -> Float[Tensor, "layer step"]:
         """``‖Wᵢ − W₀‖_F`` for i = 0..n (column n is the full token patch norm)."""
