@@ -34,6 +34,7 @@ from icl_lens.core.kept_attention import bos_and_self_output, kept_set_output
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.dynamics.prefix_variants import PrefixVariantLayout, absorb_layout, prefix_variant_layout
 from icl_lens.dynamics.trajectory import Trajectory
+from icl_lens.model.batches import NormWeights
 from icl_lens.model.block_family import BlockFamily, block_family
 from icl_lens.model.capture import ZeroNormWarning, layer_factors, patch_dtype
 from icl_lens.model.kept_only import kept_only_logits, kept_only_masks, patches_applied
@@ -112,11 +113,12 @@ class _TrajectoryCapture:
 
     def __init__(self, model, family: BlockFamily, layout: PrefixVariantLayout, kept_bos: bool,
                  out: dict[str, Tensor], row_of_layer: dict[int, int], zero_first: bool,
-                 offset: int = 0, bos_values: dict[int, Tensor] | None = None):
+                 offset: int = 0, bos_values: dict[int, Tensor] | None = None, weights=None):
         self.model, self.family, self.kept_bos, self.zero_first = model, family, kept_bos, zero_first
         self.rows, self.kept = layout.copy_rows(), layout.kept
         # offset > 0: the first ``offset`` positions sit in a key/value cache, the forward's rows start there
         self.offset, self.bos_values = offset, bos_values or {}
+        self.weights = weights  # per layer {"in": R} (compact), else the layer's own dense weights
         if offset:
             self.rows = slice(self.rows.start - offset, self.rows.stop - offset)
         self.out, self.row_of_layer = out, row_of_layer
@@ -158,14 +160,14 @@ class _TrajectoryCapture:
         r, attn_C, z0 = self.state.pop("r"), self.state.pop("attn_C"), self.state.pop("z0")
         if layer in self.row_of_layer:
             f = layer_factors(self, layer, r, attn_C, z0, mlp_in[0, self.rows].detach(),
-                              "MLP input (context prefix)")
+                              "MLP input (context prefix)", weights=None if self.weights is None else self.weights(layer))
             # Step 0 keeps exactly {BOS, t}: nothing is removed, the patch is zero by definition.
             keep = torch.ones(f["u_in"].shape[0], 1, dtype=self.dtype, device=f["u_in"].device)
             if self.zero_first:
                 keep[0] = 0
             k = self.row_of_layer[layer]
             self.out["u_in"][k] = f["u_in"] * keep
-            if self.family.gated:
+            if self.out["u_gate"] is not None:
                 self.out["u_gate"][k] = f["u_gate"] * keep
             self.out["v"][k] = f["v"]
             self.out["correction"][k] = f["correction"] * keep
@@ -187,26 +189,27 @@ def _resolve_layers(model, layers: Sequence[int] | None) -> tuple[int, ...]:
 
 
 def _capture_layout(model, ids: Tensor, layout: PrefixVariantLayout, kept_bos: bool,
-                    wanted: tuple[int, ...], *, zero_first: bool, past=None) -> dict[str, Tensor]:
+                    wanted: tuple[int, ...], *, zero_first: bool, past=None, compact: bool = False) -> dict[str, Tensor]:
     """One hooked forward of ``layout``'s sequence; patch factors of its query copies for ``wanted`` layers.
 
     ``past``: ``(cache, bos_values)`` holding the keys and values of the sequence's first
     ``layout.query`` positions (the prompt prefix, :meth:`PatchSession.prefix_cache`); the
-    forward then runs the query copies only.
+    forward then runs the query copies only. ``compact``: ``u_in`` holds ``R δ`` (:class:`Trajectory`).
     """
     family = block_family(model)
     cfg, dtype, device = model.cfg, patch_dtype(model), ids.device
     steps, k = layout.n_steps, len(wanted)
     out = {
-        "u_in": torch.zeros(k, steps, cfg.d_mlp, dtype=dtype, device=device),
-        "u_gate": torch.zeros(k, steps, cfg.d_mlp, dtype=dtype, device=device) if family.gated else None,
+        "u_in": torch.zeros(k, steps, cfg.d_model if compact else cfg.d_mlp, dtype=dtype, device=device),
+        "u_gate": torch.zeros(k, steps, cfg.d_mlp, dtype=dtype, device=device) if family.gated and not compact else None,
         "v": torch.zeros(k, steps, cfg.d_model, dtype=dtype, device=device),
         "correction": torch.zeros(k, steps, cfg.d_model, dtype=dtype, device=device),
         "zero_input": torch.zeros(k, steps, dtype=torch.bool, device=device),
     }
     skip = 0 if past is None else layout.query
     capture = _TrajectoryCapture(model, family, layout, kept_bos, out, {layer: row for row, layer in enumerate(wanted)},
-                                 zero_first=zero_first, offset=skip, bos_values=None if past is None else past[1])
+                                 zero_first=zero_first, offset=skip, bos_values=None if past is None else past[1],
+                                 weights=NormWeights(model) if compact else None)
     fwd_hooks = [h for layer in range(wanted[-1] + 1) for h in capture.hooks(layer)]
     mask = variant_attention_mask(model, layout)
     kwargs = {}
@@ -219,7 +222,8 @@ def _capture_layout(model, ids: Tensor, layout: PrefixVariantLayout, kept_bos: b
     return out
 
 
-def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Tensor], order: str = "prefix") -> Trajectory:
+def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Tensor], order: str = "prefix",
+            compact: bool = False) -> Trajectory:
     zero = out["zero_input"]
     if zero.any():
         where = ", ".join(f"layer {wanted[int(l)]} step {int(s)}" for l, s in torch.nonzero(zero)[:10])
@@ -229,7 +233,7 @@ def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Te
         tokens=str_tokens(model, setup.ids), query=setup.query, layers=wanted,
         context_positions=setup.context_positions,
         u_in=out["u_in"], u_gate=out["u_gate"], v=out["v"], correction=out["correction"],
-        model_name=model.cfg.model_name, kept_bos=setup.kept_bos, order=order,
+        model_name=model.cfg.model_name, kept_bos=setup.kept_bos, order=order, compact=compact,
     )
 
 
@@ -237,7 +241,7 @@ ORDERS = ("prefix", "absorb")
 
 
 def trajectory(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None,
-               order: str = "prefix", session=None) -> Trajectory:
+               order: str = "prefix", session=None, compact: bool = False) -> Trajectory:
     """Implicit weights W₀..Wₙ of query ``query`` as its context is consumed (docs/design.md §3).
 
     ``prompt``: text or token ids. ``query``: position (negative counts from the end).
@@ -256,6 +260,9 @@ def trajectory(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] 
     ``session``: a :class:`~icl_lens.model.incremental.PatchSession` of ``model`` whose last
     prompt starts with ``x₀..x_{t−1}``: the prefix order then reuses its keys and values
     and runs the n+1 query copies only (the same result, about half the forward).
+    ``compact=True``: keep ``R δ`` (d_model floats) instead of the d_mlp-sized output factors
+    (:class:`Trajectory`): the same norms, cosines and fits for a fraction of the work and
+    memory; what the dashboard draws.
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -268,8 +275,9 @@ def trajectory(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] 
         if session.model is not model:
             raise ValueError("the session belongs to another model")
         past = session.prefix_cache(setup.ids, setup.query)
-    out = _capture_layout(model, setup.ids, layout, setup.kept_bos, wanted, zero_first=True, past=past)
-    return _finish(model, setup, wanted, out, order)
+    out = _capture_layout(model, setup.ids, layout, setup.kept_bos, wanted, zero_first=True, past=past,
+                          compact=compact)
+    return _finish(model, setup, wanted, out, order, compact)
 
 
 def trajectory_naive(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> Trajectory:
@@ -297,6 +305,8 @@ def steps_as_patches(traj: Trajectory) -> TokenPatches:
     index i) to the query of a kept-only input. Needs every layer.
     """
     steps = traj.n_context + 1
+    if traj.compact:
+        raise ValueError("a compact trajectory cannot be applied: compute it with compact=False")
     if len(traj.layers) != traj.v.shape[0] or traj.layers != tuple(range(len(traj.layers))):
         raise ValueError("applying a trajectory needs every layer: compute it with layers=None")
     return TokenPatches(
@@ -337,6 +347,8 @@ def verify_trajectory(model, prompt: Prompt, traj: Trajectory | None = None, *, 
     at its original position id (sliding windows measured in original positions).
     ``order`` is used only when ``traj`` is None.
     """
+    if traj is not None and traj.compact:
+        raise ValueError("a compact trajectory cannot be checked: compute it with compact=False")
     setup = resolve_query(model, prompt, traj.query if traj is not None else query)
     if traj is None:
         traj = trajectory(model, setup.ids, query=setup.query, order=order)

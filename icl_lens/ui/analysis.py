@@ -201,15 +201,17 @@ class PromptAnalyzer:
 
         Only what is shown is computed: the tokens up to the query (a pinned query keeps its
         trajectory while text is typed after it), the layers asked for (the forward stops after
-        the last), and the prompt prefix's keys and values come from the PatchSession when it
-        holds them. ``stale()`` true aborts the forward with :class:`Superseded`.
+        the last), ``R δ`` instead of the d_mlp-sized output factors (``compact=True``: the same
+        norms, cosines and fits), and the prompt prefix's keys and values come from the
+        PatchSession when it holds them. ``stale()`` true aborts the forward with :class:`Superseded`.
         """
         ids = prompt.ids[: query + 1]
 
         def make():
             try:
                 with abandoned_when(self.model, stale):
-                    return trajectory(self.model, ids, query=query, order=order, layers=layers, session=self.session)
+                    return trajectory(self.model, ids, query=query, order=order, layers=layers, session=self.session,
+                                      compact=True)
             except NoContextError as exc:
                 return str(exc)
         return self.cache.get_or(("trajectory", tuple(ids.tolist()), order, layers), make)
