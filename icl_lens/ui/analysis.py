@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, fields, is_dataclass
 
 import torch
@@ -28,7 +27,8 @@ from icl_lens.model.block_family import block_family
 from icl_lens.model.incremental import PatchSession
 from icl_lens.model.model_check import check_model
 from icl_lens.model.prompts import PromptError, context_limit
-from icl_lens.model.reading import activations_captured
+from icl_lens.model.reading import ForwardAbandoned
+from icl_lens.model.reading import abandoned_when as abandon_forward
 from icl_lens.model.spike_thresholds import spike_threshold
 from icl_lens.dynamics.trajectory_capture import NoContextError, trajectory
 
@@ -119,25 +119,14 @@ class ByteCappedCache(OrderedDict):
         self.total_bytes = 0
 
 
-class Superseded(Exception):
-    """A newer request arrived while a computation ran: it was abandoned (nothing is cached)."""
+Superseded = ForwardAbandoned  # a newer request arrived while a computation ran: it was abandoned (nothing cached)
 
 
-@contextmanager
 def abandoned_when(model, stale: Callable[[], bool] | None):
     """Within the block, a forward of ``model`` raises :class:`Superseded` at the next block
     boundary once ``stale()`` is true (a keystroke never waits behind a stale forward)."""
-    if stale is None:
-        yield
-        return
     family = block_family(model)
-
-    def check(x, hook):
-        if stale():
-            raise Superseded("a newer request is waiting")
-
-    with activations_captured(model, [(family.resid_pre(layer), check) for layer in range(model.cfg.n_layers)]):
-        yield
+    return abandon_forward(model, stale, [family.resid_pre(layer) for layer in range(model.cfg.n_layers)])
 
 
 def _common_prefix(a: Tensor, b: Tensor) -> int:
