@@ -127,7 +127,7 @@ def test_new_keystroke_does_not_wait_for_the_stale_trajectory(load, dash_factory
     d = dash_factory(model)
     first, second = "The quick brown fox jumps", "The quick brown fox jumps over"
     compute = d.analyzer.trajectory
-    generations = []
+    generations, abandoned = [], []
 
     def keystroke_meanwhile(prompt, *args, **kwargs):
         if not generations:  # the first trajectory: a keystroke arrives from the browser while it runs
@@ -135,12 +135,17 @@ def test_new_keystroke_does_not_wait_for_the_stale_trajectory(load, dash_factory
             typist = threading.Thread(target=d.set_prompt, args=(second,))
             typist.start()
             typist.join()
-        return compute(prompt, *args, **kwargs)
+        try:
+            return compute(prompt, *args, **kwargs)
+        except Superseded:
+            abandoned.append(prompt.ids.numel())
+            raise
 
     d.analyzer.trajectory = keystroke_meanwhile
     d.set_prompt(first)
     assert d.wait(120) and d.last_error == ""
     stale = generations[0]
+    assert len(abandoned) == 1, "the stale trajectory's forward ran to its end"
     assert "phase1" in d.timeline[stale] and "phase2" not in d.timeline[stale], "the stale trajectory was drawn"
     assert d.shown.text == second and d.shown.trajectory is not None
     assert d.shown.trajectory.query == d.shown.patches.n_positions - 1
