@@ -56,7 +56,7 @@ def _long_context_llama(folder):
     return icl_lens.load_model(hf, save_byte_tokenizer(folder))
 
 
-def test_cache_bytes_stay_under_the_cap_over_200_edits_at_1024_tokens(tmp_path):
+def test_cache_bytes_stay_under_the_cap_over_200_edits_at_1024_tokens(tmp_path, one_thread):
     model = _long_context_llama(tmp_path / "tokenizer")
     cap = 32 * 2**20  # about one attention pattern (4 × 1024² floats) and a few patch sets
     analyzer = PromptAnalyzer(model, max_tokens=1024, cache_bytes=cap)
@@ -100,7 +100,7 @@ def test_byte_capped_cache_is_lru_and_keeps_nothing_larger_than_the_cap():
         ByteCappedCache(-1)
 
 
-def test_stale_trajectory_is_abandoned_at_the_next_block(load):
+def test_stale_trajectory_is_abandoned_at_the_next_block(load, one_thread):
     model = load("tiny-llama")
     analyzer = PromptAnalyzer(model)
     prompt = analyzer.encode("ab=1;cd=2;ef=3;ab=1;cd=")
