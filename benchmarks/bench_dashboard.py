@@ -1,34 +1,52 @@
-"""Keystroke → figures-updated latency of the live dashboard (issue 4).
+"""Keystroke → figures-updated latency of the live dashboard (issues 4, 28), and its memory over many edits (issue 26).
 
 For each model: a 64-token prompt is shown, then one token is appended (a new token each
 trial, so no cached result is reused); the time from setting the text area to the
-figures being updated in the kernel (strip, heatmap, alignment matrix: phase 1) and to
-every panel being updated (trajectory of the last token and attention too: phase 2) is
-recorded. A full recompute (a 64-token prompt sharing no prefix with the previous one)
+figures being updated in the kernel is recorded: *figures* (strip, heatmap, alignment
+matrix: phase 1), *attention* and *all panels* (the trajectory of the last token too:
+phase 2). A full recompute (a 64-token prompt sharing no prefix with the previous one)
 is compared with a plain forward (with logits) of the same tokens, measured in the same
-run. Debounce is set to 0 here; in the UI add the debounce (default 50 ms) after the
-last keystroke. Browser rendering is not included.
+run. *Baseline*, same run: the dashboard computing its trajectory and attention with the
+library's plain calls (no PatchSession reuse, full d_mlp factors, a full attention
+forward), as it did before issue 28. Debounce is set to 0 here; in the UI add the
+debounce (default 150 ms) after the last keystroke. Browser rendering is not included.
 
-    python benchmarks/bench_dashboard.py [--models gemma-3-270m smollm2-135m] [--trials 15] [--threads 2]
+Memory: ``--rss-edits`` edits through the dashboard on the first model, typed at the end of
+a ~1,020-token prompt (a word appended or deleted), each as soon as the previous edit's
+figures are drawn, so every edit computes its patches and the previous edit's attention
+and trajectory are abandoned, as in fast typing; resident set size at the start and the
+end, the peak, and the analysis cache's byte total against its cap. ``--memory-only``
+reruns this part alone and rewrites it into the reports beside the latency numbers of the
+JSON written before.
+
+Prints and writes ``reports/bench_dashboard.md`` and ``reports/bench_dashboard.json``.
+
+    python benchmarks/bench_dashboard.py [--models gemma-3-270m smollm2-135m] [--trials 15] [--threads 1]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
 
-OUT = Path(__file__).resolve().parent.parent / "reports" / "bench_dashboard.md"
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+OUT = REPORTS / "bench_dashboard.md"
 BASE = ("In the beginning the garden was quiet. The gardener planted roses, tulips and lilies along "
         "the old stone wall, and every morning she watered them while the birds sang in the apple trees. "
         "Years later her grandchildren still remembered the smell of the roses and the sound of the birds "
         "in the early summer light, long after the house was sold and the garden")
 WORDS = [" grew", " faded", " stayed", " bloomed", " slept", " waited", " sang", " changed", " lived", " dried",
          " rested", " shone", " turned", " fell", " rose", " moved", " spoke", " burned", " healed", " froze"]
+
+# Targets (issue 28), Gemma 3 270M, one token appended to 64: p50 of the figures and of all panels.
+FIGURES_TARGET_MS, ALL_TARGET_MS, FULL_TARGET_RATIO = 100, 300, 1.5
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -38,23 +56,12 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-APPEND_TARGET_MS, FULL_TARGET_RATIO = 150, 1.5
-
-
-def _reading(r: dict) -> str:
-    """Each target checked against one model's medians: "met" or "missed"."""
-    verdict = lambda ok: "met" if ok else "missed"  # noqa: E731
-    ratio = statistics.median(r["full1"]) / statistics.median(r["forward"])
-    text = f"{r['name']} full/forward {ratio:.2f}× ({verdict(ratio <= FULL_TARGET_RATIO)})"
-    if r["name"] == "gemma-3-270m":
-        p50 = 1000 * _pct(r["append1"], .5)
-        text += f", append p50 {p50:.0f} ms ({verdict(p50 <= APPEND_TARGET_MS)})"
-    return text
-
-
 def _prompt_of(model, n_tokens: int, base: str = BASE) -> str:
     """Text whose tokenization (with BOS) has exactly ``n_tokens`` tokens."""
     ids = model.to_tokens(base, truncate=False)[0]
+    while ids.numel() < n_tokens + 1:
+        base = base + " " + base
+        ids = model.to_tokens(base, truncate=False)[0]
     bos = int(ids[0]) == model.tokenizer.bos_token_id
     body = ids[1:] if bos else ids
     text = model.tokenizer.decode(body[: n_tokens - int(bos)])
@@ -63,30 +70,56 @@ def _prompt_of(model, n_tokens: int, base: str = BASE) -> str:
     return text
 
 
-def _latency(d, text: str) -> tuple[float, float]:
+def _latency(d, text: str) -> dict[str, float]:
     start = time.perf_counter()
     d.set_prompt(text)
     generation = d.runner.generation
     assert d.wait(600), "dashboard did not finish"
     assert d.last_error == "", d.last_error
     t = d.timeline[generation]
-    return t["phase1"] - start, t["phase2"] - start
+    return {k: t[k] - start for k in ("phase1", "attention", "phase2")}
 
 
-def bench_model(name: str, trials: int, full_trials: int) -> dict:
+def _plain_analyzer(analyzer):
+    """The analysis as before issue 28 (the baseline): plain library trajectory and attention calls."""
+    from icl_lens.dynamics.trajectory_capture import NoContextError, trajectory
+    from icl_lens.model.attention import attention_pattern
+
+    def plain_trajectory(prompt, query, order="prefix", layers=None, stale=None):
+        def make():
+            try:
+                return trajectory(analyzer.model, prompt.ids, query=query, order=order)
+            except NoContextError as exc:
+                return str(exc)
+        return analyzer.cache.get_or(("plain-trajectory", prompt.key, query, order), make)
+
+    def plain_attention(prompt, layer, stale=None):
+        return analyzer.cache.get_or(("plain-attention", prompt.key, layer),
+                                     lambda: attention_pattern(analyzer.model, prompt.ids, layer))
+
+    analyzer.trajectory, analyzer.attention = plain_trajectory, plain_attention
+    return analyzer
+
+
+def _appends(d, base: str, trials: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {"phase1": [], "attention": [], "phase2": []}
+    for k in range(trials):
+        _latency(d, base)  # back to 64 tokens (cached, not timed)
+        t = _latency(d, base + WORDS[k % len(WORDS)] + ("" if k < len(WORDS) else f" {k}"))
+        for key in out:
+            out[key].append(t[key])
+    return out
+
+
+def bench_model(name: str, trials: int, full_trials: int, baseline_trials: int) -> dict:
     model = icl_lens.load_model(name)
     d = icl_lens.dashboard(model, debounce_s=0.0)
     base = _prompt_of(model, 64)
     n_base = model.to_tokens(base, truncate=False)[0].numel()
     _latency(d, base)  # warm-up
-    append1, append2 = [], []
-    for k in range(trials):
-        _latency(d, base)  # back to 64 tokens (cached, not timed)
-        p1, p2 = _latency(d, base + WORDS[k % len(WORDS)] + ("" if k < len(WORDS) else f" {k}"))
-        append1.append(p1)
-        append2.append(p2)
+    append = _appends(d, base, trials)
     stats = d.analyzer.session.last_stats
-    full1, full2, forward = [], [], []
+    full, forward = [], []
     for k in range(full_trials):
         other = _prompt_of(model, n_base, base=f"Note {k}: " + BASE[::-1][:200] + " " + BASE)
         ids = model.to_tokens(other, truncate=False)[0]
@@ -94,12 +127,67 @@ def bench_model(name: str, trials: int, full_trials: int) -> dict:
             start = time.perf_counter()
             model(ids[None])
             forward.append(time.perf_counter() - start)
-        p1, p2 = _latency(d, other)
-        full1.append(p1)
-        full2.append(p2)
+        full.append(_latency(d, other))
     d.close()
-    return dict(name=name, n=n_base, append1=append1, append2=append2, full1=full1, full2=full2,
-                forward=forward, recomputed=stats.recomputed if stats else None)
+    baseline = None
+    if baseline_trials:
+        b = icl_lens.dashboard(model, debounce_s=0.0)
+        _plain_analyzer(b.analyzer)
+        _latency(b, base)
+        baseline = _appends(b, base, baseline_trials)
+        b.close()
+    return dict(name=name, n=n_base, append=append, full={k: [f[k] for f in full] for k in full[0]},
+                forward=forward, baseline=baseline, recomputed=stats.recomputed if stats else None)
+
+
+def rss_over_edits(name: str, edits: int, n_tokens: int, gap: float) -> dict:
+    """RSS while ``edits`` edits are typed at the end of an ``n_tokens`` prompt, each ``gap`` seconds after
+    the previous edit's figures were drawn."""
+    import psutil
+
+    proc = psutil.Process()
+    model = icl_lens.load_model(name)
+    d = icl_lens.dashboard(model, debounce_s=0.0)
+    base = _prompt_of(model, n_tokens)
+    d.set_prompt(base)
+    assert d.wait(1200), "dashboard did not finish"
+    rss_start = proc.memory_info().rss
+    peak, stop = [rss_start], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], proc.memory_info().rss)
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    cache_peak, text, added = 0, base, []
+    start = time.perf_counter()
+    for k in range(edits):
+        if len(added) < 6 and (k % 9 != 8 or not added):  # mostly typing, now and then a word deleted
+            added.append(WORDS[k % len(WORDS)])
+        else:
+            added.pop()
+        d.set_prompt(base + "".join(added))
+        generation = d.runner.generation
+        while "phase1" not in d.timeline.get(generation, {}) and not d.runner.newer_pending(generation):
+            time.sleep(0.005)
+            if d.last_error:
+                raise RuntimeError(d.last_error)
+        cache_peak = max(cache_peak, d.analyzer.cache.total_bytes)
+        time.sleep(gap)
+    assert d.wait(1200), "dashboard did not finish"
+    seconds = time.perf_counter() - start
+    stop.set()
+    sampler.join()
+    rss_end = proc.memory_info().rss
+    cache = d.analyzer.cache
+    out = dict(name=name, edits=edits, n_tokens=n_tokens, gap_s=gap, seconds=seconds, rss_start_mb=rss_start / 2**20,
+               rss_end_mb=rss_end / 2**20, rss_peak_mb=peak[0] / 2**20, cache_cap_mb=cache.cap_bytes / 2**20,
+               cache_peak_mb=max(cache_peak, cache.total_bytes) / 2**20, cache_entries=len(cache),
+               drawn=len(d.runner.drawn), last_error=d.last_error.splitlines()[-1] if d.last_error else "")
+    d.close()
+    return out
 
 
 def main() -> None:
@@ -108,7 +196,15 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["gemma-3-270m", "smollm2-135m"])
     parser.add_argument("--trials", type=int, default=15)
     parser.add_argument("--full-trials", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2 = the cores)")
+    parser.add_argument("--baseline-trials", type=int, default=5, help="appends timed with the pre-issue-28 analysis")
+    parser.add_argument("--rss-edits", type=int, default=200, help="edits of the memory run (0: skip it)")
+    parser.add_argument("--rss-tokens", type=int, default=1020)
+    parser.add_argument("--rss-gap", type=float, default=0.03, help="seconds between two edits of the memory run")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: on a shared, loaded 2-core machine a second "
+                             "thread spin-waits for a core)")
+    parser.add_argument("--memory-only", action="store_true",
+                        help="run the memory part only; keep the latency numbers of the JSON written before")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     # Before torch starts: the dashboard computes in a worker thread, which takes its
@@ -121,36 +217,92 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     load_before = load_average()
-    results = [bench_model(m, args.trials, args.full_trials) for m in args.models]
+    json_path = args.out.with_suffix(".json")
+    earlier = json.loads(json_path.read_text()) if args.memory_only else None
+    if earlier:
+        results = earlier["models"]
+    else:
+        results = [bench_model(m, args.trials, args.full_trials, args.baseline_trials) for m in args.models]
+    latency_machine = earlier["machine"] if earlier else machine(load_before=load_before)
+    memory_load_before = load_average()
+    memory = rss_over_edits(args.models[0], args.rss_edits, args.rss_tokens, args.rss_gap) if args.rss_edits else None
+    if memory:
+        memory["machine"] = machine(load_before=memory_load_before)
+    load_after = load_average()
     ms = lambda s: f"{1000 * s:.0f}"  # noqa: E731
+    p50 = lambda xs: _pct(xs, .5)  # noqa: E731
+    command = earlier["command"] if earlier else (
+        f"python benchmarks/bench_dashboard.py --models {' '.join(args.models)} --trials {args.trials} "
+        f"--full-trials {args.full_trials} --baseline-trials {args.baseline_trials} --threads {args.threads}")
+    memory_command = (f"python benchmarks/bench_dashboard.py --memory-only --models {args.models[0]} "
+                      f"--rss-edits {args.rss_edits} --rss-tokens {args.rss_tokens} --rss-gap {args.rss_gap} "
+                      f"--threads {args.threads}")
     lines = [
-        "## Dashboard latency (keystroke → figures updated)",
+        "## Dashboard latency (keystroke → figures updated) and memory",
         "",
-        f"Command: `python benchmarks/bench_dashboard.py --models {' '.join(args.models)} --trials {args.trials} "
-        f"--full-trials {args.full_trials} --threads {args.threads}`  ",
-        f"Machine: {machine(load_before=load_before)}; float32.",
+        f"Command: `{command}`  ",
+        f"Machine: {latency_machine}; float32.",
         "",
         "Latency is measured in the kernel from setting the text to the widgets being updated, with debounce 0 "
-        "(the UI waits its debounce, default 50 ms, after the last keystroke; browser rendering is not "
-        "included). *Figures* = token strip, layer × token heatmap, alignment matrix (phase 1); *all panels* "
-        "adds the trajectory of the last token and the attention pattern (phase 2). *Append* = one token "
-        "appended to a 64-token prompt (PatchSession recomputes that position only); *full* = a 64-token "
-        "prompt with no common prefix; *forward* = a plain forward with logits of the same 64 tokens.",
+        "(the UI waits its debounce, default 150 ms, after the last keystroke; browser rendering is not "
+        "included). *Figures* = token strip, layer × token heatmap, alignment matrix (phase 1); *attention* adds "
+        "the attention pattern; *all panels* adds the trajectory of the last token (phase 2). *Append* = one "
+        "token appended to a 64-token prompt (PatchSession recomputes that position only); *full* = a 64-token "
+        "prompt with no common prefix; *forward* = a plain forward with logits of the same 64 tokens. "
+        "*Baseline* (same run): appends with the trajectory and attention computed by the library's plain calls "
+        "(full forward over prefix and query copies, d_mlp-sized factors, full attention forward), as before "
+        "issue 28.",
         "",
-        "| model | tokens | append p50 / p95 (figures) | append p50 / p95 (all panels) | full p50 (figures) "
-        "| forward p50 | full / forward | full p50 (all panels) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | tokens | append p50 / p95 (figures) | append p50 (attention) | append p50 / p95 (all panels) "
+        "| baseline append p50 (figures / all panels) | full p50 (figures) | forward p50 | full / forward "
+        "| full p50 (all panels) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    readings = []
     for r in results:
-        ratio = statistics.median(r["full1"]) / statistics.median(r["forward"])
+        a, f = r["append"], r["full"]
+        ratio = statistics.median(f["phase1"]) / statistics.median(r["forward"])
+        base = r["baseline"]
+        base_cell = f"{ms(p50(base['phase1']))} / {ms(p50(base['phase2']))} ms" if base else "–"
         lines.append(
-            f"| {r['name']} | {r['n']} → {r['n'] + 1} | {ms(_pct(r['append1'], .5))} / {ms(_pct(r['append1'], .95))} ms "
-            f"| {ms(_pct(r['append2'], .5))} / {ms(_pct(r['append2'], .95))} ms | {ms(statistics.median(r['full1']))} ms "
-            f"| {ms(statistics.median(r['forward']))} ms | {ratio:.2f}× | {ms(statistics.median(r['full2']))} ms |")
-    lines += ["", f"Targets (issue 4): append p50 ≤ {APPEND_TARGET_MS} ms on Gemma 3 270M; full recompute ≤ "
-              f"{FULL_TARGET_RATIO}× a plain forward. Measured: " + "; ".join(_reading(r) for r in results) + ".",
-              f"Trials: {args.trials} appends, {args.full_trials} full recomputes per model.", ""]
-    print(write_fragment(args.out, lines))
+            f"| {r['name']} | {r['n']} → {r['n'] + 1} | {ms(p50(a['phase1']))} / {ms(_pct(a['phase1'], .95))} ms "
+            f"| {ms(p50(a['attention']))} ms | {ms(p50(a['phase2']))} / {ms(_pct(a['phase2'], .95))} ms | {base_cell} "
+            f"| {ms(p50(f['phase1']))} ms | {ms(statistics.median(r['forward']))} ms | {ratio:.2f}× "
+            f"| {ms(p50(f['phase2']))} ms |")
+        verdict = lambda ok: "met" if ok else "missed"  # noqa: E731
+        text = f"{r['name']} full/forward {ratio:.2f}× ({verdict(ratio <= FULL_TARGET_RATIO)})"
+        if r["name"] == "gemma-3-270m":
+            fig, allp = 1000 * p50(a["phase1"]), 1000 * p50(a["phase2"])
+            text += (f", append figures p50 {fig:.0f} ms ({verdict(fig <= FIGURES_TARGET_MS)}), all panels p50 "
+                     f"{allp:.0f} ms ({verdict(allp <= ALL_TARGET_MS)})")
+            if base:
+                text += f", all panels {p50(base['phase2']) / p50(a['phase2']):.2f}× faster than the baseline"
+        readings.append(text)
+    lines += ["", f"Targets (issue 28, Gemma 3 270M, one token appended to 64): figures p50 ≤ {FIGURES_TARGET_MS} ms, "
+              f"all panels p50 ≤ {ALL_TARGET_MS} ms (issue 4: full recompute ≤ {FULL_TARGET_RATIO}× a plain forward). "
+              f"Measured, on this machine at this load: " + "; ".join(readings) + ".",
+              f"Trials: {args.trials} appends, {args.full_trials} full recomputes, {args.baseline_trials} baseline "
+              f"appends per model.", ""]
+    if memory:
+        m = memory
+        lines += [
+            f"**Memory over {m['edits']} rapid edits**, command `{memory_command}`, machine: {m['machine']} "
+            f"({m['name']}, a {m['n_tokens']}-token prompt, a word typed or deleted at its end {1000 * m['gap_s']:.0f} ms "
+            f"after the previous edit's figures were drawn, debounce 0, {m['seconds']:.0f} s in all): "
+            f"RSS {m['rss_start_mb']:.0f} MB at the start, {m['rss_end_mb']:.0f} MB at the end "
+            f"({m['rss_end_mb'] - m['rss_start_mb']:+.0f} MB), peak {m['rss_peak_mb']:.0f} MB; the analysis cache "
+            f"held at most {m['cache_peak_mb']:.0f} MB of its {m['cache_cap_mb']:.0f} MB cap "
+            f"(`dashboard(cache_bytes=...)`), {m['cache_entries']} entries at the end; {m['drawn']} updates drawn "
+            f"(the others superseded).", ""]
+    text = write_fragment(args.out, lines)
+    print(text)
+    numbers = dict(command=command, machine=latency_machine,
+                   load_before=earlier["load_before"] if earlier else load_before,
+                   load_after=earlier["load_after"] if earlier else load_after, threads=args.threads, models=results,
+                   memory=memory, memory_command=memory_command,
+                   targets=dict(figures_ms=FIGURES_TARGET_MS, all_panels_ms=ALL_TARGET_MS))
+    json_path.write_text(json.dumps(numbers, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {args.out} and {json_path}")
 
 
 if __name__ == "__main__":

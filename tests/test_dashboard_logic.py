@@ -70,13 +70,18 @@ def _check_matches_library(d, model, text: str, layer: int, threshold: float = 3
     norms = traj.meta_gradient_norms().double().numpy()
     align = traj.consecutive_alignment().double().numpy()
     fit = traj.decay_fit()
+    # The dashboard computes the trajectory another way (prefix keys and values from its PatchSession, R δ
+    # instead of W δ: equal in float64, tests/test_incremental.py and test_trajectory.py); in float32 the
+    # meta-gradients are differences of nearly equal patches, and the library's own float32 values are
+    # 1e-5..5e-5 off the float64 ones, so the panel is checked to that accuracy.
+    TRAJ = dict(rtol=1e-4, atol=1e-4)
     for row, l in enumerate(traj.layers):
         trace = d.trajectory_panel.norms[l]
-        np.testing.assert_allclose(_arr(trace.y), norms[row], **TOL)
+        np.testing.assert_allclose(_arr(trace.y), norms[row], **TRAJ)
         assert list(trace.x) == list(range(1, norms.shape[1] + 1))
         assert f"α={float(fit.exponent[row]):.2f}" in trace.name
-        np.testing.assert_allclose(_arr(d.trajectory_panel.steps[l].y), align[row], **TOL)
-    np.testing.assert_allclose(_arr(d.trajectory_panel.exponents.y), fit.exponent.double().numpy(), **TOL)
+        np.testing.assert_allclose(_arr(d.trajectory_panel.steps[l].y), align[row], **TRAJ)
+    np.testing.assert_allclose(_arr(d.trajectory_panel.exponents.y), fit.exponent.double().numpy(), **TRAJ)
     # attention pattern of the chosen layer (all heads; the panel draws the chosen one)
     torch.testing.assert_close(d.shown.attention, attention_pattern(model, text, layer))
     assert f"data-layer='{layer}'" in d.attention.html.value

@@ -42,3 +42,44 @@ def test_session_without_logits_matches_through_edits(load):
         patches = session.update(TEXT[:cut])
         _assert_same(patches, token_patches(model, TEXT[:cut]), 1e-12)
         assert session.last_stats.reused == reused and session.last_logits is None
+
+
+def test_trajectory_reuses_the_sessions_prefix_and_equals_the_plain_one(load):
+    import pytest
+
+    from icl_lens import trajectory
+
+    for name in ("tiny-gemma3", "tiny-llama", "tiny-gpt2"):  # sliding + global layers, gated, GPT-2
+        model = load(name, torch.float64)
+        session = PatchSession(model, logits=False)
+        ids = model.to_tokens(TEXT)[0]
+        session.update(ids[:40])
+        for query in (39, 25, 3):  # the last token, a token in the middle (a cache cropped), an early one
+            assert session.prefix_cache(ids, query) is not None
+            reused = trajectory(model, ids[: query + 1], query=query, session=session)
+            plain = trajectory(model, ids[: query + 1], query=query)
+            for field in ("u_in", "v", "correction"):
+                torch.testing.assert_close(getattr(reused, field), getattr(plain, field), rtol=1e-10, atol=1e-12)
+        # the session's own cache is untouched: the next edit still gives exact patches
+        _assert_same(session.update(ids[:45]), token_patches(model, ids[:45]), 1e-12)
+        assert session.last_stats.reused == 40
+    # a session holding another prompt is not used (its keys would be wrong)
+    session.update(model.to_tokens("Something else entirely, of another length.")[0])
+    assert session.prefix_cache(ids, 30) is None
+    with pytest.raises(ValueError, match="another model"):
+        trajectory(load("tiny-llama", torch.float64), TEXT, session=session)
+
+
+def test_attention_rows_from_the_sessions_cache_equal_the_full_pattern(load):
+    from icl_lens.model.attention import attention_pattern
+
+    model = load("tiny-gemma3", torch.float64)
+    session = PatchSession(model, logits=False)
+    ids = model.to_tokens(TEXT)[0]
+    session.update(ids)
+    for layer in range(model.cfg.n_layers):  # sliding-window and global layers
+        full = attention_pattern(model, ids, layer)
+        cache, _ = session.prefix_cache(ids, 30)
+        rows = attention_pattern(model, ids, layer, past=cache)
+        assert rows.shape == (full.shape[0], ids.numel() - 30, ids.numel())
+        torch.testing.assert_close(rows, full[:, 30:], rtol=1e-10, atol=1e-12)

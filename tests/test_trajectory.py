@@ -2,6 +2,7 @@
 closed-form metrics against dense reconstruction, decay fit, bad input."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -97,6 +98,42 @@ def test_metrics_match_dense_reconstruction(load):
     assert traj.consecutive_alignment().shape == (3, n - 1)
     assert traj.total_alignment().shape == (3, n)
     assert traj.cumulative_norms().shape == (3, n + 1)
+
+
+def test_step_metrics_equal_the_separate_methods(load):
+    """The dashboard's one-pass metrics (u_gate and u_in summed, never stacked) are the methods' numbers."""
+    model = load("tiny-gemma3", torch.float64)
+    traj = trajectory(model, TINY_PROMPT)
+    metrics = traj.step_metrics()
+    assert _rel(metrics.meta_gradient_norms, traj.meta_gradient_norms()) <= 1e-12
+    torch.testing.assert_close(metrics.consecutive_alignment, traj.consecutive_alignment(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(metrics.fit.exponent, traj.decay_fit().exponent, rtol=1e-10, atol=1e-12, equal_nan=True)
+    frame = metrics.to_frame()
+    n = traj.n_context
+    assert len(frame) == len(traj.layers) * (n + n - 1)
+    assert frame[frame.metric == "consecutive_alignment"].step.min() == 2
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-gpt2"])
+def test_compact_trajectory_has_the_same_metrics(load, name):
+    """compact=True keeps R δ instead of U: every Frobenius metric and the CSV frame are the same, and the
+    factors refuse to be applied."""
+    model = load(name, torch.float64)
+    for order in ("prefix", "absorb"):
+        dense = trajectory(model, TINY_PROMPT, order=order)
+        compact = trajectory(model, TINY_PROMPT, order=order, compact=True)
+        assert compact.compact and compact.u_gate is None and compact.u_in.shape[-1] == model.cfg.d_model
+        for metric in ("meta_gradient_norms", "cumulative_norms", "consecutive_alignment", "total_alignment"):
+            torch.testing.assert_close(getattr(compact, metric)(), getattr(dense, metric)(), rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(compact.step_metrics().fit.exponent, dense.decay_fit().exponent,
+                                   rtol=1e-8, atol=1e-10, equal_nan=True)
+        a, b = compact.to_frame(), dense.to_frame()
+        assert a[["layer", "step", "metric"]].equals(b[["layer", "step", "metric"]])
+        assert np.allclose(a.value, b.value, rtol=1e-9, atol=1e-10)
+    with pytest.raises(ValueError, match="compact"):
+        compact.stacked_u()
+    with pytest.raises(ValueError, match="compact"):
+        verify_trajectory(model, TINY_PROMPT, compact)
 
 
 def test_power_law_fit_recovers_exponent():

@@ -34,6 +34,7 @@ from icl_lens.dynamics.trajectory_metrics import (
     consecutive_alignment,
     cumulative_norms,
     meta_gradient_norms,
+    step_norms_and_alignment,
     total_alignment,
 )
 
@@ -65,24 +66,52 @@ class DecayFit:
 
 
 @dataclass(frozen=True, eq=False)
+class StepMetrics:
+    """Per layer: meta-gradient norms ``‖Wᵢ − Wᵢ₋₁‖`` (column k: step k+1), the cosine of consecutive
+    meta-gradients (column k: ``cos(G_{k+1}, G_{k+2})``) and the power-law :class:`DecayFit` of the norms."""
+
+    layers: tuple[int, ...]
+    meta_gradient_norms: Float[Tensor, "layer n"]
+    consecutive_alignment: Float[Tensor, "layer m"]
+    fit: DecayFit
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy table (layer, step, metric, value); ``step`` is the prefix length i."""
+        rows = []
+        for metric, values, first in (("meta_gradient_norm", self.meta_gradient_norms, 1),
+                                      ("consecutive_alignment", self.consecutive_alignment, 2)):
+            values = values.detach().cpu().double()
+            for k, layer in enumerate(self.layers):
+                rows += [(layer, first + j, metric, float(values[k, j])) for j in range(values.shape[1])]
+        return pd.DataFrame(rows, columns=["layer", "step", "metric", "value"])
+
+
+@dataclass(frozen=True, eq=False)
 class Trajectory:
     """Implicit weights ``Wᵢ`` (i = 0..n context tokens) of one query, per layer, factored.
 
     Tensor rows follow ``layers`` (row k is model layer ``layers[k]``); steps follow the
     prefix length i = 0..n; ``context_positions[i-1]`` is the prompt position of ``cᵢ``.
+
+    ``compact``: ``u_in`` holds ``R δ`` (d_model floats) instead of ``U = [W_gate; W_in] δ``, with
+    ``R`` of the thin QR ``[W_gate; W_in] = Q R`` (as :func:`icl_lens.patch_norms` uses), and
+    ``u_gate`` is None. ``Uᵢ·Uⱼ = (R δᵢ)·(R δⱼ)``, so every Frobenius metric below (norms,
+    cosines, fits, :meth:`to_frame`) is the same; the factors themselves cannot be applied or
+    compared with other updates (:meth:`stacked_u` refuses).
     """
 
     tokens: tuple[str, ...]
     query: int
     layers: tuple[int, ...]
     context_positions: tuple[int, ...]
-    u_in: Float[Tensor, "layer step d_mlp"]
+    u_in: Float[Tensor, "layer step d_u"]  # d_mlp (d_model when compact)
     u_gate: Float[Tensor, "layer step d_mlp"] | None
     v: Float[Tensor, "layer step d_model"]
     correction: Float[Tensor, "layer step d_model"]
     model_name: str = ""
     kept_bos: bool = True
     order: str = "prefix"
+    compact: bool = False
 
     @property
     def n_context(self) -> int:
@@ -91,23 +120,39 @@ class Trajectory:
 
     def stacked_u(self) -> Float[Tensor, "layer step d_u"]:
         """``[u_gate; u_in]`` (or ``u_in``): the output factor of each step's whole patch."""
+        if self.compact:
+            raise ValueError("a compact trajectory holds R δ, not the output factors: compute it with compact=False")
+        return self._outputs()
+
+    def _outputs(self) -> Tensor:
+        """The output factors as the Frobenius metrics read them (``R δ`` when compact)."""
         return stack_outputs(self.u_in, self.u_gate)
 
     def meta_gradient_norms(self) -> Float[Tensor, "layer n"]:
         """``‖Wᵢ₊₁ − Wᵢ‖_F``; column k is the meta-gradient of context token ``c_{k+1}``."""
-        return meta_gradient_norms(self.stacked_u(), self.v)
+        return meta_gradient_norms(self._outputs(), self.v)
+
+    def step_metrics(self) -> StepMetrics:
+        """Meta-gradient norms, consecutive alignment and decay fit from one pass over the factors
+        (what the dashboard's trajectory panel draws; the same numbers as the three methods)."""
+        outputs = [self.u_in] if self.u_gate is None else [self.u_gate, self.u_in]
+        norms, consecutive = step_norms_and_alignment(outputs, self.v)
+        fit = power_law_fit(norms)
+        return StepMetrics(layers=self.layers, meta_gradient_norms=norms, consecutive_alignment=consecutive,
+                           fit=DecayFit(layers=self.layers, exponent=fit.exponent, prefactor=fit.prefactor,
+                                        r_squared=fit.r_squared, n_points=fit.n_points))
 
     def cumulative_norms(self) -> Float[Tensor, "layer step"]:
         """``‖Wᵢ − W₀‖_F`` for i = 0..n (column n is the full token patch norm)."""
-        return cumulative_norms(self.stacked_u(), self.v)
+        return cumulative_norms(self._outputs(), self.v)
 
     def consecutive_alignment(self) -> Float[Tensor, "layer m"]:
         """Cosine of consecutive meta-gradients; column k is ``cos(G_{k+1}, G_{k+2})`` (n−1 columns)."""
-        return consecutive_alignment(self.stacked_u(), self.v)
+        return consecutive_alignment(self._outputs(), self.v)
 
     def total_alignment(self) -> Float[Tensor, "layer n"]:
         """Cosine of each meta-gradient ``G_{k+1}`` with the total update ``Wₙ − W₀``."""
-        return total_alignment(self.stacked_u(), self.v)
+        return total_alignment(self._outputs(), self.v)
 
     def correction_norms(self) -> Float[Tensor, "layer step"]:
         """``‖attn_C − attn_0‖`` of each step (the skip-connection term, reported beside the patch)."""

@@ -35,6 +35,7 @@ from icl_lens.core.kept_attention import bos_and_self_output, kept_set_output
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.dynamics.prefix_variants import PrefixVariantLayout, absorb_layout, prefix_variant_layout
 from icl_lens.dynamics.trajectory import Trajectory
+from icl_lens.model.batches import NormWeights
 from icl_lens.model.block_family import BlockFamily, block_family
 from icl_lens.model.capture import ZeroNormWarning, layer_factors, patch_dtype
 from icl_lens.model.kept_only import kept_only_logits, kept_only_masks, patches_applied
@@ -115,9 +116,15 @@ class _TrajectoryCapture:
     """Hook callbacks that compute the query copies' patch factors while the forward runs."""
 
     def __init__(self, model, family: BlockFamily, layout: PrefixVariantLayout, kept_bos: bool,
-                 out: dict[str, Tensor], row_of_layer: dict[int, int], zero_first: bool):
+                 out: dict[str, Tensor], row_of_layer: dict[int, int], zero_first: bool,
+                 offset: int = 0, bos_values: dict[int, Tensor] | None = None, weights=None):
         self.model, self.family, self.kept_bos, self.zero_first = model, family, kept_bos, zero_first
         self.rows, self.kept = layout.copy_rows(), layout.kept
+        # offset > 0: the first ``offset`` positions sit in a key/value cache, the forward's rows start there
+        self.offset, self.bos_values = offset, bos_values or {}
+        self.weights = weights  # per layer {"in": R} (compact), else the layer's own dense weights
+        if offset:
+            self.rows = slice(self.rows.start - offset, self.rows.stop - offset)
         self.out, self.row_of_layer = out, row_of_layer
         self.dtype = patch_dtype(model)
         self.state: dict[str, Tensor] = {}
@@ -128,7 +135,7 @@ class _TrajectoryCapture:
         return [
             (f.resid_pre(layer), self._store("r", copies_only=True)),
             (f.values(layer), self._store("values", copies_only=False)),
-            (f.scores(layer), self._attend),
+            (f.scores(layer), lambda x, hook, layer=layer: self._attend(x, hook, layer)),
             (f.attn_out(layer), self._store("attn_C", copies_only=True)),
             (f.mlp_input(layer), lambda x, hook, layer=layer: self._patch(x, layer)),
         ]
@@ -139,12 +146,15 @@ class _TrajectoryCapture:
                 self.state[key] = (x[0, self.rows] if copies_only else x[0]).detach()
         return hook
 
-    def _attend(self, scores: Tensor, hook) -> None:
+    def _attend(self, scores: Tensor, hook, layer: int) -> None:
+        self.layer = layer
         if self.kept is not None:  # absorb order: the query row renormalised over each step's kept set
             self.state["z0"] = kept_set_output(scores[0, :, self.rows].detach(), self.state.pop("values"), self.kept)
             return
         # Kept set {BOS, t} of each copy: its own key (the diagonal) and key 0.
-        z0 = bos_and_self_output(scores[0].detach(), self.state.pop("values"), keep_bos=self.kept_bos)
+        bos_value = self.bos_values[self.layer][0] if self.offset else None
+        z0 = bos_and_self_output(scores[0].detach(), self.state.pop("values"), keep_bos=self.kept_bos,
+                                 offset=self.offset, bos_value=bos_value)
         self.state["z0"] = z0[self.rows]
 
     @torch.no_grad()
@@ -154,14 +164,14 @@ class _TrajectoryCapture:
         r, attn_C, z0 = self.state.pop("r"), self.state.pop("attn_C"), self.state.pop("z0")
         if layer in self.row_of_layer:
             f = layer_factors(self, layer, r, attn_C, z0, mlp_in[0, self.rows].detach(),
-                              "MLP input (context prefix)")
+                              "MLP input (context prefix)", weights=None if self.weights is None else self.weights(layer))
             # Step 0 keeps exactly {BOS, t}: nothing is removed, the patch is zero by definition.
             keep = torch.ones(f["u_in"].shape[0], 1, dtype=self.dtype, device=f["u_in"].device)
             if self.zero_first:
                 keep[0] = 0
             k = self.row_of_layer[layer]
             self.out["u_in"][k] = f["u_in"] * keep
-            if self.family.gated:
+            if self.out["u_gate"] is not None:
                 self.out["u_gate"][k] = f["u_gate"] * keep
             self.out["v"][k] = f["v"]
             self.out["correction"][k] = f["correction"] * keep
@@ -183,29 +193,41 @@ def _resolve_layers(model, layers: Sequence[int] | None) -> tuple[int, ...]:
 
 
 def _capture_layout(model, ids: Tensor, layout: PrefixVariantLayout, kept_bos: bool,
-                    wanted: tuple[int, ...], *, zero_first: bool) -> dict[str, Tensor]:
-    """One hooked forward of ``layout``'s sequence; patch factors of its query copies for ``wanted`` layers."""
+                    wanted: tuple[int, ...], *, zero_first: bool, past=None, compact: bool = False) -> dict[str, Tensor]:
+    """One hooked forward of ``layout``'s sequence; patch factors of its query copies for ``wanted`` layers.
+
+    ``past``: ``(cache, bos_values)`` holding the keys and values of the sequence's first
+    ``layout.query`` positions (the prompt prefix, :meth:`PatchSession.prefix_cache`); the
+    forward then runs the query copies only. ``compact``: ``u_in`` holds ``R δ`` (:class:`Trajectory`).
+    """
     family = block_family(model)
     cfg, dtype, device = model.cfg, patch_dtype(model), ids.device
     steps, k = layout.n_steps, len(wanted)
     out = {
-        "u_in": torch.zeros(k, steps, cfg.d_mlp, dtype=dtype, device=device),
-        "u_gate": torch.zeros(k, steps, cfg.d_mlp, dtype=dtype, device=device) if family.gated else None,
+        "u_in": torch.zeros(k, steps, cfg.d_model if compact else cfg.d_mlp, dtype=dtype, device=device),
+        "u_gate": torch.zeros(k, steps, cfg.d_mlp, dtype=dtype, device=device) if family.gated and not compact else None,
         "v": torch.zeros(k, steps, cfg.d_model, dtype=dtype, device=device),
         "correction": torch.zeros(k, steps, cfg.d_model, dtype=dtype, device=device),
         "zero_input": torch.zeros(k, steps, dtype=torch.bool, device=device),
     }
+    skip = 0 if past is None else layout.query
     capture = _TrajectoryCapture(model, family, layout, kept_bos, out, {layer: row for row, layer in enumerate(wanted)},
-                                 zero_first=zero_first)
+                                 zero_first=zero_first, offset=skip, bos_values=None if past is None else past[1],
+                                 weights=NormWeights(model) if compact else None)
     fwd_hooks = [h for layer in range(wanted[-1] + 1) for h in capture.hooks(layer)]
     mask = variant_attention_mask(model, layout)
+    kwargs = {}
+    if past is not None:  # the prefix rows are in the cache: keep the copies' rows of the mask(s)
+        mask = {k: m[..., skip:, :] for k, m in mask.items()} if isinstance(mask, dict) else mask[..., skip:, :]
+        kwargs["past_key_values"] = past[0]
+    positions = layout.positions[skip:]
     with torch.no_grad(), activations_captured(model, fwd_hooks, stop_after=family.mlp_input(wanted[-1])):
-        model(ids[layout.positions][None], return_type=None, position_ids=layout.positions[None],
-              attention_mask=mask)
+        model(ids[positions][None], return_type=None, position_ids=positions[None], attention_mask=mask, **kwargs)
     return out
 
 
-def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Tensor], order: str = "prefix") -> Trajectory:
+def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Tensor], order: str = "prefix",
+            compact: bool = False) -> Trajectory:
     zero = out["zero_input"]
     if zero.any():
         where = ", ".join(f"layer {wanted[int(l)]} step {int(s)}" for l, s in torch.nonzero(zero)[:10])
@@ -215,7 +237,7 @@ def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Te
         tokens=str_tokens(model, setup.ids), query=setup.query, layers=wanted,
         context_positions=setup.context_positions,
         u_in=out["u_in"], u_gate=out["u_gate"], v=out["v"], correction=out["correction"],
-        model_name=model.cfg.model_name, kept_bos=setup.kept_bos, order=order,
+        model_name=model.cfg.model_name, kept_bos=setup.kept_bos, order=order, compact=compact,
     )
 
 
@@ -223,7 +245,7 @@ ORDERS = ("prefix", "absorb")
 
 
 def trajectory(model: Model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None,
-               order: str = "prefix") -> Trajectory:
+               order: str = "prefix", session=None, compact: bool = False) -> Trajectory:
     """Implicit weights W₀..Wₙ of query ``query`` as its context is consumed (docs/design.md §3).
 
     ``prompt``: text or token ids. ``query``: position (negative counts from the end).
@@ -238,6 +260,13 @@ def trajectory(model: Model, prompt: Prompt, *, query: int = -1, layers: Sequenc
     ``[BOS, c_{i+1}..cₙ, x_t]`` with it (and the kept context tokens' own patches for the
     same removal) reproduces the full-context output. One forward over the prompt up to
     ``t``. Both orders give ``W₀ = W`` and the same ``Wₙ`` (the query's token patch).
+
+    ``session``: a :class:`~icl_lens.model.incremental.PatchSession` of ``model`` whose last
+    prompt starts with ``x₀..x_{t−1}``: the prefix order then reuses its keys and values
+    and runs the n+1 query copies only (the same result, about half the forward).
+    ``compact=True``: keep ``R δ`` (d_model floats) instead of the d_mlp-sized output factors
+    (:class:`Trajectory`): the same norms, cosines and fits for a fraction of the work and
+    memory; what the dashboard draws.
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -245,8 +274,14 @@ def trajectory(model: Model, prompt: Prompt, *, query: int = -1, layers: Sequenc
     wanted = _resolve_layers(model, layers)
     make = prefix_variant_layout if order == "prefix" else absorb_layout
     layout = make(setup.query, setup.first_context, device=setup.ids.device)
-    out = _capture_layout(model, setup.ids, layout, setup.kept_bos, wanted, zero_first=True)
-    return _finish(model, setup, wanted, out, order)
+    past = None
+    if session is not None and order == "prefix":
+        if session.model is not model:
+            raise ValueError("the session belongs to another model")
+        past = session.prefix_cache(setup.ids, setup.query)
+    out = _capture_layout(model, setup.ids, layout, setup.kept_bos, wanted, zero_first=True, past=past,
+                          compact=compact)
+    return _finish(model, setup, wanted, out, order, compact)
 
 
 def trajectory_naive(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> Trajectory:
@@ -274,6 +309,8 @@ def steps_as_patches(traj: Trajectory) -> TokenPatches:
     index i) to the query of a kept-only input. Needs every layer.
     """
     steps = traj.n_context + 1
+    if traj.compact:
+        raise ValueError("a compact trajectory cannot be applied: compute it with compact=False")
     if len(traj.layers) != traj.v.shape[0] or traj.layers != tuple(range(len(traj.layers))):
         raise ValueError("applying a trajectory needs every layer: compute it with layers=None")
     return TokenPatches(
@@ -314,6 +351,8 @@ def verify_trajectory(model: Model, prompt: Prompt, traj: Trajectory | None = No
     at its original position id (sliding windows measured in original positions).
     ``order`` is used only when ``traj`` is None.
     """
+    if traj is not None and traj.compact:
+        raise ValueError("a compact trajectory cannot be checked: compute it with compact=False")
     setup = resolve_query(model, prompt, traj.query if traj is not None else query)
     if traj is None:
         traj = trajectory(model, setup.ids, query=setup.query, order=order)

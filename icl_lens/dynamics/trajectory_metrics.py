@@ -12,6 +12,8 @@ is a difference of two rank-1 terms, so every quantity follows from
     ‖Gᵢ‖²        = ‖Pᵢ‖² + ‖Pᵢ₋₁‖² − 2⟨Pᵢ, Pᵢ₋₁⟩                 (Pᵢ = Uᵢ Vᵢᵀ)
     ⟨Pa−Pb, Pc−Pd⟩ = ⟨Pa,Pc⟩ − ⟨Pa,Pd⟩ − ⟨Pb,Pc⟩ + ⟨Pb,Pd⟩
 
+Norms and consecutive cosines need only the banded inner products ``⟨Pᵢ, Pᵢ₊ₖ⟩`` for
+k = 0, 1, 2 (:func:`step_inner_bands`): three passes over the factors, whatever n is.
 Alignment is the normalised Frobenius inner product (cosine), 0 where a step is 0.
 The convergence summary (``‖Gᵢ‖ ≈ c·i^(−b)``) is :func:`icl_lens.core.power_law.power_law_fit`.
 All functions take factors with a trailing ``[step, d]`` layout and any leading batch
@@ -19,6 +21,8 @@ All functions take factors with a trailing ``[step, d]`` layout and any leading 
 equal patches cancel.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from jaxtyping import Float
@@ -42,10 +46,44 @@ def diff_inner(
             - patch_inner(ub, vb, uc, vc) + patch_inner(ub, vb, ud, vd))
 
 
+def step_inner_bands(
+    us: Sequence[Float[Tensor, "*b step d_out"]], v: Float[Tensor, "*b step d_in"], lags: int = 2
+) -> list[Float[Tensor, "*b m"]]:
+    """``⟨Pᵢ, Pᵢ₊ₖ⟩_F`` for k = 0..``lags`` (band k has ``step − k`` columns), in float64.
+
+    ``us``: the output factors of each patched matrix (``[u_gate, u_in]`` or ``[u_in]``),
+    summed over instead of stacked; ``Pᵢ = Uᵢ vᵢᵀ`` with ``Uᵢ`` their concatenation.
+    """
+    us64 = [u.to(torch.float64) for u in us]
+    v64 = v.to(torch.float64)
+    steps = v.shape[-2]
+    bands = []
+    for k in range(lags + 1):
+        m = steps - k
+        uu = sum(torch.linalg.vecdot(u[..., k:, :], u[..., :m, :]) for u in us64)
+        bands.append(uu * torch.linalg.vecdot(v64[..., k:, :], v64[..., :m, :]))
+    return bands
+
+
+def _norms_from_bands(bands: list[Tensor]) -> Tensor:
+    b0, b1 = bands[0], bands[1]
+    return (b0[..., 1:] + b0[..., :-1] - 2 * b1).clamp_min(0).sqrt()
+
+
+def step_norms_and_alignment(
+    us: Sequence[Float[Tensor, "*b step d_out"]], v: Float[Tensor, "*b step d_in"]
+) -> tuple[Float[Tensor, "*b n"], Float[Tensor, "*b m"]]:
+    """:func:`meta_gradient_norms` and :func:`consecutive_alignment` from one :func:`step_inner_bands`."""
+    b0, b1, b2 = step_inner_bands(us, v, 2)
+    norms = _norms_from_bands([b0, b1])
+    # ⟨G_i, G_{i+1}⟩ = ⟨P_i,P_{i+1}⟩ − ⟨P_i,P_i⟩ − ⟨P_{i−1},P_{i+1}⟩ + ⟨P_{i−1},P_i⟩, i = 1..n−1
+    inner = b1[..., 1:] - b0[..., 1:-1] - b2 + b1[..., :-1]
+    return norms, safe_divide(inner, norms[..., :-1] * norms[..., 1:])
+
+
 def meta_gradient_norms(u: Float[Tensor, "*b step d_out"], v: Float[Tensor, "*b step d_in"]) -> Float[Tensor, "*b n"]:
     """``‖Wᵢ₊₁ − Wᵢ‖_F`` for i = 0..n−1 (column k is the step of context token k+1)."""
-    u, v = _f64(u, v)
-    return diff_norm(u[..., 1:, :], v[..., 1:, :], u[..., :-1, :], v[..., :-1, :])
+    return _norms_from_bands(step_inner_bands([u], v, 1))
 
 
 def cumulative_norms(u: Float[Tensor, "*b step d_out"], v: Float[Tensor, "*b step d_in"]) -> Float[Tensor, "*b step"]:
@@ -56,13 +94,7 @@ def cumulative_norms(u: Float[Tensor, "*b step d_out"], v: Float[Tensor, "*b ste
 
 def consecutive_alignment(u: Float[Tensor, "*b step d_out"], v: Float[Tensor, "*b step d_in"]) -> Float[Tensor, "*b m"]:
     """Cosine of consecutive meta-gradients ``cos(Gᵢ, Gᵢ₊₁)``, i = 1..n−1 (``n−1`` columns)."""
-    u, v = _f64(u, v)
-    p0u, p0v = u[..., :-2, :], v[..., :-2, :]
-    p1u, p1v = u[..., 1:-1, :], v[..., 1:-1, :]
-    p2u, p2v = u[..., 2:, :], v[..., 2:, :]
-    inner = diff_inner(p1u, p1v, p0u, p0v, p2u, p2v, p1u, p1v)
-    norms = meta_gradient_norms(u, v)
-    return safe_divide(inner, norms[..., :-1] * norms[..., 1:])
+    return step_norms_and_alignment([u], v)[1]
 
 
 def total_alignment(u: Float[Tensor, "*b step d_out"], v: Float[Tensor, "*b step d_in"]) -> Float[Tensor, "*b n"]:

@@ -68,6 +68,24 @@ class PatchSession:
         self._ids = self._cache = self._factors = None
         self._bos_values, self._tokens = {}, ()
 
+    def prefix_cache(self, ids: Tensor, n: int) -> tuple[DynamicCache, dict[int, Tensor]] | None:
+        """The keys and values of the first ``n`` positions, if the last prompt starts with ``ids[:n]``.
+
+        Returns a new cache whose layers are views of this session's (a forward with it
+        appends to the new cache only; this session's cache is left as it was) and the BOS
+        value of each layer (``{layer: [batch, kv_head, d_head]}``), else None. Lets a
+        forward that shares the prompt's first ``n`` tokens (a trajectory's query copies,
+        :func:`icl_lens.dynamics.trajectory_capture.trajectory`) skip them.
+        """
+        ids = ids.reshape(-1)
+        if (self._cache is None or self._ids is None or not 0 < n <= len(self._ids) or len(ids) < n
+                or not torch.equal(ids[:n].to(self._ids.device), self._ids[:n]) or not self._bos_values):
+            return None
+        view = DynamicCache()
+        for layer_idx, layer in enumerate(self._cache.layers):
+            view.update(layer.keys[:, :, :n], layer.values[:, :, :n], layer_idx)
+        return view, dict(self._bos_values)
+
     def _common_prefix(self, ids: Tensor) -> int:
         if self._ids is None:
             return 0

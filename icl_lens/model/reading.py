@@ -88,3 +88,25 @@ def activations_captured(model, sites: Sites, *, stop_after: str | None = None) 
     except _ForwardStopped as stopped:
         if stopped.owner is not owner:
             raise
+
+
+class ForwardAbandoned(Exception):
+    """Raised by :func:`abandoned_when`: the forward was given up because its result is no longer wanted."""
+
+
+@contextmanager
+def abandoned_when(model, stale: Callable[[], bool] | None, sites: Iterable[str]) -> Iterator[None]:
+    """Within the block, every forward of ``model`` checks ``stale()`` at each hook point of ``sites``
+    (e.g. every block's input) and raises :class:`ForwardAbandoned` once it is true, so a result
+    nobody waits for any more (a live view's superseded request) stops at the next block.
+    ``stale=None`` adds nothing. The exception leaves the block; hooks are removed on exit."""
+    if stale is None:
+        yield
+        return
+
+    def check(x, hook):
+        if stale():
+            raise ForwardAbandoned("a newer request is waiting")
+
+    with activations_captured(model, [(name, check) for name in sites]):
+        yield

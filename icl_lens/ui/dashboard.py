@@ -13,9 +13,16 @@ shared tokens (``ui/compare.py``). ``save_html`` writes one self-contained HTML 
 view (``ui/html_export.py``); every export is also offered as a browser download.
 
 Typing is debounced; each keystroke bumps a generation counter and only the newest
-request is computed and drawn (``LatestWins``). Drawing is two-phase: the strip,
-heatmap and alignment matrix (from the patches alone) first, then the trajectory,
-attention and prediction panels, skipped if a newer keystroke is already waiting.
+request is computed and drawn (``LatestWins``). Drawing is in phases: the strip, heatmap
+and alignment matrix (from the patches alone) first, then the attention pattern (new rows
+only, from the PatchSession's cached keys), the top-k predictions, then the trajectory of the selected query
+(only the layers shown, the prompt prefix's keys and values taken from the PatchSession).
+A later phase is skipped, and a running forward abandoned at the next block, as soon as a
+newer keystroke waits.
+
+App mode (Voila, ``make app``; :mod:`icl_lens.ui.app_mode`): the model box loads the embedded
+names only unless the operator allows more (``allow_models=`` or ``ICL_LENS_APP_MODELS``),
+messages name no server path, and exports go to a private folder per dashboard.
 """
 from __future__ import annotations
 
@@ -28,17 +35,20 @@ from pathlib import Path
 
 import ipywidgets as W
 
-from icl_lens.model.loading import DEFAULT_MODEL, known_model_names, load_model
+from icl_lens.model.loading import DEFAULT_MODEL, load_model
 from icl_lens.model.prompts import PromptError
 from icl_lens.ui.analysis import (
+    DEFAULT_CACHE_BYTES,
     DEFAULT_MAX_TOKENS,
     PromptAnalyzer,
+    Superseded,
     alignment_matrix,
     default_threshold,
     spike_flags,
     threshold_note,
     timed,
 )
+from icl_lens.ui.app_mode import in_app_mode, model_policy, private_export_dir, redact_paths
 from icl_lens.ui.compare import QUANTITIES, CompareView
 from icl_lens.ui.export import export_attention, export_csv, export_html, export_png, export_svg
 from icl_lens.ui.html_export import download_links, static_strip, view_page
@@ -71,6 +81,7 @@ class ViewRequest:
     order: str = "prefix"  # trajectory order: "prefix" or "absorb" (docs/design.md §3)
     compare_text: str | None = None  # compare mode's prompt B (None: compare mode off)
     top_k: int = 8  # next-token predictions shown at the query
+    layers: tuple[int, ...] | None = None  # layers the trajectory panel shows (None: all)
 
 
 @dataclass
@@ -116,16 +127,30 @@ def _ms(seconds: float) -> str:
 
 
 class Dashboard:
-    """The dashboard object; display it in a notebook (it renders as its widget)."""
+    """The dashboard object; display it in a notebook (it renders as its widget).
+
+    ``cache_bytes``: cap of the analysis cache in bytes of tensor memory (default 512 MiB,
+    :data:`~icl_lens.ui.analysis.DEFAULT_CACHE_BYTES`). ``app``: app mode (default: on in a
+    Voila kernel, see :mod:`icl_lens.ui.app_mode`). ``allow_models``: which names the model box
+    may load (True: any name, folder or hub id; False: the embedded names; a list: the
+    embedded names and these; None: ``ICL_LENS_APP_MODELS`` if set, else embedded names only in
+    app mode and any name otherwise). ``export_dir``: where exports go (default: a private
+    folder per dashboard in app mode, ``./icl_lens_exports`` otherwise).
+    """
 
     def __init__(self, model=None, *, prompt: str = "", debounce_s: float = 0.15,
-                 max_tokens: int | None = DEFAULT_MAX_TOKENS, export_dir: str | Path = "icl_lens_exports",
-                 compare: str | None = None):
+                 max_tokens: int | None = DEFAULT_MAX_TOKENS, export_dir: str | Path | None = None,
+                 compare: str | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES, app: bool | None = None,
+                 allow_models: bool | str | list[str] | None = None):
+        self.app = in_app_mode(app)
+        self.models = model_policy(allow_models, self.app)
         if model is None or isinstance(model, str):
             model = load_quietly(model or DEFAULT_MODEL)
-        self.max_tokens = max_tokens
+        self.max_tokens, self.cache_bytes = max_tokens, cache_bytes
+        if export_dir is None:
+            export_dir = private_export_dir() if self.app else "icl_lens_exports"
         self.export_dir = Path(export_dir)
-        self.analyzer = PromptAnalyzer(model, max_tokens)
+        self.analyzer = PromptAnalyzer(model, max_tokens, cache_bytes)
         self.shown = Shown(model_name=self.analyzer.name)
         self.timeline: dict[int, dict[str, float]] = {}
         self.last_error: str = ""
@@ -135,7 +160,7 @@ class Dashboard:
         self.text = W.Textarea(value="", placeholder="Type or paste a prompt…", continuous_update=True,
                                layout=W.Layout(width="100%", height="90px"))
         self.text.add_class("icl-prompt")
-        self.model_box = W.Combobox(value=a.name, options=known_model_names(), ensure_option=False,
+        self.model_box = W.Combobox(value=a.name, options=list(self.models.names), ensure_option=False,
                                     continuous_update=False, description="model",
                                     placeholder="embedded name or HF id")
         self.layer = W.IntSlider(value=0, min=0, max=a.n_layers - 1, description="layer", continuous_update=False)
@@ -198,6 +223,8 @@ class Dashboard:
         self.compare.enabled.observe(self._compare_toggled, names="value")
         self.heatmap.kind.observe(lambda _c: self._redraw_heatmap(), names="value")
         self.layer_controls.observe(self._redraw_heatmap)
+        # the trajectory is computed for the layers shown only: a new range asks for it again
+        self.layer_controls.range.observe(lambda _c: self._changed(debounce=True), names="value")
         self.trajectory_panel.loglog.observe(lambda _c: self.trajectory_panel.apply_scale(), names="value")
         self.strip.widget.observe(self._clicked, names="selected")
         self.follow_last.observe(self._follow, names="value")
@@ -241,11 +268,16 @@ class Dashboard:
                            layer=int(self.layer.value), head=int(self.head.value),
                            threshold=float(self.threshold.value), order=self.trajectory_panel.order.value,
                            compare_text=self.compare.text.value if self.compare.on else None,
-                           top_k=int(self.predictions.k.value))
+                           top_k=int(self.predictions.k.value), layers=self.visible_layers())
 
     def _compare_toggled(self, change) -> None:
         self.compare.layout_for(bool(change["new"]), self.text, self.strip.widget)
         self._changed(debounce=False)
+
+    def visible_layers(self) -> tuple[int, ...] | None:
+        """The layers the trajectory panel shows (None: all); only these are computed."""
+        shown = tuple(self.layer_controls.view(self.analyzer.n_layers).layers)
+        return None if shown == tuple(range(self.analyzer.n_layers)) else shown
 
     def _changed(self, debounce: bool) -> None:
         if self._in_worker():  # the dashboard itself moved a control while drawing
@@ -274,14 +306,21 @@ class Dashboard:
         self.runner.draw(generation, lambda: setattr(
             self.status, "value", f"<span style='color:{colour}'>{text}</span>"))
 
+    def _shown(self, text: str) -> str:
+        """A message as the page may show it: no server paths in app mode, HTML-escaped."""
+        return html.escape(redact_paths(text) if self.app else text)
+
     def _switch_model(self, request: ViewRequest, generation: int) -> tuple[ViewRequest, str]:
-        """Load the requested model; on failure keep the previous one and say why."""
+        """Load the requested model; on failure (or a name the policy refuses) keep the previous one and say why."""
         name = request.model_name
         try:
+            if not self.models.allows(name):
+                raise PermissionError(self.models.refusal(name))
             model, seconds = timed(load_quietly, name)
         except Exception as exc:  # noqa: BLE001 - any load failure is shown, the old model stays
             previous = self.analyzer.name
-            message = (f"Could not load model {html.escape(name)!r}: {html.escape(str(exc).splitlines()[0])} "
+            lines = str(exc).splitlines() or [type(exc).__name__]
+            message = (f"Could not load model {self._shown(repr(name))}: {self._shown(lines[0])} "
                        f"Keeping {html.escape(previous)}.")
 
             def revert():
@@ -289,7 +328,7 @@ class Dashboard:
             self.runner.draw(generation, revert)
             return replace(request, model_name=previous), message
         previous_default = default_threshold(self.analyzer.name)
-        self.analyzer = PromptAnalyzer(model, self.max_tokens)
+        self.analyzer = PromptAnalyzer(model, self.max_tokens, self.cache_bytes)
         a = self.analyzer
         if abs(request.threshold - previous_default) < 1e-9:  # still at the old model's default: take the new one's
             request = replace(request, threshold=default_threshold(a.name))
@@ -357,37 +396,52 @@ class Dashboard:
         if not self.runner.draw(generation, phase1):
             return
         self.timeline.setdefault(generation, {})["phase1"] = time.perf_counter()
-        if self.runner.newer_pending(generation):
+        stale = lambda: self.runner.newer_pending(generation)  # noqa: E731
+        if stale():
             return
-        (trajectory, fresh), seconds = timed(a.trajectory, prompt, query, request.order)
+        head = min(request.head, a.n_heads - 1)
+        try:
+            (pattern, fresh), seconds = timed(a.attention, prompt, layer, stale=stale)
+        except Superseded:
+            return
+        parts.append(f"attention L{layer}" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
+
+        def attention():
+            self.attention.show(patches.tokens, pattern, layer, head)
+            self.shown.attention, self.shown.head = pattern, head
+
+        if not self.runner.draw(generation, attention) or stale():
+            return
+        self.timeline[generation]["attention"] = time.perf_counter()
+        (predictions, fresh), seconds = timed(self.predictions.compute, a.model, prompt.ids, patches, query,
+                                              request.top_k)
+        parts.append(f"top-{request.top_k} next tokens" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
+
+        def predictions_drawn():
+            self.predictions.show(predictions, prompt="A" if request.compare_text is not None else "")
+            self.shown.predictions = predictions
+
+        if not self.runner.draw(generation, predictions_drawn) or stale():
+            return
+        try:
+            (trajectory, fresh), seconds = timed(a.trajectory, prompt, query, request.order, request.layers, stale)
+        except Superseded:
+            return
         if isinstance(trajectory, str):  # no context before the query
             traj_note, trajectory = trajectory, None
             parts.append(f"no trajectory for query {query}")
         else:
             traj_note = ""
             parts.append(f"trajectory of query {query}, {request.order} order" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
-        if self.runner.newer_pending(generation):
-            return
-        head = min(request.head, a.n_heads - 1)
-        (pattern, fresh), seconds = timed(a.attention, prompt, layer)
-        parts.append(f"attention L{layer}" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
-        if self.runner.newer_pending(generation):
-            return
-        (predictions, fresh), seconds = timed(self.predictions.compute, a.model, prompt.ids, patches, query,
-                                              request.top_k)
-        parts.append(f"top-{request.top_k} next tokens" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
 
         def phase2():
             self.trajectory_panel.show(trajectory, query, patches.tokens, a.n_layers, traj_note)
             show_layer_range(self.trajectory_panel, self.layer_controls.view(a.n_layers))
-            self.attention.show(patches.tokens, pattern, layer, head)
-            self.predictions.show(predictions, prompt="A" if request.compare_text is not None else "")
-            s = self.shown
-            s.trajectory, s.attention, s.head, s.predictions = trajectory, pattern, head, predictions
+            self.shown.trajectory = trajectory
             self._set_status(parts, start, error, pending=False)
 
         if self.runner.draw(generation, phase2):
-            self.timeline.setdefault(generation, {})["phase2"] = time.perf_counter()
+            self.timeline[generation]["phase2"] = time.perf_counter()
 
     def _unpin(self) -> None:
         self._query = None
@@ -395,7 +449,7 @@ class Dashboard:
 
     def _set_status(self, parts: list[str], start: float, error: str, pending: bool) -> None:
         total = time.perf_counter() - start
-        tail = " · trajectory and attention next…" if pending else ""
+        tail = " · attention and trajectory next…" if pending else ""
         text = "Recomputed " + " · ".join(parts) + f" — {_ms(total)}{tail}"
         if error:
             text = f"<span style='color:#b00020'>{error}</span><br>{text}"
@@ -426,7 +480,7 @@ class Dashboard:
     def _on_error(self, exc: BaseException) -> None:
         self.last_error = "".join(traceback.format_exception(exc))
         generation = self.runner.generation
-        self._say(generation, f"Error: {html.escape(type(exc).__name__)}: {html.escape(str(exc))}", error=True)
+        self._say(generation, f"Error: {html.escape(type(exc).__name__)}: {self._shown(str(exc))}", error=True)
 
     def _redraw_heatmap(self) -> None:
         """The heatmap kind, the layer range or the colour scale changed: redraw from what is shown."""
@@ -520,10 +574,11 @@ class Dashboard:
         try:
             paths = fn()
         except Exception as exc:  # noqa: BLE001 - shown in the status line
-            self.status.value = f"<span style='color:#b00020'>Export failed: {html.escape(str(exc))}</span>"
+            self.status.value = f"<span style='color:#b00020'>Export failed: {self._shown(str(exc))}</span>"
             return
         paths = paths if isinstance(paths, list) else [paths]
-        self.status.value = "Saved " + ", ".join(html.escape(str(p)) for p in paths)
+        # app mode: the file names only (the folder is the visitor's private one, a server path)
+        self.status.value = "Saved " + ", ".join(html.escape(p.name if self.app else str(p)) for p in paths)
         self.downloads.value = download_links(paths)  # the browser saves them (no server route needed)
 
 

@@ -278,9 +278,10 @@ class TrajectoryPanel:
                 for name in ("norms", "steps", "exponents"):
                     self.grid.title(name, FigureGrid.TITLES[FigureGrid.PANELS.index(name)])
                 return
-            norms = _np(trajectory.meta_gradient_norms())  # column k: step i = k + 1
-            align = _np(trajectory.consecutive_alignment())  # column k: cos(G_{k+1}, G_{k+2}), i = k + 2
-            fit = trajectory.decay_fit()
+            metrics = trajectory.step_metrics()  # one pass over the factors
+            norms = _np(metrics.meta_gradient_norms)  # column k: step i = k + 1
+            align = _np(metrics.consecutive_alignment)  # column k: cos(G_{k+1}, G_{k+2}), i = k + 2
+            fit = metrics.fit
             rows = {layer: row for row, layer in enumerate(trajectory.layers)}
             for layer, (line, step) in enumerate(zip(self.norms, self.steps)):
                 row = rows.get(layer)
