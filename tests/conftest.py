@@ -49,3 +49,22 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def dash_factory():
+    """``make(model, **kwargs)``: a dashboard with no debounce, closed after the test."""
+    import icl_lens
+
+    made = []
+
+    def make(model, **kwargs):
+        kwargs.setdefault("debounce_s", 0.0)
+        d = icl_lens.dashboard(model, **kwargs)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.close()
+

@@ -14,31 +14,13 @@ import torch
 import transformers
 
 import icl_lens
+from dashboard_helpers import type_prompt
 from icl_lens.model.byte_tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, save_byte_tokenizer
 from icl_lens.model.loading import known_model_names
 from icl_lens.ui.analysis import ByteCappedCache, PromptAnalyzer, Superseded, held_bytes
 from icl_lens.ui.app_mode import APP_MODELS_ENV, in_app_mode, model_policy, redact_paths
 
 
-@pytest.fixture
-def dash_factory():
-    made = []
-
-    def make(model, **kwargs):
-        kwargs.setdefault("debounce_s", 0.0)
-        d = icl_lens.dashboard(model, **kwargs)
-        made.append(d)
-        return d
-
-    yield make
-    for d in made:
-        d.close()
-
-
-def _type(d, text: str) -> None:
-    d.set_prompt(text)
-    assert d.wait(180), "dashboard did not finish updating"
-    assert d.last_error == "", d.last_error
 
 
 def _long_context_llama(folder):
@@ -184,7 +166,7 @@ def test_app_mode_model_box_offers_embedded_names_only(load, dash_factory, tmp_p
     monkeypatch.delenv(APP_MODELS_ENV, raising=False)
     model = load("tiny-gpt2")
     d = dash_factory(model, app=True)
-    _type(d, "hello")
+    type_prompt(d, "hello")
     folder = tmp_path / "visitor-typed-folder"
     folder.mkdir()
     d.model_box.value = str(folder)
@@ -199,12 +181,12 @@ def test_app_mode_errors_name_no_server_path(load, dash_factory, monkeypatch):
     monkeypatch.setenv(APP_MODELS_ENV, "*")  # the operator allows any name: loading is tried, and fails
     secret = "/srv/secret-models/not-here"
     d = dash_factory(load("tiny-gpt2"), app=True)
-    _type(d, "hello")
+    type_prompt(d, "hello")
     d.model_box.value = secret
     assert d.wait(60)
     assert "Could not load model" in d.status.value and "secret-models" not in d.status.value
     own = dash_factory(load("tiny-gpt2"), app=False)  # one's own notebook shows the path it typed
-    _type(own, "hello")
+    type_prompt(own, "hello")
     own.model_box.value = secret
     assert own.wait(60) and "secret-models" in own.status.value
 
@@ -217,7 +199,7 @@ def test_app_mode_exports_go_to_a_private_folder_per_dashboard(load, dash_factor
     for d in (a, b):
         assert stat.S_IMODE(d.export_dir.stat().st_mode) == 0o700  # only the kernel's user reads it
         assert d.export_dir.name != "icl_lens_exports"
-    _type(a, "abc abc")
+    type_prompt(a, "abc abc")
     a._export(a.export_csv)  # what the button does
     assert "Saved norms.csv" in a.status.value and str(a.export_dir) not in a.status.value
     assert (a.export_dir / "norms.csv").exists() and not list(b.export_dir.iterdir())

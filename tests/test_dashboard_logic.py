@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import icl_lens
+from dashboard_helpers import type_prompt
 from icl_lens.core.factored import gram_cosine
 from icl_lens.model.attention import attention_pattern
 from icl_lens.ui.panels import short_label
@@ -25,25 +26,6 @@ def _arr(x) -> np.ndarray:
     return np.asarray(x, dtype=float)
 
 
-@pytest.fixture
-def dash_factory():
-    made = []
-
-    def make(model, **kwargs):
-        kwargs.setdefault("debounce_s", 0.0)
-        d = icl_lens.dashboard(model, **kwargs)
-        made.append(d)
-        return d
-
-    yield make
-    for d in made:
-        d.close()
-
-
-def _type(d, text: str) -> None:
-    d.set_prompt(text)
-    assert d.wait(180), "dashboard did not finish updating"
-    assert d.last_error == "", d.last_error
 
 
 def _check_matches_library(d, model, text: str, layer: int, threshold: float = 3.5) -> None:
@@ -92,13 +74,13 @@ def _check_matches_library(d, model, text: str, layer: int, threshold: float = 3
 def test_figures_hold_library_values(load, dash_factory):
     model = load("tiny-llama")
     d = dash_factory(model)
-    _type(d, "abc abc abd")
+    type_prompt(d, "abc abc abd")
     _check_matches_library(d, model, "abc abc abd", layer=0)
     d.layer.value = 2
     assert d.wait(60)
     _check_matches_library(d, model, "abc abc abd", layer=2)
     # appending reuses the prefix (PatchSession) and still matches a fresh computation
-    _type(d, "abc abc abd ab")
+    type_prompt(d, "abc abc abd ab")
     n_old, n_new = (icl_lens.token_patches(model, t).n_positions for t in ("abc abc abd", "abc abc abd ab"))
     assert f"{n_new - n_old} of {n_new} positions (PatchSession)" in d.status.value
     _check_matches_library(d, model, "abc abc abd ab", layer=2)
@@ -112,7 +94,7 @@ def test_click_selects_query_and_threshold_reflags(load, dash_factory):
     model = load("tiny-gpt2")
     d = dash_factory(model)
     text = "one two one two one two one two one two one two one two XYZ!"
-    _type(d, text)
+    type_prompt(d, text)
     d.strip.widget.selected = 5  # what a click in the browser does
     assert d.wait(60)
     assert d.shown.query == 5 and d.shown.trajectory.query == 5 and not d.follow_last.value
@@ -131,7 +113,7 @@ def test_trajectory_order_control_draws_the_absorb_trajectory(load, dash_factory
     model = load("tiny-llama")
     d = dash_factory(model)
     text = "ab=1;cd=2;ef=3;ab=1;cd="
-    _type(d, text)
+    type_prompt(d, text)
     assert d.shown.trajectory.order == "prefix"
     d.trajectory_panel.order.value = "absorb"
     assert d.wait(60)
@@ -166,9 +148,9 @@ def test_burst_of_keystrokes_ends_on_last_text(load, dash_factory):
 
 def test_empty_text_shows_empty_state(load, dash_factory):
     d = dash_factory(load("tiny-gpt2"))
-    _type(d, "hello")
+    type_prompt(d, "hello")
     for empty in ("", "   \n"):
-        _type(d, empty)
+        type_prompt(d, empty)
         assert d.strip.widget.tokens == [] and len(d.heatmap.fig.data[0].z) == 0
         assert all(len(t.y) == 0 for t in d.trajectory_panel.norms)
         assert "empty" in d.status.value and "Traceback" not in d.status.value
@@ -178,7 +160,7 @@ def test_empty_text_shows_empty_state(load, dash_factory):
 def test_unknown_model_keeps_previous_one(load, dash_factory):
     model = load("tiny-gpt2")
     d = dash_factory(model)
-    _type(d, "hello")
+    type_prompt(d, "hello")
     d.model_box.value = "no-such-org/no-such-model-123"
     assert d.wait(60)
     assert "Could not load model" in d.status.value and "Keeping tiny-gpt2" in d.status.value
@@ -204,7 +186,7 @@ def test_threshold_starts_at_the_models_calibrated_value(load, dash_factory, tmp
     model = load("tiny-gpt2")
     d = dash_factory(model)
     text = "one two one two one two one two one two one two one two XYZ!"
-    _type(d, text)
+    type_prompt(d, text)
     assert d.threshold.value == 0.75 and "calibrated for tiny-gpt2" in d.threshold_note.value
     assert d.strip.widget.flags == icl_lens.spike_scores(icl_lens.token_patches(model, text), threshold=0.75).flags.tolist()
     d.model_box.value = "tiny-gemma3"  # still at the old model's default: the slider follows the new model's
@@ -223,10 +205,10 @@ def test_long_paste_is_cut_to_context_with_notice(load, dash_factory):
     d = dash_factory(model)
     n_ctx = model.cfg.n_ctx
     text = "abcdefghij" * 60  # 600 bytes > 256 context
-    _type(d, text)
+    type_prompt(d, text)
     assert len(d.strip.widget.tokens) == n_ctx and len(d.heatmap.fig.data[0].x) == n_ctx
     assert f"first {n_ctx}" in d.notice.value and "cut" in d.notice.value
-    _type(d, "short")
+    type_prompt(d, "short")
     assert d.notice.value == ""
 
 
@@ -240,7 +222,7 @@ def test_exports_write_html_png_svg_csv_at_their_sizes(load, dash_factory, tmp_p
     from icl_lens.ui.export import EXPORT_WIDTH
 
     d = dash_factory(load("tiny-llama"), export_dir=tmp_path)
-    _type(d, "abc abc")
+    type_prompt(d, "abc abc")
     (html,) = d.export_html()
     assert "plotly-graph-div" in html.read_text() and "icl_lens:figures" in html.read_text()
     norms, traj, fit, preds = d.export_csv()
@@ -267,7 +249,7 @@ def test_exports_write_html_png_svg_csv_at_their_sizes(load, dash_factory, tmp_p
 def test_save_html_is_one_self_contained_file(load, dash_factory, tmp_path):
     model = load("tiny-llama")
     d = dash_factory(model, export_dir=tmp_path)
-    _type(d, "abc abc abd")
+    type_prompt(d, "abc abc abd")
     path = d.save_html(tmp_path / "view.html")
     page = path.read_text()
     assert page.count("icl_lens:figures") == 1 and "class='icl-token" in page
@@ -288,7 +270,7 @@ def test_predictions_with_and_without_context(load, dash_factory):
     model = load("tiny-llama")
     d = dash_factory(model)
     text = "ab=1;cd=2;ef=3;ab=1;cd="
-    _type(d, text)
+    type_prompt(d, text)
     ids = model.to_tokens(text)[0]
     for query in (ids.numel() - 1, 6):
         if query != ids.numel() - 1:
@@ -321,7 +303,7 @@ def test_layer_range_and_per_layer_colour_scale(load, dash_factory):
     model = load("tiny-llama")
     d = dash_factory(model)
     text = "abc abc abd"
-    _type(d, text)
+    type_prompt(d, text)
     norms = icl_lens.token_patches(model, text).norms().double().numpy()
     d.layer_controls.range.value = (1, 2)
     heat = d.heatmap.fig.data[0]
@@ -345,7 +327,7 @@ def test_compare_mode_shows_b_and_the_difference_on_shared_tokens(load, dash_fac
     model = load("tiny-llama")
     d = dash_factory(model)
     a_text, b_text = "ab=1;cd=2;ef=3;ab=", "ab=1;XY=7;ef=3;ab="
-    _type(d, a_text)
+    type_prompt(d, a_text)
     assert d.compare.figure is None and d.compare.text.layout.display == "none"
     d.compare.enabled.value = True
     d.compare.text.value = b_text
@@ -379,7 +361,7 @@ def test_compare_mode_shows_b_and_the_difference_on_shared_tokens(load, dash_fac
 def test_gemma_dashboard_matches_library(gemma, dash_factory):
     d = dash_factory(gemma)
     text = "The capital of France is Paris. The capital of Italy is"
-    _type(d, text)
+    type_prompt(d, text)
     patches = icl_lens.token_patches(gemma, text)
     assert d.strip.widget.tokens == list(patches.tokens)
     np.testing.assert_allclose(_arr(d.heatmap.fig.data[0].z), patches.norms().double().numpy(), rtol=1e-4, atol=1e-5)
