@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout roo
 from experiments.report import load_average, machine, write_fragment  # noqa: E402
 from icl_lens import load_model, load_task, thought_patch  # noqa: E402
 from icl_lens.thought.instruction_batches import continuation_ids, pad_id, query_batch, right_padded, text_ids  # noqa: E402
-from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS  # noqa: E402
+from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS  # noqa: E402
 
 
 def _reset_peak() -> None:

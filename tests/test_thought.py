@@ -20,7 +20,7 @@ from icl_lens.model.greedy import greedy_continuations, last_logits
 from icl_lens.model.tiny_models import TINY_NAMES
 from icl_lens.thought.instruction_batches import continuation_ids, text_ids, with_bos
 from icl_lens.thought.divergence import answer_kl
-from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS
+from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS
 from icl_lens.thought.tasks import TaskFormatError, load_task, shipped_task_paths
 
 TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")

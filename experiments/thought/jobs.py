@@ -40,8 +40,8 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
     from icl_lens.thought.diagnose import diagnose
     from icl_lens.thought.divergence import answer_kl, text_kl
     from icl_lens.thought.evaluate import evaluate_thought
-    from icl_lens.thought.fit import (DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE,
-                                      thought_patch)
+    from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE
+    from icl_lens.thought.fit import thought_patch
     from icl_lens.thought.locality import load_locality, locality_probe
 
     default = {"kind": DEFAULT_KIND, "ridge": DEFAULT_RIDGE, "query_prefix": DEFAULT_QUERY_PREFIX,

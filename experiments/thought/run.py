@@ -52,7 +52,7 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
                  select_tasks=SELECT_TASKS, answer_tokens: dict | None = None) -> str:
     """The report from the cached results; ``answer_tokens[(model, task)]``: tokens per test answer (optional),
     for the breakdown of the missed targets by answer length."""
-    from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE
+    from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE
     from icl_lens.thought.locality import load_locality
 
     loc = load_locality()

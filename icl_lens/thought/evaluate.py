@@ -35,7 +35,8 @@ import pandas as pd
 from icl_lens.model.greedy import greedy_continuations
 from icl_lens.model.prompts import PromptError
 from icl_lens.thought.instruction_batches import prefix_ids, text_ids, with_bos
-from icl_lens.thought.fit import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE, thought_patch
+from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE
+from icl_lens.thought.fit import thought_patch
 from icl_lens.thought.locality import LocalityProbe, locality_probe
 from icl_lens.thought.steering import steering_vector
 from icl_lens.thought.tasks import Task

@@ -107,14 +107,7 @@ from icl_lens.model.capture import NonFiniteActivationError, patch_dtype
 from icl_lens.model.prompts import PromptError, bos_id
 from icl_lens.model.weight_edits import edit_hooks
 from icl_lens.thought.instruction_batches import calibration_ids, continuation_ids, query_batch, read_query_tokens, text_ids
-from icl_lens.thought.defaults import (  # noqa: F401 (also imported from here)
-    DEFAULT_ANSWER_TOKENS,
-    DEFAULT_KIND,
-    DEFAULT_QUERY_PREFIX,
-    DEFAULT_RIDGE,
-    KIND_PARTS,
-    KINDS,
-)
+from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE, KIND_PARTS, KINDS
 from icl_lens.thought.result import ThoughtPatch, thought_edits
 
 if TYPE_CHECKING:
