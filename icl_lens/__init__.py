@@ -6,11 +6,12 @@ arXiv 2507.16003). icl_lens computes those patches exactly for every layer and t
 of real models, from one forward pass, and builds dynamics, thought patches and
 dashboards on them. Definitions: docs/design.md; usage: README.md.
 """
+from icl_lens.core.dense_weights import DenseWeights, StaleWeightsError
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
 from icl_lens.model.block_family import UnsupportedArchitectureError
 from icl_lens.model.batches import patch_norms
-from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning
+from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, dense_weights
 from icl_lens.model.generation import GenerationPatches, generate_with_patches
 from icl_lens.model.incremental import PatchSession, UpdateStats
 from icl_lens.model.model_check import NotABridgeError, ProcessedWeightsError, ProcessedWeightsWarning
@@ -93,6 +94,9 @@ __all__ = [
     "ThoughtEval",
     "ThoughtPatch",
     "TokenPatches",
+    "StaleWeightsError",
+    "DenseWeights",
+    "dense_weights",
     "Trajectory",
     "TrajectoryCheck",
     "UnsupportedArchitectureError",

@@ -49,7 +49,7 @@ def _patches(args: argparse.Namespace) -> int:
         tolerance = TOLERANCE[args.dtype]
     exact = report.relative_error <= tolerance
     if args.out:
-        patches.save(args.out)
+        patches.save(args.out, with_u=True)  # a file read without the model: u stored beside δ
     if args.json:
         print(json.dumps({
             "model": args.model,
@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "above it the command exits with status 1")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     p.add_argument("--out", metavar="FILE.safetensors",
-                   help="write the factors (TokenPatches.save: safetensors + JSON header; TokenPatches.load reads it)")
+                   help="write the factors (TokenPatches.save with u stored, so TokenPatches.load reads them without the model)")
     p.set_defaults(func=_patches)
 
     p = sub.add_parser("sweep", help="patch norms of every prompt of a JSONL file into Parquet parts (resumable)",

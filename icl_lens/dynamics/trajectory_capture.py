@@ -274,7 +274,7 @@ def steps_as_patches(traj: Trajectory) -> TokenPatches:
         raise ValueError("applying a trajectory needs every layer: compute it with layers=None")
     return TokenPatches(
         model_name=traj.model_name, tokens=traj.step_tokens(), token_ids=torch.zeros(steps, dtype=torch.long),
-        u_in=traj.u_in, u_gate=traj.u_gate, v=traj.v, correction=traj.correction,
+        stored_u_in=traj.u_in, stored_u_gate=traj.u_gate, v=traj.v, correction=traj.correction,
         kept=torch.eye(steps, dtype=torch.bool), kept_bos=traj.kept_bos,
         zero_input=torch.zeros(len(traj.layers), steps, dtype=torch.bool),
     )

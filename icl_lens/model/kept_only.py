@@ -4,7 +4,9 @@ The kept-only forward runs the model on the kept tokens alone (BOS + query by de
 each at its original position id), with every layer's patch applied as a weight edit
 (:mod:`icl_lens.model.weight_edits`):
 
-    W_in ← W_in + u_in vᵀ,  W_gate ← W_gate + u_gate vᵀ,  MLP output += correction.
+    W_in ← W_in + u_in vᵀ,  W_gate ← W_gate + u_gate vᵀ,  MLP output += correction,
+
+with ``u = W δ`` formed for the patched positions only.
 
 The edit acts on the actual MLP input of the kept-only pass; nothing is copied from
 the contextual pass. Its logits at the query must equal the contextual logits at ``t``:
@@ -29,21 +31,23 @@ def token_patch_edits(patches: TokenPatches, sources: Int[Tensor, "batch pos"],
                       dtype: torch.dtype) -> dict[int, MLPEdit]:
     """Per-position edits: input row ``b``, position ``i`` gets the patch of prompt position ``sources[b, i]``.
 
-    ``sources[b, i] = -1`` leaves that input position unpatched.
+    ``sources[b, i] = -1`` leaves that input position unpatched. ``u`` is formed for the
+    picked positions only (:meth:`~icl_lens.core.patch_set.TokenPatches.u`).
     """
     valid = (sources >= 0)[..., None].to(dtype)
     src = sources.clamp_min(0)
 
-    def gather(factor: Tensor | None, layer: int) -> Tensor | None:
-        return None if factor is None else factor[layer].to(device=src.device, dtype=dtype)[src] * valid
+    def gather(factor: Tensor | None) -> Tensor | None:
+        return None if factor is None else factor.to(device=src.device, dtype=dtype) * valid
 
-    def rank_one(factor: Tensor | None, layer: int) -> Tensor | None:
-        picked = gather(factor, layer)
-        return None if picked is None else picked[..., None, :]
-
-    return {layer: MLPEdit(v=rank_one(patches.v, layer), u_in=rank_one(patches.u_in, layer),
-                           u_gate=rank_one(patches.u_gate, layer), bias=gather(patches.correction, layer))
-            for layer in range(patches.n_layers)}
+    edits = {}
+    for layer in range(patches.n_layers):
+        index = src.to(patches.v.device)
+        u_in, u_gate = patches.u(layer, index)
+        rank_one = lambda t: None if t is None else gather(t)[..., None, :]  # noqa: E731
+        edits[layer] = MLPEdit(v=rank_one(patches.v[layer][index]), u_in=rank_one(u_in), u_gate=rank_one(u_gate),
+                               bias=gather(patches.correction[layer][index]))
+    return edits
 
 
 @contextmanager

@@ -6,9 +6,11 @@ Layout of the output folder ``DIR``:
   (docs/design.md §2); ``pandas.read_parquet(DIR / "norms")`` reads them all. One part
   per batch, written to a temporary name and renamed, so a crash or Ctrl-C never leaves a
   half-written part.
-- ``factors/part-*.safetensors`` (``--factors``): the patch factors of the same prompts,
-  keyed by id (:meth:`icl_lens.TokenPatches.load_many`, or ``load(path, key=id)``),
-  written before the matching norms part.
+- ``factors/part-*.safetensors`` (``--factors``): the patch factors of the same prompts
+  (``δ``, ``v``, corrections, norms; ``u`` is formed from ``δ`` with the model's weights:
+  ``load_many(path, weights=icl_lens.dense_weights(model))``), keyed by id
+  (:meth:`icl_lens.TokenPatches.load_many`, or ``load(path, key=id)``), written before
+  the matching norms part.
 - ``manifest.json``: model, dtype, device, versions, counts, seconds, bad rows with reasons.
 
 A rerun on the same ``DIR`` skips the ids already in ``norms/``. Several processes
