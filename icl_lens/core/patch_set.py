@@ -51,7 +51,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from icl_lens.core.dense_weights import DenseWeights, RecordedWeights, StaleWeightsError, checksums_match
-from icl_lens.core.factored import patch_norm, stack_outputs
+from icl_lens.core.factored import stack_outputs
 from icl_lens.core.kept_attention import default_kept_mask
 
 FILE_FORMAT = "icl_lens.token_patches"

@@ -35,7 +35,6 @@ from icl_lens.core.kept_attention import bos_and_self_output, kept_set_output, r
 from icl_lens.core.token_patch import input_pseudo_inverse
 from icl_lens.model.block_family import (
     BlockFamily,
-    block_family,
     dense_weight,
     first_dense_modules,
     first_dense_weights,
@@ -60,8 +59,15 @@ def patch_dtype(model) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+def _all_finite(x: Tensor) -> bool:
+    """Fast test: a NaN/inf makes the sum non-finite (a finite sum that overflows only sends us to the exact test)."""
+    return bool(torch.isfinite(x.sum()))
+
+
 def _check_finite(x: Tensor, what: str, layer: int, offset: int | Tensor = 0) -> None:
     """Raise if ``x`` has a NaN/inf; rows are positions ``offset + i`` (or ``offset[i]`` for a tensor)."""
+    if _all_finite(x):
+        return
     bad = ~torch.isfinite(x)
     if bad.any():
         row = int(torch.nonzero(bad.reshape(x.shape[0], -1).any(-1))[0])
@@ -129,6 +135,7 @@ class LayerCapture:
         self._on: dict[str, dict[str, Tensor]] = {}
         self.state: dict[str, Tensor] = {}
         self.reentered = False
+        self.checked_contextual = True  # _patch checks the real rows of A before layer_factors
 
     def hooks(self, layer: int) -> list[tuple[str, object]]:
         f = self.family
@@ -189,8 +196,8 @@ class LayerCapture:
         r, attn_C, z0 = self.state.pop("r"), self.state.pop("attn_C"), self.state.pop("z0")
         A = mlp_in.detach()
         m = self._masks(A.device)
-        bad = ~torch.isfinite(A).all(-1) & m["real"]
-        if bad.any():
+        bad = None if _all_finite(A) else ~torch.isfinite(A).all(-1) & m["real"]
+        if bad is not None and bad.any():
             b, t = (int(i) for i in torch.nonzero(bad)[0])
             where = f" of prompt {b}" if bad.shape[0] > 1 else ""
             raise NonFiniteActivationError(
@@ -283,7 +290,8 @@ def layer_factors(capture, layer: int, r: Tensor, attn_C: Tensor, z0: Tensor, A:
         a = family.context_free_mlp_input(block, r, attn_0, A)
     finally:
         capture.reentered = False
-    _check_finite(A, what, layer, offset)
+    if not getattr(capture, "checked_contextual", False):  # a LayerCapture checked its A already
+        _check_finite(A, what, layer, offset)
     _check_finite(a, "MLP input (context removed)", layer, offset)
     A, a = A.to(dtype), a.to(dtype)
     delta = A - a
