@@ -36,22 +36,29 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--models", nargs="+", default=["gemma-3-270m", "smollm2-135m"],
                     help="embedded or tiny models (tiny-gpt2, tiny-llama, tiny-gemma3, ...: every block family)")
-    ap.add_argument("--naive-length", type=int, default=64)
+    ap.add_argument("--tiny-models", nargs="*", default=[],
+                    help="more models measured at --tiny-lengths only (e.g. one tiny model per block family)")
+    ap.add_argument("--tiny-lengths", type=int, nargs="+", default=[64])
+    ap.add_argument("--naive-length", type=int, default=64, help="prompt length of the naive check (0 skips it)")
     ap.add_argument("--prompts", type=int, default=64, help="batched section: number of prompts (0 skips it)")
     ap.add_argument("--prompt-tokens", type=int, default=64, help="batched section: longest prompt")
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs (median), after --warmup runs")
+    ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--out", default="reports/bench_patches.md")
     args = ap.parse_args()
     load_before = load_average()
     rows, naive_rows, batched_rows = [], [], []
-    for name in args.models:
+    runs = [(name, args.lengths) for name in args.models] + [(name, args.tiny_lengths) for name in args.tiny_models]
+    for name, lengths in runs:
         model = load_model(name, device=args.device)
-        for n in args.lengths:
+        for n in lengths:
             ids = prompt_ids(model, n).to(args.device)
             with torch.no_grad():
-                t_fwd, m_fwd = measure(lambda: model(ids[None]), device=args.device)
-                t_patch, m_patch = measure(lambda: token_patches(model, ids), device=args.device)
-                t_norms, m_norms = measure(lambda: patch_norms(model, [ids], progress=False), device=args.device)
+                rep = dict(device=args.device, repeats=args.repeats, warmup=args.warmup)
+                t_fwd, m_fwd = measure(lambda: model(ids[None]), **rep)
+                t_patch, m_patch = measure(lambda: token_patches(model, ids), **rep)
+                t_norms, m_norms = measure(lambda: patch_norms(model, [ids], progress=False), **rep)
             rows.append({"model": name, "tokens": n, "forward_s": t_fwd, "patches_s": t_patch,
                          "patches_ratio": t_patch / t_fwd, "norms_s": t_norms, "norms_ratio": t_norms / t_fwd,
                          "peak_mib_forward": m_fwd, "peak_mib_patches": m_patch, "peak_mib_norms": m_norms,
@@ -70,14 +77,15 @@ def main() -> None:
                                    "speed_up": t_naive / t_patch, "max_norm_rel_diff": rel})
                 print(f"{name:14s} naive {t_naive:.1f} s vs one-pass {t_patch:.3f} s ({t_naive/t_patch:.0f}x); "
                       f"max norm difference {rel:.1e} (relative)", flush=True)
-        if args.prompts:
+        if args.prompts and name in args.models:
             batched_rows.append(batched(model, name, args))
         del model
     cuda = args.device.startswith("cuda")
     lines = [
         f"## Token-patch extraction vs plain forward ({args.device})", "",
         f"Command: `{command('python benchmarks/bench_patches.py')}`  ",
-        f"Machine: {machine(args.device, load_before)}; float32; median of 3 runs after 1 warm-up. "
+        f"Machine: {machine(args.device, load_before)}; float32; median of {args.repeats} run(s) after "
+        f"{args.warmup} warm-up(s). "
         "The machine is shared: ratios are within one run, each row's load average is in the JSON.", "",
         "Plain forward = TransformerBridge forward with logits. Patches = `token_patches` for every layer "
         "and token (one forward, hooks, stops before the unembedding; keeps δ, v and the correction, "

@@ -345,12 +345,13 @@ def _verify_absorb(model, setup: QuerySetup, traj: Trajectory, steps: tuple[int,
     for s in steps:
         others = token_patches(model, ids, remove=range(b, b + s))
         factors = {}
-        for name in ("u_in", "u_gate", "v", "correction"):
-            own = getattr(others, name)
+        for name, field in (("u_in", "stored_u_in"), ("u_gate", "stored_u_gate"), ("v", "v"),
+                            ("correction", "correction")):
+            own = getattr(others, name)  # u of every position: the query's is replaced by the step's
             if own is not None:
                 own = own.clone()
                 own[:, t] = getattr(traj, name)[:, s].to(own.dtype)
-            factors[name] = own
+            factors[field] = own
         patched = kept_only_logits(model, ids, replace(others, **factors), [t])[0]
         errs.append((patched - reference).abs().max())
     scale = reference.abs().max()
