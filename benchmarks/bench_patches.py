@@ -67,6 +67,7 @@ def main() -> None:
                   f"ratio {t_patch/t_fwd:5.2f}  norms {t_norms*1e3:8.1f} ms ratio {t_norms/t_fwd:5.2f}  "
                   f"peak MiB fwd {m_fwd:.0f} / patches {m_patch:.0f} / norms {m_norms:.0f}  "
                   f"(load {load_average():.1f})", flush=True)
+            write(args, load_before, rows, batched_rows, naive_rows)  # what is measured so far, never lost
             if n == args.naive_length:
                 start = time.perf_counter()
                 naive = token_patches_naive(model, ids)
@@ -80,6 +81,12 @@ def main() -> None:
         if args.prompts and name in args.models:
             batched_rows.append(batched(model, name, args))
         del model
+    write(args, load_before, rows, batched_rows, naive_rows)
+    print(f"wrote {args.out} and its .json")
+
+
+def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: list) -> None:
+    """The Markdown fragment and its JSON, from the rows measured so far (written after every row)."""
     cuda = args.device.startswith("cuda")
     lines = [
         f"## Token-patch extraction vs plain forward ({args.device})", "",
@@ -125,7 +132,6 @@ def main() -> None:
                           "machine": machine(args.device, load_before), "device": args.device,
                           "load_average_before": load_before, "load_average_after": load_average(),
                           "single": rows, "batched": batched_rows, "naive": naive_rows})
-    print(f"wrote {args.out} and its .json")
 
 
 def batched(model, name: str, args) -> tuple:
