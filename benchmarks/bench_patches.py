@@ -1,13 +1,14 @@
 """Benchmark: all-layer x all-token patch extraction vs a plain forward, one prompt and many.
 
 For each model and prompt length, in one run: time of a plain TransformerBridge forward
-(with logits), time of ``token_patches`` (every layer and token, one forward, all factors)
-and of ``patch_norms`` (norms only), their ratios, and peak memory; at 64 tokens also the
+(with logits), time of ``token_patches`` (every layer and token, one forward; δ, v and
+corrections kept, ``u`` on demand) and of ``patch_norms`` (norms only), their ratios, and
+the peak memory of each call (allocator peak on CUDA, reset VmHWM on CPU); at 64 tokens also the
 naive method (one kept-only forward per query and per layer, layers patched one by one).
 Batched: ``--prompts`` prompts of about ``--prompt-tokens`` tokens (lengths vary, so rows
 are padded): a loop of single-prompt ``token_patches`` vs ``patch_norms`` and
 ``token_patches`` in batches of ``--batch-size`` vs a batched plain forward with logits over
-the same padded batches. Writes reports/bench_patches.md.
+the same padded batches. Writes reports/bench_patches.md and reports/bench_patches.json.
 
     python benchmarks/bench_patches.py [--device cuda] [--lengths 64 256 1024] [--models ...] [--prompts 64]
 """
@@ -22,9 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
-from common import peak_memory, prompt_ids, time_it  # noqa: E402
+from common import measure, prompt_ids, time_it, write_json  # noqa: E402
 
-from experiments.report import command, machine, write_fragment  # noqa: E402
+from experiments.report import command, load_average, machine, write_fragment  # noqa: E402
 from icl_lens import load_model, patch_norms, token_patches  # noqa: E402
 from icl_lens.model.patches import token_patches_naive  # noqa: E402
 
@@ -33,60 +34,83 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--lengths", type=int, nargs="+", default=[64, 256, 1024])
-    ap.add_argument("--models", nargs="+", default=["gemma-3-270m", "smollm2-135m"])
-    ap.add_argument("--naive-length", type=int, default=64)
+    ap.add_argument("--models", nargs="+", default=["gemma-3-270m", "smollm2-135m"],
+                    help="embedded or tiny models (tiny-gpt2, tiny-llama, tiny-gemma3, ...: every block family)")
+    ap.add_argument("--tiny-models", nargs="*", default=[],
+                    help="more models measured at --tiny-lengths only (e.g. one tiny model per block family)")
+    ap.add_argument("--tiny-lengths", type=int, nargs="+", default=[64])
+    ap.add_argument("--naive-length", type=int, default=64, help="prompt length of the naive check (0 skips it)")
     ap.add_argument("--prompts", type=int, default=64, help="batched section: number of prompts (0 skips it)")
     ap.add_argument("--prompt-tokens", type=int, default=64, help="batched section: longest prompt")
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs (median), after --warmup runs")
+    ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--out", default="reports/bench_patches.md")
     args = ap.parse_args()
+    load_before = load_average()
     rows, naive_rows, batched_rows = [], [], []
-    for name in args.models:
+    runs = [(name, args.lengths) for name in args.models] + [(name, args.tiny_lengths) for name in args.tiny_models]
+    for name, lengths in runs:
         model = load_model(name, device=args.device)
-        for n in args.lengths:
+        for n in lengths:
             ids = prompt_ids(model, n).to(args.device)
             with torch.no_grad():
-                with peak_memory(args.device) as mem_fwd:
-                    t_fwd = time_it(lambda: model(ids[None]), device=args.device)
-                with peak_memory(args.device) as mem_patch:
-                    t_patch = time_it(lambda: token_patches(model, ids), device=args.device)
-                with peak_memory(args.device) as mem_norms:
-                    t_norms = time_it(lambda: patch_norms(model, [ids], progress=False), device=args.device)
-            rows.append((name, n, t_fwd, t_patch, t_patch / t_fwd, t_norms, t_norms / t_fwd, mem_fwd["mb"],
-                         mem_patch["mb"], mem_norms["mb"]))
+                rep = dict(device=args.device, repeats=args.repeats, warmup=args.warmup)
+                t_fwd, m_fwd = measure(lambda: model(ids[None]), **rep)
+                t_patch, m_patch = measure(lambda: token_patches(model, ids), **rep)
+                t_norms, m_norms = measure(lambda: patch_norms(model, [ids], progress=False), **rep)
+            rows.append({"model": name, "tokens": n, "forward_s": t_fwd, "patches_s": t_patch,
+                         "patches_ratio": t_patch / t_fwd, "norms_s": t_norms, "norms_ratio": t_norms / t_fwd,
+                         "peak_mib_forward": m_fwd, "peak_mib_patches": m_patch, "peak_mib_norms": m_norms,
+                         "load_average": load_average()})
             print(f"{name:14s} {n:5d} tokens  forward {t_fwd*1e3:8.1f} ms  patches {t_patch*1e3:8.1f} ms  "
                   f"ratio {t_patch/t_fwd:5.2f}  norms {t_norms*1e3:8.1f} ms ratio {t_norms/t_fwd:5.2f}  "
-                  f"peak MB fwd {mem_fwd['mb']:.0f} / patches {mem_patch['mb']:.0f} / norms {mem_norms['mb']:.0f}",
-                  flush=True)
+                  f"peak MiB fwd {m_fwd:.0f} / patches {m_patch:.0f} / norms {m_norms:.0f}  "
+                  f"(load {load_average():.1f})", flush=True)
+            write(args, load_before, rows, batched_rows, naive_rows)  # what is measured so far, never lost
             if n == args.naive_length:
                 start = time.perf_counter()
                 naive = token_patches_naive(model, ids)
                 fast = token_patches(model, ids)
                 t_naive = time.perf_counter() - start
                 rel = float((naive.norms() - fast.norms()).abs().max() / fast.norms().abs().max())  # noqa: E501
-                naive_rows.append((name, n, t_naive, t_patch, t_naive / t_patch, rel))
+                naive_rows.append({"model": name, "tokens": n, "naive_s": t_naive, "one_pass_s": t_patch,
+                                   "speed_up": t_naive / t_patch, "max_norm_rel_diff": rel})
                 print(f"{name:14s} naive {t_naive:.1f} s vs one-pass {t_patch:.3f} s ({t_naive/t_patch:.0f}x); "
                       f"max norm difference {rel:.1e} (relative)", flush=True)
-        if args.prompts:
+        if args.prompts and name in args.models:
             batched_rows.append(batched(model, name, args))
         del model
+    write(args, load_before, rows, batched_rows, naive_rows)
+    print(f"wrote {args.out} and its .json")
+
+
+def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: list) -> None:
+    """The Markdown fragment and its JSON, from the rows measured so far (written after every row)."""
+    cuda = args.device.startswith("cuda")
     lines = [
         f"## Token-patch extraction vs plain forward ({args.device})", "",
         f"Command: `{command('python benchmarks/bench_patches.py')}`  ",
-        f"Machine: {machine(args.device)}; float32; median of 3 runs after 1 warm-up.", "",
+        f"Machine: {machine(args.device, load_before)}; float32; median of {args.repeats} run(s) after "
+        f"{args.warmup} warm-up(s). "
+        "The machine is shared: ratios are within one run, each row's load average is in the JSON.", "",
         "Plain forward = TransformerBridge forward with logits. Patches = `token_patches` for every layer "
-        "and token (one forward, hooks, stops before the unembedding). Peak memory = growth during the call "
-        + ("(CUDA max allocated)." if args.device.startswith("cuda") else
-           "(process RSS sampled every 2 ms, above its level at the start of the call; the allocator reuses "
-           "memory freed by earlier calls, so this is the *new* memory a call needed, a lower bound)."), "",
-        "| model | tokens | forward ms | patches ms | ratio | norms ms | ratio | peak MB forward | peak MB patches | "
-        "peak MB norms |",
+        "and token (one forward, hooks, stops before the unembedding; keeps δ, v and the correction, "
+        "`u = Wδ` is formed only when asked for). Peak = memory growth during one more call, measured "
+        "in the same run for the forward, the patches and the norms: "
+        + ("the CUDA allocator's peak counter, reset before the call, above the memory allocated at its start."
+           if cuda else
+           "the process's peak resident set (VmHWM) reset before the call (`/proc/self/clear_refs`, after "
+           "`malloc_trim`), above the resident set at its start. tracemalloc cannot see torch's CPU tensors."), "",
+        "| model | tokens | forward ms | patches ms | ratio | norms ms | ratio | peak MiB forward | peak MiB patches | "
+        "peak MiB norms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    lines += [f"| {m} | {n} | {f*1e3:.1f} | {p*1e3:.1f} | {r:.2f} | {q*1e3:.1f} | {rq:.2f} | {a:.0f} | {b:.0f} | {c:.0f} |"
-              for m, n, f, p, r, q, rq, a, b, c in rows]
+    lines += [f"| {r['model']} | {r['tokens']} | {r['forward_s']*1e3:.1f} | {r['patches_s']*1e3:.1f} | "
+              f"{r['patches_ratio']:.2f} | {r['norms_s']*1e3:.1f} | {r['norms_ratio']:.2f} | "
+              f"{r['peak_mib_forward']:.0f} | {r['peak_mib_patches']:.0f} | {r['peak_mib_norms']:.0f} |" for r in rows]
     lines += ["", "Norms = `patch_norms` (norms only, no factors kept: `‖ΔW‖ = ‖Rδ‖/‖a‖` with `R` from the QR of "
-              "the stacked dense weights, see `icl_lens/model/batches.py`)."]
+              "the stacked dense weights, see `icl_lens/model/batches.py`; `TokenPatches.norms` uses the same `R`)."]
     if batched_rows:
         lines += ["", f"Many prompts ({args.prompts} prompts of {args.prompt_tokens - 8}..{args.prompt_tokens} tokens, "
                   f"batches of {args.batch_size}, right-padded; loop = one `token_patches` call per prompt, once; "
@@ -94,15 +118,20 @@ def main() -> None:
                   "| model | loop s | patch_norms s | speed-up vs loop | token_patches batched s | forward batched s | "
                   "patch_norms / forward |",
                   "|---|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {m} | {lp:.2f} | {nb:.2f} | {lp/nb:.2f}x | {tb:.2f} | {fb:.2f} | {nb/fb:.2f} |"
-                  for m, lp, nb, tb, fb in batched_rows]
+        lines += [f"| {b['model']} | {b['loop_s']:.2f} | {b['norms_s']:.2f} | {b['loop_s']/b['norms_s']:.2f}x | "
+                  f"{b['token_patches_s']:.2f} | {b['forward_s']:.2f} | {b['norms_s']/b['forward_s']:.2f} |"
+                  for b in batched_rows]
     if naive_rows:
         lines += ["", "Naive method (one kept-only forward per query and per layer, earlier layers patched):", "",
                   "| model | tokens | naive s | one-pass s | speed-up | max norm difference (relative) |",
                   "|---|---:|---:|---:|---:|---:|"]
-        lines += [f"| {m} | {n} | {a:.1f} | {b:.3f} | {s:.0f}x | {d:.1e} |" for m, n, a, b, s, d in naive_rows]
+        lines += [f"| {r['model']} | {r['tokens']} | {r['naive_s']:.1f} | {r['one_pass_s']:.3f} | {r['speed_up']:.0f}x | "
+                  f"{r['max_norm_rel_diff']:.1e} |" for r in naive_rows]
     write_fragment(args.out, lines)
-    print(f"wrote {args.out}")
+    write_json(args.out, {"command": command("python benchmarks/bench_patches.py"),
+                          "machine": machine(args.device, load_before), "device": args.device,
+                          "load_average_before": load_before, "load_average_after": load_average(),
+                          "single": rows, "batched": batched_rows, "naive": naive_rows})
 
 
 def batched(model, name: str, args) -> tuple:
@@ -128,7 +157,7 @@ def batched(model, name: str, args) -> tuple:
     print(f"{name:14s} {args.prompts} prompts: loop {t_loop:.2f} s, patch_norms {t_norms:.2f} s "
           f"({t_loop/t_norms:.2f}x faster), token_patches batched {t_tp:.2f} s, forward batched {t_fwd:.2f} s "
           f"(norms/forward {t_norms/t_fwd:.2f})", flush=True)
-    return name, t_loop, t_norms, t_tp, t_fwd
+    return {"model": name, "loop_s": t_loop, "norms_s": t_norms, "token_patches_s": t_tp, "forward_s": t_fwd}
 
 
 if __name__ == "__main__":

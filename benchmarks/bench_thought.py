@@ -4,7 +4,7 @@
 writes ``reports/bench_thought.md``. Baselines measured in the same run on the same batch
 (the 32 contextual prompts ``[BOS] + instruction + query``, right-padded): one plain
 forward with logits, and the same forward with ``return_type=None``. Peak memory is the
-process's peak resident set (VmHWM), reset before each measurement.
+growth of the process's peak resident set (VmHWM) during a call, reset before it (benchmarks/common.py).
 """
 from __future__ import annotations
 
@@ -15,35 +15,24 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
+from common import peak_memory, write_json  # noqa: E402
 from experiments.report import load_average, machine, write_fragment  # noqa: E402
 from icl_lens import load_model, load_task, thought_patch  # noqa: E402
 from icl_lens.thought.instruction_batches import continuation_ids, pad_id, query_batch, right_padded, text_ids  # noqa: E402
 from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS  # noqa: E402
 
 
-def _reset_peak() -> None:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
-
-
-def _peak_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def _measure(fn, repeats: int) -> tuple[float, float]:
+    """Best wall time of ``repeats`` calls and the largest peak memory growth of one call (:func:`common.peak_memory`)."""
     best, peak = float("inf"), 0.0
     for _ in range(repeats):
-        _reset_peak()
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-        peak = max(peak, _peak_mib())
+        with peak_memory() as mem:
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+        peak = max(peak, mem["mb"])
     return best, peak
 
 
@@ -64,8 +53,6 @@ def main(argv=None) -> int:
     q_ids = [text_ids(model, q) for q in queries]
     batch = query_batch(model, q_ids, prefix=text_ids(model, task.instruction))
     ids = right_padded(batch.sequences, pad_id(model), model.cfg.device)
-    _reset_peak()
-    idle = _peak_mib()
     with torch.no_grad():
         t_logits, m_logits = _measure(lambda: model(ids), args.repeats)
         t_nolog, m_nolog = _measure(lambda: model(ids, return_type=None), args.repeats)
@@ -79,14 +66,14 @@ def main(argv=None) -> int:
         "",
         f"Command: `python benchmarks/bench_thought.py --model {args.model} --task {args.task} --n {args.n} "
         f"--threads {args.threads}`. Machine: {machine(load_before=load_before)}; float32. "
-        f"Best of {args.repeats}; peak = process VmHWM after a reset (includes the loaded model, "
-        f"{idle:.0f} MiB at rest).",
+        f"Best of {args.repeats}; peak = memory growth of a call: the process's peak resident set (VmHWM), "
+        "reset before the call, above the resident set at its start (the loaded model not counted).",
         "",
         f"Batch: {len(queries)} calibration queries of task `{args.task}`, contextual prompts "
         f"{ids.shape[0]} × {ids.shape[1]} tokens (right-padded), {batch.n_tokens} query tokens ({rows} rows with the default "
         f"answer tokens {DEFAULT_ANSWER_TOKENS}).",
         "",
-        "| what | seconds | × plain forward | peak RSS MiB |",
+        "| what | seconds | × plain forward | peak MiB (growth) |",
         "|---|---|---|---|",
         f"| plain forward of the contextual batch, with logits | {t_logits:.2f} | 1.00 | {m_logits:.0f} |",
         f"| same forward, `return_type=None` | {t_nolog:.2f} | {t_nolog / t_logits:.2f} | {m_nolog:.0f} |",
@@ -99,6 +86,11 @@ def main(argv=None) -> int:
         f"{m_logits:.0f} MiB). Compare rows through their ratio to the plain forward of the same run.",
     ]
     print(write_fragment(args.out, lines))
+    write_json(args.out, {"machine": machine(load_before=load_before), "load_average_before": load_before,
+                          "model": args.model, "task": args.task, "n": args.n, "threads": args.threads,
+                          "rows": {"forward_logits": [t_logits, m_logits], "forward_none": [t_nolog, m_nolog],
+                                   "fit_default": [t_fit, m_fit], "fit_query_tokens": [t_q, m_q]},
+                          "columns": ["seconds", "peak_mib"]})
     return 0
 
 

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
+from common import peak_memory, write_json  # noqa: E402
 
 TEXT = (
     "In-context learning lets a language model pick up a task from examples in its prompt. "
@@ -82,7 +84,11 @@ def main(argv: list[str] | None = None) -> None:
         batched.append(_timed(lambda: trajectory(model, ids), cpu["batched"]))
         print(f"repeat {rep}: plain {plain[-1]:.2f}s (cpu {cpu['plain'][-1]:.2f}s), "
               f"trajectory {batched[-1]:.2f}s (cpu {cpu['batched'][-1]:.2f}s)", flush=True)
-    fast = trajectory(model, ids)
+    with torch.no_grad(), peak_memory() as mem_plain:  # one more call of each, peak reset before it
+        model(ids[None])
+    with peak_memory() as mem_batched:
+        fast = trajectory(model, ids)
+    peaks = {"plain": mem_plain["mb"], "batched": mem_batched["mb"]}
     slow = None
     for rep in range(args.naive_repeats):
         box: list[object] = []
@@ -91,14 +97,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"naive {rep}: {naive[-1]:.2f}s (cpu {cpu['naive'][-1]:.2f}s)", flush=True)
     agree = float("nan")
     if slow is not None:
-        u_f, u_s = fast.stacked_u(), slow.stacked_u()
+        u_f, u_s = fast.stacked_u(), slow.stacked_u()  # a trajectory keeps its steps' u (n+1 of them)
         agree = float((u_f - u_s).abs().max() / u_s.abs().max())
 
     base = statistics.median(plain)
-    rows = [("plain forward of the prompt (with logits)", plain, cpu["plain"]),
-            ("`trajectory` (batched, shared prefix)", batched, cpu["batched"])]
+    rows = [("plain forward of the prompt (with logits)", plain, cpu["plain"], peaks["plain"]),
+            ("`trajectory` (batched, shared prefix)", batched, cpu["batched"], peaks["batched"])]
     if naive:
-        rows.append(("naive: n+1 prefix forwards (`trajectory_naive`)", naive, cpu["naive"]))
+        rows.append(("naive: n+1 prefix forwards (`trajectory_naive`)", naive, cpu["naive"], float("nan")))
     base_cpu = statistics.median(cpu["plain"])
     n = fast.n_context
     lines = [
@@ -109,13 +115,14 @@ def main(argv: list[str] | None = None) -> None:
         f"(query = last token, n = {n} context tokens, {len(fast.layers)} layers).",
         "",
         "| method | runs | median wall s | min wall s | median CPU s | ratio (median wall) | ratio (min wall) "
-        "| ratio (median CPU) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| ratio (median CPU) | peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for label, times, cpus in rows:
+    for label, times, cpus, peak in rows:
         med, med_cpu = statistics.median(times), statistics.median(cpus)
         lines.append(f"| {label} | {len(times)} | {med:.2f} | {min(times):.2f} | {med_cpu:.2f} | {med / base:.2f}× | "
-                     f"{min(times) / min(plain):.2f}× | {med_cpu / base_cpu:.2f}× |")
+                     f"{min(times) / min(plain):.2f}× | {med_cpu / base_cpu:.2f}× | "
+                     f"{'n/a' if peak != peak else f'{peak:.0f}'} |")
     lines += [
         "",
         f"Target: trajectory ≤ 3× the plain forward; measured {statistics.median(batched) / base:.2f}× "
@@ -128,10 +135,17 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "The batched method runs one forward over the prompt prefix plus n+1 copies of the query "
         f"(≈ {ids.numel() - 1 + n + 1} tokens, no unembedding); the plain forward computes logits over the "
-        f"{model.cfg.d_vocab}-token vocabulary. Runs are interleaved, so a change of load affects all methods.",
+        f"{model.cfg.d_vocab}-token vocabulary. Runs are interleaved, so a change of load affects all methods. "
+        "Peak = memory growth of one more call of each, in the same run (the process's peak resident set, reset "
+        "before the call through /proc/self/clear_refs, above the resident set at its start).",
         "",
     ]
     print(write_fragment(args.out, lines))
+    write_json(args.out, {"command": command("PYTHONPATH=. python benchmarks/bench_trajectory.py", argv),
+                          "machine": machine(load_before=load_before), "load_average_before": load_before,
+                          "tokens": int(ids.numel()), "n_context": n,
+                          "rows": [{"method": label, "wall_s": times, "cpu_s": cpus, "peak_mib": peak}
+                                   for label, times, cpus, peak in rows], "agreement": agree})
 
 
 if __name__ == "__main__":

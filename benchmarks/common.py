@@ -1,12 +1,14 @@
-"""Shared helpers for the benchmark scripts: prompts of exact length, timing, peak memory."""
+"""Shared helpers for the benchmark scripts: prompts of exact length, timing, peak memory, JSON beside Markdown."""
 from __future__ import annotations
 
+import ctypes
+import gc
+import json
 import statistics
-import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
-import psutil
 import torch
 
 TEXT = (
@@ -44,32 +46,85 @@ def time_it(fn, *, device: str = "cpu", repeats: int = 3, warmup: int = 1) -> fl
     return statistics.median(times)
 
 
+def _libc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+if _LIBC is not None:  # a fixed mmap threshold: large blocks go back to the system when freed (RSS follows)
+    _LIBC.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD = 1 MiB (glibc would otherwise raise it up to 32 MiB)
+    _LIBC.mallopt(-1, 1 << 20)  # M_TRIM_THRESHOLD
+
+
+def _status_kib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return float(line.split()[1])
+    return float("nan")
+
+
+def cpu_peak_supported() -> bool:
+    """Whether the process's peak RSS can be reset here (Linux ``/proc/self/clear_refs``)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
 @contextmanager
 def peak_memory(device: str = "cpu"):
-    """Yields a dict whose ``"mb"`` is the peak memory above the start during the block.
+    """Yields a dict whose ``"mb"`` is the peak memory of the block above its start (MiB).
 
-    CUDA: ``torch.cuda.max_memory_allocated``. CPU: resident set size sampled every 2 ms.
+    CUDA: the allocator's own counter, reset first (``torch.cuda.reset_peak_memory_stats``,
+    ``max_memory_allocated`` minus the allocated memory at the start). CPU: the process's
+    peak resident set (``VmHWM``), reset to the current RSS through ``/proc/self/clear_refs``
+    ("5") after freed memory is handed back (``gc.collect``, ``malloc_trim``), minus the RSS
+    at the start. ``tracemalloc`` is no use here: torch's CPU tensors are allocated by the C
+    allocator, which ``tracemalloc`` does not see (it reports ~0 for a 200 MB tensor).
     """
-    result = {"mb": 0.0}
+    result = {"mb": float("nan")}
+    gc.collect()
     if device.startswith("cuda"):
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         yield result
+        torch.cuda.synchronize()
         result["mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
         return
-    proc, stop, peak = psutil.Process(), threading.Event(), [0]
-    base = proc.memory_info().rss
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], proc.memory_info().rss)
-            time.sleep(0.002)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+    if not cpu_peak_supported():
         yield result
-    finally:
-        stop.set()
-        thread.join()
-        result["mb"] = max(0, peak[0] - base) / 2**20
+        return
+    base = _status_kib("VmRSS")
+    yield result
+    result["mb"] = max(0.0, _status_kib("VmHWM") - base) / 1024
+
+
+def measure(fn, *, device: str = "cpu", repeats: int = 3, warmup: int = 1) -> tuple[float, float]:
+    """Median wall time of ``fn()`` (:func:`time_it`) and the peak memory of one more call (MiB, :func:`peak_memory`)."""
+    seconds = time_it(fn, device=device, repeats=repeats, warmup=warmup)
+    with peak_memory(device) as mem:
+        fn()
+    return seconds, mem["mb"]
+
+
+def _plain(x):
+    """JSON for what ``json`` cannot write itself: numbers (numpy, torch scalars) as floats, the rest as text."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def write_json(markdown_path, data) -> Path:
+    """Write ``data`` as JSON beside the Markdown fragment ``markdown_path`` (same stem, ``.json``)."""
+    path = Path(markdown_path).with_suffix(".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=_plain) + "\n", encoding="utf-8")
+    return path

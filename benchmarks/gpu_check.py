@@ -8,8 +8,9 @@ Sections, each with its own numbers and a rule that reads them:
    twice the bfloat16-vs-float32 noise floor measured in the same run); batched rows vs
    single prompts.
 2. **Long contexts**: a random model of Gemma 3 270M's shape at 1k, 4k and 16k tokens,
-   float32 and bfloat16: plain forward with logits vs ``token_patches`` (all factors) vs
-   ``patch_norms`` (norms only), median times, ratio, peak CUDA memory.
+   float32 and bfloat16: plain forward with logits vs ``token_patches`` (δ, v, corrections;
+   ``u`` on demand) vs ``patch_norms`` (norms only), median times, ratio, and the peak memory
+   of one call of each in the same run (CUDA allocator peak counter reset per call).
 3. **Batched throughput**: 64 prompts of 64 tokens: a loop of single-prompt
    ``token_patches`` vs ``patch_norms`` in batches vs a batched forward with logits.
 
@@ -22,9 +23,7 @@ shrinks every size.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -34,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
-from common import sync  # noqa: E402
+from common import measure, write_json  # noqa: E402
 
 import icl_lens  # noqa: E402
 from experiments.report import command, machine, write_fragment  # noqa: E402
@@ -105,22 +104,9 @@ def random_ids(model, n: int, seed: int = 0) -> torch.Tensor:
 
 
 def timed(fn, device: str, repeats: int) -> tuple[float, float]:
-    """Median seconds of ``fn()`` after one warm-up, and peak memory above the start (MiB; CUDA only)."""
-    fn()
-    times = []
-    cuda = device.startswith("cuda")
-    if cuda:
-        sync(device)
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
-    return statistics.median(times), peak
+    """Median seconds of ``fn()`` after one warm-up, and the peak memory of one more call above its start
+    (MiB; CUDA allocator peak counter, or the process's reset VmHWM on CPU: :func:`common.peak_memory`)."""
+    return measure(fn, device=device, repeats=repeats)
 
 
 def equivalence_row(name: str, full, half, ids, results: dict) -> dict:
@@ -148,7 +134,7 @@ def batched_row(name: str, model, ids_list, results: dict) -> None:
     worst = 0.0
     for ids, got in zip(ids_list, batched):
         single = icl_lens.token_patches(model, ids)
-        for field in ("u_in", "u_gate", "v", "correction"):
+        for field in ("delta", "u_in", "u_gate", "v", "correction"):
             a, b = getattr(got, field), getattr(single, field)
             if b is not None:
                 worst = max(worst, float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)))
@@ -285,7 +271,7 @@ def render(args, results: dict, started: float) -> list[str]:
     if results.get("embedded"):
         lines.append("")
     if results.get("batched"):
-        lines += ["Batched rows vs single prompts (float32, max relative difference over u_in, u_gate, v, "
+        lines += ["Batched rows vs single prompts (float32, max relative difference over delta, u_in, u_gate, v, "
                   "correction; rule: ≤ 1e-5):", ""]
         lines += [f"- {b['model']}: {b['prompts']} prompts, {_fmt(b['max_relative_diff'], '.1e')} "
                   f"({'within' if b['within_1e-5'] else 'NOT within'} 1e-5)" for b in results["batched"]]
@@ -293,9 +279,10 @@ def render(args, results: dict, started: float) -> list[str]:
     lc = results.get("long_context", [])
     if lc:
         lines += ["### Long contexts (random model of Gemma 3 270M's shape)", "",
-                  "Forward = plain forward with logits. Patches = `token_patches` (all layers × tokens, factors kept). "
-                  "Norms = `patch_norms` (norms only). Median of 3 after a warm-up; peak = CUDA max allocated above "
-                  "the start.", "",
+                  "Forward = plain forward with logits. Patches = `token_patches` (all layers × tokens; δ, v, corrections "
+                  "kept, u on demand). Norms = `patch_norms` (norms only). Median of 3 after a warm-up; peak = memory "
+                  "growth of one more call of each, in the same run (CUDA allocator peak counter reset before the "
+                  "call, or the process's reset VmHWM on CPU).", "",
                   "| dtype | tokens | forward ms | patches ms | ratio | norms ms | ratio | peak MiB fwd | peak MiB patches | peak MiB norms |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in lc:
@@ -354,7 +341,7 @@ def main() -> None:
         lines = render(args, results, started)
         for path in outs:
             write_fragment(path, lines)
-            path.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str))
+            write_json(path, results)
 
     for name, fn in (("equivalence", section_equivalence), ("long contexts", section_long_context),
                      ("throughput", section_throughput)):

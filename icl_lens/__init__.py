@@ -15,11 +15,12 @@ from icl_lens.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads this block)
     from icl_lens.model.names import DEFAULT_MODEL, EMBEDDED_MODELS, known_model_names
+    from icl_lens.core.dense_weights import DenseWeights, StaleWeightsError
     from icl_lens.core.patch_set import TokenPatches
     from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
     from icl_lens.model.block_family import UnsupportedArchitectureError
     from icl_lens.model.batches import patch_norms
-    from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning
+    from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, dense_weights
     from icl_lens.model.generation import GenerationPatches, generate_with_patches
     from icl_lens.model.incremental import PatchSession, UpdateStats
     from icl_lens.model.model_check import NotABridgeError, ProcessedWeightsError, ProcessedWeightsWarning

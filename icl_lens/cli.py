@@ -228,7 +228,7 @@ def _patches(args: argparse.Namespace) -> int:
         tolerance = TOLERANCE[args.dtype]
     exact = report.relative_error <= tolerance
     if args.out:
-        patches.save(args.out)
+        patches.save(args.out, with_u=True)  # a file read without the model: u stored beside δ
     if args.json:
         print(json.dumps({
             "model": args.model,
@@ -364,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "check still uses every layer")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     p.add_argument("--out", metavar="FILE.safetensors",
-                   help="write the factors (TokenPatches.save: safetensors + JSON header; TokenPatches.load reads it)")
+                   help="write the factors (TokenPatches.save with u stored, so TokenPatches.load reads them without the model)")
     p.add_argument("--max-memory", type=parse_size, default=None, metavar="SIZE",
                    help="memory the run may use, e.g. 4GB (default: the available RAM, or the free memory of the "
                         "CUDA device); a prompt whose estimated need exceeds it is refused before any work")

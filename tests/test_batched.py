@@ -7,6 +7,7 @@ import torch
 
 import icl_lens
 from icl_lens import TokenPatches, patch_norms, token_patches
+from icl_lens.core.dense_weights import StaleWeightsError
 from icl_lens.core.patch_set import PatchFileError
 
 # Different lengths (padding), one id tensor without BOS (its row keeps no BOS), one past
@@ -18,7 +19,7 @@ PROMPTS = [
     "A longer prompt, long enough to run past every sliding window.",
     [66],
 ]
-FIELDS = ("u_in", "u_gate", "v", "correction")
+FIELDS = ("delta", "u_in", "u_gate", "v", "correction")
 RTOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
@@ -110,13 +111,24 @@ def test_save_load_round_trip(load, name, tmp_path):
     model = load(name, torch.float64)
     patches = [token_patches(model, PROMPTS[0]), token_patches(model, PROMPTS[2], remove=[1, 2]),
                token_patches(model, PROMPTS[0], keep_bos=False)]
+    weights = icl_lens.dense_weights(model)
     for i, p in enumerate(patches):
         path = p.save(tmp_path / f"p{i}.safetensors")
-        back = TokenPatches.load(path)
+        back = TokenPatches.load(path)  # without the model: δ, v, correction, norms
         assert back.model_name == p.model_name and back.tokens == p.tokens and back.kept_bos == p.kept_bos
-        for field in (*FIELDS, "token_ids", "kept", "zero_input"):
+        assert back.gated == p.gated
+        for field in ("delta", "v", "correction", "token_ids", "kept", "zero_input"):
             a, b = getattr(back, field), getattr(p, field)
-            assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b)), field
+            assert a.dtype == b.dtype and torch.equal(a, b), field
+        assert torch.equal(back.norms(), p.norms()) and back.stored_u_in is None
+        with pytest.raises(StaleWeightsError, match="loaded without the model"):
+            back.u(0)
+        attached = TokenPatches.load(path, weights=weights)  # u formed from δ with the model's weights
+        u_with = TokenPatches.load(p.save(tmp_path / f"u{i}.safetensors", with_u=True))  # u stored
+        for got in (attached, u_with, back.with_weights(weights)):
+            for field in ("u_in", "u_gate"):
+                a, b = getattr(got, field), getattr(p, field)
+                assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b)), field
     shard = TokenPatches.save_many({"a": patches[0], "b": patches[1]}, tmp_path / "shard.safetensors")
     assert torch.equal(TokenPatches.load(shard, key="b").kept, patches[1].kept)
     assert set(TokenPatches.load_many(shard)) == {"a", "b"}

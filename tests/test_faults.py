@@ -263,7 +263,7 @@ MALFORMED = {
     "header not JSON": (lambda t, h: (t, "{oops"), "not valid JSON"),
     "header nested 100k deep": (lambda t, h: (t, "[" * 100_000 + "]" * 100_000), "not valid JSON"),
     "header a list": (lambda t, h: (t, [h]), "not a JSON object"),
-    "other version": (lambda t, h: (t, {**h, "version": 2}), "unsupported format"),
+    "other version": (lambda t, h: (t, {**h, "version": 3}), "unsupported format"),
     "version true": (lambda t, h: (t, {**h, "version": True}), "unsupported format"),
     "no entries": (lambda t, h: (t, {k: v for k, v in h.items() if k != "entries"}), "entries are not a list"),
     "entries an object": (lambda t, h: (t, {**h, "entries": {"0": 1}}), "entries are not a list"),
@@ -283,15 +283,19 @@ MALFORMED = {
     "tokens fewer than positions": (lambda t, h: _entry(tokens=h["entries"][0]["tokens"][:-1])(t, h),
                                     "tokens in the header but"),
     "v one position short": (_tensor("v", lambda x: x[:, :-1]), "has shape"),
-    "u_in of another width than u_gate": (_tensor("u_in", lambda x: x[..., :-1]), "u_gate has shape"),
+    "delta of another width than v": (_tensor("delta", lambda x: x[..., :-1]), "delta has shape"),
+    "u_norm one position short": (_tensor("u_norm", lambda x: x[:, :-1]), "u_norm has shape"),
     "correction 2-D": (_tensor("correction", lambda x: x[0]), "correction has shape"),
     "token_ids float": (_tensor("token_ids", lambda x: x.double()), "token_ids must be integers"),
-    "u_in integer": (_tensor("u_in", lambda x: x.int()), "one floating dtype"),
+    "delta integer": (_tensor("delta", lambda x: x.int()), "one floating dtype"),
     "v float64 beside float32": (_tensor("v", lambda x: x.double()), "one floating dtype"),
     "zero_input float": (_tensor("zero_input", lambda x: x.float()), "zero_input must be bool"),
     "a tensor missing": (lambda t, h: ({k: v for k, v in t.items() if k != "0.correction"}, h),
                          "missing tensor\\(s\\) correction"),
     "kept missing": (_entry(default_kept=False), "missing tensor\\(s\\) kept"),
+    "delta missing": (lambda t, h: ({k: v for k, v in t.items() if k != "0.delta"}, h), "missing tensor\\(s\\) delta"),
+    "gated not a bool": (_entry(gated="yes"), "'gated' is missing or not a bool"),
+    "weights_checksum not a list": (_entry(weights_checksum=3), "'weights_checksum' is not a list"),
     "a tensor no entry describes": (lambda t, h: ({**t, "1.v": t["0.v"]}, h), "no header entry describes: 1.v"),
     "a repeated key": (lambda t, h: ({**t, **{k.replace("0.", "1.", 1): v for k, v in t.items()}},
                                      {**h, "entries": h["entries"] * 2}), "repeats the key"),
@@ -316,4 +320,5 @@ def test_a_malformed_patch_file_is_one_clear_error(patch_file, tmp_path, case):
 def test_the_unmodified_patch_file_loads(patch_file):
     tensors, header = _contents(patch_file)
     loaded = TokenPatches.load(patch_file)
-    assert torch.equal(loaded.u_in, tensors["0.u_in"]) and list(loaded.tokens) == header["entries"][0]["tokens"]
+    assert torch.equal(loaded.delta, tensors["0.delta"]) and list(loaded.tokens) == header["entries"][0]["tokens"]
+    assert header["version"] == 2 and "0.u_in" not in tensors  # δ stored, u formed on demand

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from icl_lens import TokenPatches, patch_norms, token_patches
+from icl_lens import TokenPatches, dense_weights, patch_norms, token_patches
 from icl_lens.sweep import read_rows, run_sweep
 
 ROOT = Path(__file__).parents[1]
@@ -92,7 +92,7 @@ def test_factor_shards_load_as_token_patches(load, prompts, tmp_path):
     shards = sorted((out / "factors").glob("part-*.safetensors"))
     loaded = {}
     for shard in shards:
-        loaded.update(TokenPatches.load_many(shard))
+        loaded.update(TokenPatches.load_many(shard, weights=dense_weights(load("tiny-gemma3"))))
     assert set(loaded) == {str(i) for i in GOOD}
     model = load("tiny-gemma3")
     single = token_patches(model, GOOD[5])

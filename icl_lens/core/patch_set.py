@@ -9,24 +9,42 @@ For layer ``l`` and position ``t`` (docs/design.md §2; Dherin et al. 2025, arXi
 with ``u = W δ``, ``v = a/‖a‖²``, ``δ = A − a``. The patch norm plotted everywhere is
 ``‖ΔW‖_F = sqrt(‖u_gate‖² + ‖u_in‖²)·‖v‖``; the correction norm stands beside it.
 
+**Factors on demand.** A patch set keeps per layer and token only ``d_model``-sized data
+(``δ``, ``v``, the correction, the zero-input flag) and a reference to the model's dense
+weights (:class:`~icl_lens.core.dense_weights.DenseWeights`). ``u`` is formed when asked
+for: :meth:`TokenPatches.u` (one layer, optionally some positions), or the costly
+all-layer properties ``u_in``/``u_gate``. Norms and inner products of
+``U = [u_gate; u_in]`` come from ``R δ`` (``R`` of the thin QR of ``[W_gate; W_in]``,
+``‖U δ‖ = ‖R δ‖``): no ``d_mlp``-sized vector is formed for them. The weights must be the
+ones the patches were made from: edited in place, or another model's, they are refused
+(:class:`~icl_lens.core.dense_weights.StaleWeightsError`). Patch sets built from factors
+that exist already (a trajectory's steps, the regression lab, version-1 files) hold
+``u`` itself instead (``stored_u_in``/``stored_u_gate``).
+
 **File format** (``save``/``load``, one format for the CLI's ``--out`` and sweep shards):
-one safetensors file holding one or more patch sets. Entry ``i`` stores the tensors
-``{i}.u_in``, ``{i}.u_gate`` (gated only), ``{i}.v``, ``{i}.correction``, ``{i}.token_ids``,
-``{i}.zero_input`` and ``{i}.kept`` (only when the kept sets are not the default
-``{BOS, t}``), in their own dtype; the safetensors metadata key ``icl_lens`` holds a small
-JSON header: ``{"format": "icl_lens.token_patches", "version": 1, "entries": [{"key",
-"model", "tokens", "kept_bos", "default_kept", "layers", "positions"}]}`` (``layers`` and
-``positions``: the model layers and prompt positions held; absent in older files, meaning
-all). Loading gives back equal tensors. ``load``/``load_many``
-check the header's schema and each tensor's presence, dtype and shape against the others
-(``v`` fixes layers and positions) and raise one :class:`PatchFileError` naming what is wrong.
+one safetensors file holding one or more patch sets. Version 2: entry ``i`` stores
+``{i}.delta``, ``{i}.v``, ``{i}.correction``, ``{i}.u_norm`` (``‖[u_gate; u_in]‖`` per
+layer and position, so norms need no model), ``{i}.token_ids``, ``{i}.zero_input``,
+``{i}.kept`` (only when the kept sets are not the default ``{BOS, t}``) and, only with
+``save(..., with_u=True)`` (or for a set that holds ``u`` itself), ``{i}.u_in`` and
+``{i}.u_gate``, each in its own dtype; the safetensors metadata key ``icl_lens`` holds a JSON header
+``{"format": "icl_lens.token_patches", "version": 2, "entries": [{"key", "model",
+"tokens", "kept_bos", "default_kept", "gated", "weights_checksum", "layers", "positions"}]}``
+(``layers`` and ``positions``: the model layers and prompt positions held; absent in older
+files, meaning all). Loading without the model gives δ, v, the correction and the norms;
+``u`` needs the dense weights (``TokenPatches.load(path, weights=icl_lens.dense_weights(model))``),
+whose checksum must match the header's. Version-1 files (``u_in``/``u_gate`` stored, no δ)
+still load. ``load``/``load_many`` check the header's schema and each tensor's presence,
+dtype and shape against the others (``v`` fixes layers and positions) and raise one
+:class:`PatchFileError` naming what is wrong.
 
 **Selections.** ``token_patches(model, prompt, layers=...)`` and :meth:`TokenPatches.select`
 give patches of some layers and/or query positions; they keep the true indices
-(``layers``, ``positions``), which ``to_frame``, ``save``/``load`` and the kept-only
-forward use. :meth:`TokenPatches.select` slices every tensor field along the axes its
-jaxtyping annotation names ``layer`` and ``pos`` (``pos``: the query positions held;
-``token``: the whole prompt, never sliced, as in ``token_ids`` and the keys of ``kept``).
+(``layers``, ``positions``), which ``to_frame``, ``save``/``load``, ``u`` (the dense weights
+of the true layer) and the kept-only forward use. :meth:`TokenPatches.select` slices every
+tensor field along the axes its jaxtyping annotation names ``layer`` and ``pos`` (``pos``:
+the query positions held; ``token``: the whole prompt, never sliced, as in ``token_ids`` and
+the keys of ``kept``).
 """
 from __future__ import annotations
 
@@ -36,8 +54,9 @@ import os
 import re
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -45,12 +64,14 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from icl_lens.core.factored import patch_norm, stack_outputs
+from icl_lens.core.dense_weights import DenseWeights, RecordedWeights, StaleWeightsError, checksums_match
+from icl_lens.core.factored import stack_outputs
 from icl_lens.core.kept_attention import default_kept_mask
 
 FILE_FORMAT = "icl_lens.token_patches"
-FILE_VERSION = 1
-_TENSORS = ("u_in", "u_gate", "v", "correction", "token_ids", "zero_input")
+FILE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+_TENSORS = ("delta", "u_in", "u_gate", "v", "correction", "u_norm", "token_ids", "zero_input", "kept")
 
 
 class PatchFileError(ValueError):
@@ -59,7 +80,7 @@ class PatchFileError(ValueError):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class TokenPatches:
-    """Token patches of one prompt, in factored form: the layers ``layers`` × the query positions ``positions``.
+    """Token patches of one prompt, in factored form (``u`` on demand): the layers ``layers`` × the query positions ``positions``.
 
     ``layers`` are the model's layer indices held, in increasing order (default: all,
     ``0..n_layers-1``); ``positions`` the prompt positions held (default: every token).
@@ -69,24 +90,37 @@ class TokenPatches:
     positions held (the number of tokens, unless :meth:`select` picked some).
 
     A *batch* of prompts of equal length (the regression lab's) has one more axis after
-    the layer: ``u_in[layer, prompt, pos, d_mlp]`` and so on, with ``tokens``,
+    the layer: ``delta[layer, prompt, pos, d_model]`` and so on, with ``tokens``,
     ``token_ids`` and ``kept`` shared; :meth:`prompt` picks one prompt's patches.
+
+    ``delta`` (``δ = A − a``) with ``weights`` gives ``u = W δ`` when asked for;
+    ``stored_u_in``/``stored_u_gate`` hold ``u`` itself where it exists already (then
+    ``delta`` may be None). ``u_norm``: ``‖[u_gate; u_in]‖`` read from a file (norms without
+    the model).
     """
 
     model_name: str
     tokens: tuple[str, ...]
     token_ids: Int[Tensor, " token"]
-    u_in: Float[Tensor, "layer *prompt pos d_mlp"]
-    u_gate: Float[Tensor, "layer *prompt pos d_mlp"] | None
     v: Float[Tensor, "layer *prompt pos d_model"]
     correction: Float[Tensor, "layer *prompt pos d_model"]
     kept: Bool[Tensor, "pos token"]
     kept_bos: bool
     zero_input: Bool[Tensor, "layer *prompt pos"]
+    delta: Float[Tensor, "layer *prompt pos d_model"] | None = None
+    weights: Any = None  # DenseWeights (every layer of the model), RecordedWeights (loaded file) or None
+    stored_u_in: Float[Tensor, "layer *prompt pos d_mlp"] | None = None
+    stored_u_gate: Float[Tensor, "layer *prompt pos d_mlp"] | None = None
+    u_norm: Float[Tensor, "layer *prompt pos"] | None = None
     layers: tuple[int, ...] = ()
     positions: tuple[int, ...] = ()
+    _memo: dict = field(default_factory=dict, init=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.stored_u_in is None and self.delta is None:
+            raise ValueError("TokenPatches needs delta (with weights) or stored_u_in")
+        if self.stored_u_in is None and self.weights is None and self.u_norm is None:
+            raise ValueError("TokenPatches made from delta needs the dense weights (weights=)")
         layers = tuple(int(x) for x in self.layers) or tuple(range(self.v.shape[0]))
         positions = tuple(int(x) for x in self.positions) or tuple(range(self.v.shape[-2]))
         for name, got, size in (("layers", layers, self.v.shape[0]), ("positions", positions, self.v.shape[-2])):
@@ -163,29 +197,110 @@ class TokenPatches:
         """Whether these are the patches of a batch of prompts (an axis after the layer)."""
         return self.v.ndim == 4
 
+    def _per_token(self, fn) -> dict[str, Any]:
+        """``fn`` applied to every per-token tensor field (None stays None), by field name."""
+        names = ("v", "correction", "zero_input", "delta", "stored_u_in", "stored_u_gate", "u_norm")
+        return {k: None if getattr(self, k) is None else fn(getattr(self, k)) for k in names}
+
     def prompt(self, b: int) -> "TokenPatches":
         """Prompt ``b`` of a batch, as the patches of one prompt."""
         if not self.batched:
             raise ValueError("these are the patches of one prompt, not a batch")
-        pick = lambda t: None if t is None else t[:, b]  # noqa: E731
-        return replace(self, u_in=pick(self.u_in), u_gate=pick(self.u_gate), v=pick(self.v),
-                       correction=pick(self.correction), zero_input=pick(self.zero_input))
+        return replace(self, **self._per_token(lambda t: t[:, b]))
 
     @property
     def gated(self) -> bool:
-        return self.u_gate is not None
+        if self.stored_u_in is not None:
+            return self.stored_u_gate is not None
+        return bool(self.weights.gated)
 
-    def stacked_u(self) -> Float[Tensor, "layer pos d_u"]:
-        """``[u_gate; u_in]`` (or ``u_in``): the output factor of the whole patch."""
-        return stack_outputs(self.u_in, self.u_gate)
+    @property
+    def stores_u(self) -> bool:
+        """Whether ``u`` is held (stored factors) rather than formed from ``δ`` on demand."""
+        return self.stored_u_in is not None
 
-    def norms(self) -> Float[Tensor, "layer pos"]:
-        """Frobenius norm of each token patch, ``sqrt(‖u_gate‖²+‖u_in‖²)·‖v‖``."""
-        return patch_norm(self.stacked_u(), self.v)
+    def u(self, layer: int, index: Tensor | None = None
+          ) -> tuple[Float[Tensor, "*rows d_mlp"], Float[Tensor, "*rows d_mlp"] | None]:
+        """``(u_in, u_gate)`` of ``layer`` (``u_gate`` None for a plain MLP), every position or ``index``.
 
-    def correction_norms(self) -> Float[Tensor, "layer pos"]:
+        ``index``: position indices (any shape, e.g. ``[batch, pos]`` of source positions);
+        the factors of ``δ[layer][index]`` only are formed. Raises
+        :class:`~icl_lens.core.dense_weights.StaleWeightsError` if the weights changed.
+        """
+        pick = (lambda t: t[layer]) if index is None else (lambda t: t[layer][index])  # noqa: E731
+        if self.stored_u_in is not None:
+            return pick(self.stored_u_in), None if self.stored_u_gate is None else pick(self.stored_u_gate)
+        return self.weights.u(self.layers[layer], pick(self.delta))
+
+    @property
+    def u_in(self) -> Float[Tensor, "layer *prompt pos d_mlp"]:
+        """``W_in δ`` of every layer and position. Costly: forms ``layers × tokens × d_mlp`` floats; prefer :meth:`u`."""
+        if self.stored_u_in is not None:
+            return self.stored_u_in
+        return torch.stack([self.u(layer)[0] for layer in range(self.n_layers)])
+
+    @property
+    def u_gate(self) -> Float[Tensor, "layer *prompt pos d_mlp"] | None:
+        """``W_gate δ`` of every layer and position (None for a plain MLP). Costly, like :attr:`u_in`."""
+        if self.stored_u_in is not None:
+            return self.stored_u_gate
+        if not self.gated:
+            return None
+        return torch.stack([self.u(layer)[1] for layer in range(self.n_layers)])
+
+    def stacked_u(self, layer: int | None = None) -> Float[Tensor, "*layer pos d_u"]:
+        """``[u_gate; u_in]`` (or ``u_in``): the output factor of the whole patch, of ``layer`` or of all (costly)."""
+        if layer is None:
+            return stack_outputs(self.u_in, self.u_gate)
+        u_in, u_gate = self.u(layer)
+        return stack_outputs(u_in, u_gate)
+
+    def u_coordinates(self, layer: int) -> Float[Tensor, "*prompt pos d_k"]:
+        """Vectors with the inner products of ``[u_gate; u_in]`` of ``layer``: ``R δ`` (``d_model`` wide), or ``u``.
+
+        ``(R δ₁)·(R δ₂) = (U δ₁)·(U δ₂)``, so Gram matrices, cosines and norms of the output
+        factors (:mod:`icl_lens.core.factored`) are the same from these, at ``d_model`` cost.
+        """
+        if self.stored_u_in is not None:
+            return stack_outputs(self.stored_u_in[layer], None if self.stored_u_gate is None else self.stored_u_gate[layer])
+        return self.weights.coordinates(self.layers[layer], self.delta[layer])
+
+    def output_norms(self) -> Float[Tensor, "layer *prompt pos"]:
+        """``‖[u_gate; u_in]‖`` of every layer and position, from ``R δ`` (or the stored ``u``/norms); cached."""
+        if "u_norm" not in self._memo:
+            if self.u_norm is not None:
+                out = self.u_norm
+            elif self.stored_u_in is not None:
+                out = torch.linalg.vector_norm(stack_outputs(self.stored_u_in, self.stored_u_gate), dim=-1)
+            else:
+                out = torch.stack([self.weights.norms(model_layer, self.delta[k]) for k, model_layer in enumerate(self.layers)])
+            self._memo["u_norm"] = out
+        return self._memo["u_norm"]
+
+    def norms(self) -> Float[Tensor, "layer *prompt pos"]:
+        """Frobenius norm of each token patch, ``sqrt(‖u_gate‖²+‖u_in‖²)·‖v‖`` (``‖R δ‖·‖v‖``, no ``u`` formed)."""
+        return self.output_norms().to(self.v.dtype) * torch.linalg.vector_norm(self.v, dim=-1)
+
+    def correction_norms(self) -> Float[Tensor, "layer *prompt pos"]:
         """Norm of the skip-connection correction ``‖attn_C − attn_0‖``."""
         return torch.linalg.vector_norm(self.correction, dim=-1)
+
+    def with_weights(self, weights: DenseWeights) -> "TokenPatches":
+        """The same patches computing ``u`` with ``weights``, refused unless they are the ones the patches were made from."""
+        if not isinstance(weights, DenseWeights):
+            raise TypeError(f"weights must be a DenseWeights (icl_lens.dense_weights(model)), got {type(weights).__name__}")
+        weights.check()
+        if self.layers[-1] >= weights.n_layers or (self.delta is not None and self.weights is not None
+                                                   and weights.gated != self.gated):
+            raise StaleWeightsError(f"weights of {weights.n_layers} layers (gated={weights.gated}) do not fit "
+                                    f"patches of layers {self.layers[0]}..{self.layers[-1]} (gated={self.gated})")
+        if self.weights is weights:
+            return self
+        recorded = None if self.weights is None else self.weights.checksum()
+        if recorded is None or not checksums_match(recorded, weights.checksum()):
+            raise StaleWeightsError(f"these weights are not the ones the patches of {self.model_name!r} were made "
+                                    f"from (their checksums differ); recompute the patches with this model")
+        return replace(self, weights=weights)
 
     def kept_positions(self, query: int) -> list[int]:
         """Positions the context-free input of ``query`` (a prompt position held) keeps (sorted)."""
@@ -193,25 +308,16 @@ class TokenPatches:
         return torch.nonzero(self.kept[row]).flatten().tolist()
 
     def keep_parts(self, *, w_in: bool = True, correction: bool = True) -> "TokenPatches":
-        """The same patches with the weight part (``u_in``, ``u_gate``) and/or the skip correction zeroed."""
+        """The same patches with the weight part (``u_in``, ``u_gate``: ``δ``) and/or the skip correction zeroed."""
         zero = lambda t: None if t is None else torch.zeros_like(t)  # noqa: E731
-        return replace(self, u_in=self.u_in if w_in else zero(self.u_in),
-                       u_gate=self.u_gate if w_in else zero(self.u_gate),
-                       correction=self.correction if correction else zero(self.correction))
+        weight_part = {} if w_in else {k: zero(getattr(self, k)) for k in ("delta", "stored_u_in", "stored_u_gate",
+                                                                          "u_norm")}
+        return replace(self, correction=self.correction if correction else zero(self.correction), **weight_part)
 
     def to(self, device: torch.device | str) -> "TokenPatches":
-        """A copy with every tensor on ``device``."""
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return replace(
-            self,
-            token_ids=move(self.token_ids),
-            u_in=move(self.u_in),
-            u_gate=move(self.u_gate),
-            v=move(self.v),
-            correction=move(self.correction),
-            kept=move(self.kept),
-            zero_input=move(self.zero_input),
-        )
+        """A copy with every tensor on ``device`` (the dense weights stay where the model keeps them)."""
+        move = lambda t: t.to(device)  # noqa: E731
+        return replace(self, token_ids=move(self.token_ids), kept=move(self.kept), **self._per_token(move))
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy table: one row per (layer, position) with token, norm and correction norm (and prompt, for a batch)."""
@@ -234,12 +340,37 @@ class TokenPatches:
         default = default_kept_mask(len(self.tokens), keep_bos=self.kept_bos, device=self.kept.device)
         return bool(torch.equal(self.kept, default[list(self.positions)]))
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write this patch set to ``path`` (safetensors + JSON header, see the module doc)."""
-        return TokenPatches.save_many({"0": self}, path)
+    def save(self, path: str | os.PathLike, *, with_u: bool = False) -> Path:
+        """Write this patch set to ``path`` (safetensors + JSON header, see the module doc).
+
+        ``with_u=True`` stores ``u_in``/``u_gate`` as well (read without the model, ``d_mlp``
+        floats per token and layer); by default the file holds ``δ`` and ``u`` needs the weights.
+        """
+        return TokenPatches.save_many({"0": self}, path, with_u=with_u)
+
+    def _file_tensors(self, with_u: bool) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """The tensors (by name) and the header entry (less its key) of this patch set in a version-2 file."""
+        default = self.has_default_kept()
+        tensors = {"v": self.v, "correction": self.correction, "u_norm": self.output_norms(),
+                   "token_ids": self.token_ids, "zero_input": self.zero_input}
+        if self.delta is not None:
+            tensors["delta"] = self.delta
+        if not default:
+            tensors["kept"] = self.kept
+        if with_u or self.delta is None:
+            u_in, u_gate = self.u_in, self.u_gate
+            tensors["u_in"] = u_in
+            if u_gate is not None:
+                tensors["u_gate"] = u_gate
+        checksum = None if self.weights is None else self.weights.checksum()
+        entry = {"model": self.model_name, "tokens": list(self.tokens), "kept_bos": self.kept_bos,
+                 "default_kept": default, "gated": self.gated,
+                 "weights_checksum": None if checksum is None else [dict(c) for c in checksum],
+                 "layers": list(self.layers), "positions": list(self.positions)}
+        return {k: t.detach().cpu().contiguous() for k, t in tensors.items()}, entry
 
     @staticmethod
-    def save_many(patches: Mapping[str, "TokenPatches"], path: str | os.PathLike) -> Path:
+    def save_many(patches: Mapping[str, "TokenPatches"], path: str | os.PathLike, *, with_u: bool = False) -> Path:
         """Write several patch sets (key → patches) to one file, atomically (temp file, then rename)."""
         from safetensors.torch import save_file
 
@@ -247,14 +378,9 @@ class TokenPatches:
         for i, (key, p) in enumerate(patches.items()):
             if p.batched:
                 raise ValueError(f"entry {key!r} holds a batch of prompts; save each one's TokenPatches.prompt(b)")
-            default = p.has_default_kept()
-            for name in _TENSORS + (() if default else ("kept",)):
-                value = getattr(p, name)
-                if value is not None:
-                    tensors[f"{i}.{name}"] = value.detach().cpu().contiguous()
-            entries.append({"key": str(key), "model": p.model_name, "tokens": list(p.tokens),
-                            "kept_bos": p.kept_bos, "default_kept": default, "layers": list(p.layers),
-                            "positions": list(p.positions)})
+            named, entry = p._file_tensors(with_u)
+            tensors.update({f"{i}.{name}": t for name, t in named.items()})
+            entries.append({"key": str(key), **entry})
         header = {"format": FILE_FORMAT, "version": FILE_VERSION, "entries": entries}
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -269,8 +395,8 @@ class TokenPatches:
         return path
 
     @staticmethod
-    def load_many(path: str | os.PathLike, device: torch.device | str = "cpu") -> dict[str, "TokenPatches"]:
-        """Every patch set in ``path``, by key (a sweep shard maps prompt ids to patches)."""
+    def read_file(path: str | os.PathLike, device: torch.device | str = "cpu") -> tuple[dict, dict[str, Tensor]]:
+        """The parsed JSON header and every tensor of a token-patch file (the one place a header is read)."""
         from safetensors import safe_open
 
         path = Path(path)
@@ -292,27 +418,40 @@ class TokenPatches:
         if not isinstance(header, dict):
             raise PatchFileError(f"{path}: the icl_lens header is not a JSON object")
         version = header.get("version")
-        if header.get("format") != FILE_FORMAT or isinstance(version, bool) or version != FILE_VERSION:
+        if header.get("format") != FILE_FORMAT or isinstance(version, bool) or version not in READABLE_VERSIONS:
             raise PatchFileError(f"{path}: unsupported format {header.get('format')!r} version {header.get('version')!r}")
-        entries = header.get("entries")
-        if not isinstance(entries, list):
+        if not isinstance(header.get("entries"), list):
             raise PatchFileError(f"{path}: the header's entries are not a list")
+        return header, tensors
+
+    @staticmethod
+    def load_many(path: str | os.PathLike, device: torch.device | str = "cpu",
+                  weights: DenseWeights | None = None) -> dict[str, "TokenPatches"]:
+        """Every patch set in ``path``, by key (a sweep shard maps prompt ids to patches).
+
+        ``weights`` (``icl_lens.dense_weights(model)``): attach the dense weights so ``u`` can be
+        formed from a version-2 file's ``δ``; refused unless they are the ones the file was made from.
+        """
+        path = Path(path)
+        header, tensors = TokenPatches.read_file(path, device)
+        entries, version = header["entries"], int(header["version"])
         out = {}
         for i, entry in enumerate(entries):
-            patches = _checked_entry(path, i, entry, tensors)
+            patches = _checked_entry(path, i, entry, tensors, version, weights)
             if entry["key"] in out:
                 raise PatchFileError(f"{path}: entry {i} repeats the key {entry['key']!r}")
             out[entry["key"]] = patches
-        known = {f"{i}.{name}" for i in range(len(entries)) for name in _TENSORS + ("kept",)}
+        known = {f"{i}.{name}" for i in range(len(entries)) for name in _TENSORS}
         extra = sorted(set(tensors) - known)
         if extra:
             raise PatchFileError(f"{path}: tensors that no header entry describes: {', '.join(extra[:5])}")
         return out
 
     @staticmethod
-    def load(path: str | os.PathLike, key: str | None = None, device: torch.device | str = "cpu") -> "TokenPatches":
-        """The patch set saved at ``path`` (``key`` picks one from a file holding several)."""
-        entries = TokenPatches.load_many(path, device=device)
+    def load(path: str | os.PathLike, key: str | None = None, device: torch.device | str = "cpu",
+             weights: DenseWeights | None = None) -> "TokenPatches":
+        """The patch set saved at ``path`` (``key`` picks one from a file holding several; ``weights``: see :meth:`load_many`)."""
+        entries = TokenPatches.load_many(path, device=device, weights=weights)
         if key is None:
             if len(entries) != 1:
                 raise PatchFileError(f"{path} holds {len(entries)} patch sets; pass key= (one of "
@@ -327,13 +466,18 @@ class TokenPatches:
 _ENTRY_FIELDS = {"key": str, "model": str, "tokens": list, "kept_bos": bool, "default_kept": bool}
 
 
-def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor]) -> TokenPatches:
+def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor], version: int,
+                   weights: DenseWeights | None) -> TokenPatches:
     """Entry ``i`` of a patch file's header and its tensors as a :class:`TokenPatches`, after checking
-    the header fields' types and every tensor's presence, dtype and shape (one :class:`PatchFileError`)."""
+    the header fields' types and every tensor's presence, dtype and shape (one :class:`PatchFileError`).
+
+    Version 1 stores ``u_in`` (and ``u_gate``); version 2 stores ``delta`` and ``u_norm``, ``u``
+    only when saved ``with_u`` (and ``gated``/``weights_checksum`` in the header).
+    """
     if not isinstance(entry, dict):
         raise PatchFileError(f"{path}: header entry {i} is not a JSON object")
     where = f"{path}: entry {i} ({entry.get('key')!r})"
-    for name, kind in _ENTRY_FIELDS.items():
+    for name, kind in {**_ENTRY_FIELDS, **({"gated": bool} if version >= 2 else {})}.items():
         if not isinstance(entry.get(name), kind):
             raise PatchFileError(f"{where}: header field {name!r} is missing or not a {kind.__name__}")
     if not all(isinstance(t, str) for t in entry["tokens"]):
@@ -342,11 +486,16 @@ def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor]) -> Tok
         held = entry.get(name, [])
         if not isinstance(held, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in held):
             raise PatchFileError(f"{where}: header field {name!r} is not a list of indices")
-    required = ("u_in", "v", "correction", "token_ids", "zero_input") + (() if entry["default_kept"] else ("kept",))
-    missing = [name for name in required if f"{i}.{name}" not in tensors]
+    checksum = entry.get("weights_checksum")
+    if checksum is not None and not (isinstance(checksum, list) and all(isinstance(c, dict) for c in checksum)):
+        raise PatchFileError(f"{where}: header field 'weights_checksum' is not a list of objects")
+    get = lambda name: tensors.get(f"{i}.{name}")  # noqa: E731
+    factor = "u_in" if version == 1 or (get("delta") is None and get("u_in") is not None) else "delta"  # v2: δ, or u
+    required = ((factor, "v", "correction", "token_ids", "zero_input") + (("u_norm",) if version >= 2 else ())
+                + (() if entry["default_kept"] else ("kept",)))
+    missing = [name for name in required if get(name) is None]
     if missing:
         raise PatchFileError(f"{where}: missing tensor(s) {', '.join(missing)}")
-    get = lambda name: tensors.get(f"{i}.{name}")  # noqa: E731
     v = get("v")
     if v.ndim != 3:
         raise PatchFileError(f"{where}: v has shape {tuple(v.shape)}, expected (layer, pos, d_model)")
@@ -359,10 +508,10 @@ def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor]) -> Tok
         raise PatchFileError(f"{where}: {n_tok} tokens in the header but token_ids has shape "
                              f"{tuple(get('token_ids').shape)}")
     u_in = get("u_in")
-    d_mlp = u_in.shape[-1] if u_in.ndim == 3 else -1
-    expected = {"v": tuple(v.shape), "correction": tuple(v.shape), "u_in": (n_layers, n_pos, d_mlp),
-                "u_gate": (n_layers, n_pos, d_mlp), "token_ids": (n_tok,), "zero_input": (n_layers, n_pos),
-                "kept": (n_pos, n_tok)}
+    d_mlp = u_in.shape[-1] if u_in is not None and u_in.ndim == 3 else -1
+    expected = {"v": tuple(v.shape), "correction": tuple(v.shape), "delta": tuple(v.shape),
+                "u_in": (n_layers, n_pos, d_mlp), "u_gate": (n_layers, n_pos, d_mlp), "u_norm": (n_layers, n_pos),
+                "token_ids": (n_tok,), "zero_input": (n_layers, n_pos), "kept": (n_pos, n_tok)}
     for name, shape in expected.items():
         t = get(name)
         if t is not None and tuple(t.shape) != shape:
@@ -373,10 +522,13 @@ def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor]) -> Tok
                              f"but {n_pos} in v")
     if positions and max(positions) >= n_tok:
         raise PatchFileError(f"{where}: {n_tok} tokens in the header but position {max(positions)} in it")
-    floats = {name: get(name).dtype for name in ("u_in", "u_gate", "v", "correction") if get(name) is not None}
+    shared = ("delta", "u_in", "u_gate", "v", "correction")
+    floats = {name: get(name).dtype for name in shared if get(name) is not None}
     if not all(d.is_floating_point for d in floats.values()) or len(set(floats.values())) != 1:
-        raise PatchFileError(f"{where}: u_in, u_gate, v and correction must share one floating dtype; got "
+        raise PatchFileError(f"{where}: {', '.join(shared)} must share one floating dtype; got "
                              + ", ".join(f"{k} {str(d).removeprefix('torch.')}" for k, d in floats.items()))
+    if get("u_norm") is not None and not get("u_norm").dtype.is_floating_point:
+        raise PatchFileError(f"{where}: u_norm must be floating, got {str(get('u_norm').dtype).removeprefix('torch.')}")
     ids = get("token_ids")
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise PatchFileError(f"{where}: token_ids must be integers, got {str(ids.dtype).removeprefix('torch.')}")
@@ -387,10 +539,15 @@ def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor]) -> Tok
             else get("kept"))
     if entry["default_kept"] and positions:
         kept = kept[list(positions)]
-    return TokenPatches(model_name=entry["model"], tokens=tuple(entry["tokens"]), token_ids=ids, u_in=u_in,
-                        u_gate=get("u_gate"), v=v, correction=get("correction"), kept=kept,
-                        kept_bos=entry["kept_bos"], zero_input=get("zero_input"),
-                        layers=layers, positions=positions)
+    common = dict(model_name=entry["model"], tokens=tuple(entry["tokens"]), token_ids=ids, v=v,
+                  correction=get("correction"), kept=kept, kept_bos=entry["kept_bos"], zero_input=get("zero_input"),
+                  stored_u_in=u_in, stored_u_gate=get("u_gate"), layers=layers, positions=positions)
+    if version == 1:  # u stored, no δ: the weights are not needed
+        return TokenPatches(**common)
+    held = layers or tuple(range(n_layers))
+    recorded = RecordedWeights(checksum, entry["gated"], len(checksum) if checksum else max(held, default=-1) + 1)
+    patches = TokenPatches(**common, delta=get("delta"), u_norm=get("u_norm"), weights=recorded)
+    return patches if weights is None else patches.with_weights(weights)
 
 
 def _pick(held: tuple[int, ...], wanted: Iterable[int] | int | None, negative: Callable[[int], int],

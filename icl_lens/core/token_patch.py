@@ -27,9 +27,9 @@ def input_pseudo_inverse(
     a: Float[Tensor, "*batch d_in"],
 ) -> tuple[Float[Tensor, "*batch d_in"], Bool[Tensor, "*batch"]]:
     """``v = a/‖a‖²`` row-wise, and the mask of rows where ``‖a‖`` is zero (``v`` set to 0)."""
-    norm_sq = (a * a).sum(-1, keepdim=True)
+    norm_sq = torch.linalg.vecdot(a, a)[..., None]
     is_zero = norm_sq <= zero_norm_threshold(a.dtype)
-    v = torch.where(is_zero, torch.zeros_like(a), a / torch.where(is_zero, torch.ones_like(norm_sq), norm_sq))
+    v = (a / torch.where(is_zero, torch.ones_like(norm_sq), norm_sq)).masked_fill_(is_zero, 0.0)
     return v, is_zero.squeeze(-1)
 
 

@@ -315,7 +315,7 @@ def steps_as_patches(traj: Trajectory) -> TokenPatches:
         raise ValueError("applying a trajectory needs every layer: compute it with layers=None")
     return TokenPatches(
         model_name=traj.model_name, tokens=traj.step_tokens(), token_ids=torch.zeros(steps, dtype=torch.long),
-        u_in=traj.u_in, u_gate=traj.u_gate, v=traj.v, correction=traj.correction,
+        stored_u_in=traj.u_in, stored_u_gate=traj.u_gate, v=traj.v, correction=traj.correction,
         kept=torch.eye(steps, dtype=torch.bool), kept_bos=traj.kept_bos,
         zero_input=torch.zeros(len(traj.layers), steps, dtype=torch.bool),
     )
@@ -388,12 +388,13 @@ def _verify_absorb(model, setup: QuerySetup, traj: Trajectory, steps: tuple[int,
     for s in steps:
         others = token_patches(model, ids, remove=range(b, b + s))
         factors = {}
-        for name in ("u_in", "u_gate", "v", "correction"):
-            own = getattr(others, name)
+        for name, field in (("u_in", "stored_u_in"), ("u_gate", "stored_u_gate"), ("v", "v"),
+                            ("correction", "correction")):
+            own = getattr(others, name)  # u of every position: the query's is replaced by the step's
             if own is not None:
                 own = own.clone()
                 own[:, t] = getattr(traj, name)[:, s].to(own.dtype)
-            factors[name] = own
+            factors[field] = own
         patched = kept_only_logits(model, ids, replace(others, **factors), [t])[0]
         errs.append((patched - reference).abs().max())
     scale = reference.abs().max()

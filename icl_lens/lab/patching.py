@@ -44,7 +44,7 @@ def _batched_patches(model: RegressionModel, u: Tensor, v: Tensor, correction: T
     kept = (default_kept_mask(n, keep_bos=False) if removed_prefix is None
             else removal_kept_mask(n, torch.arange(n) < removed_prefix))
     return TokenPatches(model_name=f"lab-{model.cfg.arch}", tokens=tuple(["(x,y)"] * (n - 1) + ["query"]),
-                        token_ids=torch.arange(n), u_in=u, u_gate=None, v=v, correction=correction, kept=kept,
+                        token_ids=torch.arange(n), stored_u_in=u, v=v, correction=correction, kept=kept,
                         kept_bos=False, zero_input=zero)
 
 

@@ -12,8 +12,9 @@ rounding. Prompts are sorted by length before batching to keep padding small.
 QR factorisation ``U = Q R`` (``Q`` orthonormal columns, ``R`` upper triangular
 ``d_model × d_model``), ``‖U δ‖ = ‖R δ‖``: the norms need one ``d_model × d_model``
 product per token instead of the ``d_mlp × d_model`` products of the factors, and no
-``u``/``v`` is kept. ``R`` is computed once per layer in float64 and cached per model
-(recomputed if the weights change in place).
+``δ``/``v`` is kept. ``R`` is computed once per layer in float64 and cached per model
+(:func:`icl_lens.model.capture.dense_weights`, renewed if the weights change in place);
+:meth:`icl_lens.core.patch_set.TokenPatches.norms` uses the same ``R``.
 """
 from __future__ import annotations
 
@@ -32,15 +33,14 @@ from icl_lens.core.patch_set import TokenPatches
 from icl_lens.model.block_family import block_family
 from icl_lens.model.capture import (
     LayerCapture,
+    dense_weights,
     empty_factors,
     is_bos_kept,
-    materialised_dense_weights,
     patch_dtype,
     removed_mask,
     run_capture,
     warn_zero_inputs,
 )
-from icl_lens.model.per_model import model_cache
 from icl_lens.model.prompts import PromptError, bos_id, encode_prompt, str_tokens
 
 if TYPE_CHECKING:
@@ -164,6 +164,7 @@ def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bo
     name = model.cfg.model_name
     results: list[TokenPatches | None] = [None] * len(ids)
     dev = output_device(model)
+    weights = dense_weights(model)
     with _progress(len(ids), progress, "token patches") as bar:
         for chunk in _batches([len(x) for x in ids], batch_size):
             batch = prompt_batch(model, [ids[i] for i in chunk], remove=remove, keep_bos=keep_bos)
@@ -180,36 +181,15 @@ def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bo
                     kept = default_kept_mask(m, keep_bos=bool(batch.keep_bos[row]), device=ids[i].device)
                 else:
                     kept = batch.kept[row, :m, :m].clone()
-                factors = {k: None if v is None else take(v) for k, v in out.items()}
+                factors = {k: take(v) for k, v in out.items()}
                 warn_zero_inputs(factors["zero_input"], prompt=i if len(ids) > 1 else None)
                 results[i] = TokenPatches(
                     model_name=name, tokens=str_tokens(model, ids[i]), token_ids=ids[i].cpu(),
-                    u_in=factors["u_in"], u_gate=factors["u_gate"], v=factors["v"],
+                    delta=factors["delta"], weights=weights, v=factors["v"],
                     correction=factors["correction"], kept=kept, kept_bos=bool(batch.keep_bos[row]),
                     zero_input=factors["zero_input"], layers=wanted)
             bar.update(len(chunk))
     return results  # type: ignore[return-value]
-
-
-class NormWeights:
-    """``R`` of the thin QR ``[W_gate; W_in] = Q R`` per layer, cached per model (see the module doc)."""
-
-    def __init__(self, model):
-        self.model, self.dtype = model, patch_dtype(model)
-        self.cache = model_cache(model, "norm_r")
-
-    def __call__(self, layer: int) -> dict[str, Tensor]:
-        weights = materialised_dense_weights(self.model, layer)
-        stamp = tuple((w.data_ptr(), w._version) for w in weights.values())
-        device = next(iter(weights.values())).device
-        key = (layer, self.dtype, str(device))
-        hit = self.cache.get(key)
-        if hit is None or hit[0] != stamp:
-            stacked = torch.cat([w.double() for w in weights.values()], dim=0)
-            r = torch.linalg.qr(stacked, mode="r")[1]
-            hit = (stamp, r.to(self.dtype))
-            self.cache[key] = hit
-        return {"in": hit[1]}
 
 
 def iter_patch_norms(model, prompts: Sequence, *, batch_size: int = 16, layers: Iterable[int] | None = None,
@@ -222,7 +202,7 @@ def iter_patch_norms(model, prompts: Sequence, *, batch_size: int = 16, layers: 
     family = block_family(model)
     ids = encode_prompts(model, prompts) if ids is None else ids
     wanted = _layers(model, layers)
-    weights = NormWeights(model)
+    weights = dense_weights(model)
     dev = output_device(model)
     for chunk in _batches([len(x) for x in ids], batch_size):
         batch = prompt_batch(model, [ids[i] for i in chunk], keep_bos=keep_bos)

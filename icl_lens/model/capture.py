@@ -7,13 +7,16 @@ for gated, sandwich-norm blocks). Per layer ``l``, hooks read during the context
     z⁰_t    = cached scores of t renormalised over its kept keys, times cached values
     attn_0  = post_norm(W_O z⁰ + b_O)        A = the MLP input, e.g. ln2(r + attn_C)
     a       = the same with attn_0           δ = A − a
-    u_in = W_in δ  (W_up),  u_gate = W_gate δ,  v = a/‖a‖²,  correction = attn_C − attn_0
+    v = a/‖a‖²,  correction = attn_C − attn_0     (kept; u_in = W_in δ, u_gate = W_gate δ on demand)
 
 How ``A`` is formed (pre-MLP norm, raw residual, parallel block) is the block family's
 (:mod:`icl_lens.model.block_family`).
 
-Everything is computed in-flight inside the hooks (memory O(layers·pos·(d_model+d_mlp)),
-no ``pos × pos`` score matrix kept, no dense ``d_mlp × d_model`` per token), and the
+Everything is computed in-flight inside the hooks (memory O(layers·pos·d_model): ``δ``,
+``v`` and the correction, never the ``d_mlp``-sized ``u``, which
+:class:`~icl_lens.core.patch_set.TokenPatches` forms from ``δ`` and the model's
+:func:`dense_weights` when asked; no ``pos × pos`` score matrix kept, no dense
+``d_mlp × d_model`` per token), and the
 forward stops after the last block's MLP input (:mod:`icl_lens.model.reading`), so the
 unembedding never runs. The capture works on right-padded batches of prompts (one prompt
 is the batch of one); :mod:`icl_lens.model.batches` forms them and adds the norms-only
@@ -23,23 +26,27 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from icl_lens.core.dense_weights import DenseWeights
 from icl_lens.core.kept_attention import bos_and_self_output, kept_set_output, removes_nothing
-from icl_lens.core.factored import patch_norm
-from icl_lens.core.token_patch import input_pseudo_inverse, token_patch
+from icl_lens.core.token_patch import input_pseudo_inverse
 from icl_lens.model.block_family import (
     BlockFamily,
-    block_family,
     dense_weight,
     first_dense_modules,
     first_dense_weights,
     original,
 )
+from icl_lens.model.per_model import model_cache
 from icl_lens.model.prompts import bos_id
 from icl_lens.model.reading import activations_captured
+
+if TYPE_CHECKING:
+    from icl_lens.model.types import Model
 
 
 class NonFiniteActivationError(FloatingPointError):
@@ -56,8 +63,15 @@ def patch_dtype(model) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+def _all_finite(x: Tensor) -> bool:
+    """Fast test: a NaN/inf makes the sum non-finite (a finite sum that overflows only sends us to the exact test)."""
+    return bool(torch.isfinite(x.sum()))
+
+
 def _check_finite(x: Tensor, what: str, layer: int, offset: int | Tensor = 0) -> None:
     """Raise if ``x`` has a NaN/inf; rows are positions ``offset + i`` (or ``offset[i]`` for a tensor)."""
+    if _all_finite(x):
+        return
     bad = ~torch.isfinite(x)
     if bad.any():
         row = int(torch.nonzero(bad.reshape(x.shape[0], -1).any(-1))[0])
@@ -84,8 +98,9 @@ class LayerCapture:
     and is read only when ``default_kept`` is False; ``keep_bos`` is a bool or one per
     row; ``lengths`` the real length of each row (padding after it is never computed).
     ``out`` holds ``[layers, B, q, …]`` buffers, on any device (each layer's result is
-    moved there). ``norm_weights`` switches to norms only: ``out`` then holds ``norm`` and
-    ``correction_norm`` and the patch factors are never formed (see :mod:`icl_lens.model.batches`).
+    moved there): ``delta``, ``v``, ``correction``, ``zero_input``. ``norm_weights`` (a
+    :class:`~icl_lens.core.dense_weights.DenseWeights`) switches to norms only: ``out`` then
+    holds ``norm`` and ``correction_norm`` (see :mod:`icl_lens.model.batches`).
     """
 
     def __init__(self, model, family: BlockFamily, kept: Tensor | None, default_kept: bool,
@@ -124,6 +139,7 @@ class LayerCapture:
         self._on: dict[str, dict[str, Tensor]] = {}
         self.state: dict[str, Tensor] = {}
         self.reentered = False
+        self.checked_contextual = True  # _patch checks the real rows of A before layer_factors
 
     def hooks(self, layer: int) -> list[tuple[str, object]]:
         f = self.family
@@ -184,8 +200,8 @@ class LayerCapture:
         r, attn_C, z0 = self.state.pop("r"), self.state.pop("attn_C"), self.state.pop("z0")
         A = mlp_in.detach()
         m = self._masks(A.device)
-        bad = ~torch.isfinite(A).all(-1) & m["real"]
-        if bad.any():
+        bad = None if _all_finite(A) else ~torch.isfinite(A).all(-1) & m["real"]
+        if bad is not None and bad.any():
             b, t = (int(i) for i in torch.nonzero(bad)[0])
             where = f" of prompt {b}" if bad.shape[0] > 1 else ""
             raise NonFiniteActivationError(
@@ -193,28 +209,25 @@ class LayerCapture:
         k, compute = self.slot[layer], m["compute"]
         if self.tail is not None or bool(compute.any()):
             rows = lambda x: self._rows(x, compute)  # noqa: E731
-            weights = None if self.norm_weights is None else self.norm_weights(layer)
-            if weights is None:
-                weights = materialised_dense_weights(self.model, layer)
             f = layer_factors(self, layer, rows(r), rows(attn_C), rows(z0), rows(A), "MLP input (contextual)",
-                              rows(m["positions"]), weights=weights)
+                              rows(m["positions"]), u=False)
             if self.norm_weights is not None:
-                self._put("norm", k, patch_norm(f["u_in"], f["v"]))
+                norm = self.norm_weights.norms(layer, f["delta"]) * torch.linalg.vector_norm(f["v"], dim=-1)
+                self._put("norm", k, norm)
                 self._put("correction_norm", k, torch.linalg.vector_norm(f["correction"], dim=-1))
             else:
-                for key in ("u_in", "u_gate", "v", "correction"):
-                    if f[key] is not None:
-                        self._put(key, k, f[key])
+                for key in ("delta", "v", "correction"):
+                    self._put(key, k, f[key])
             self._put("zero_input", k, f["zero"])
         if self.norm_weights is None:
             self._zero_rest(k)
-            if bool(m["unchanged"].any()):  # nothing removed: u = 0, v = A/‖A‖²
+            if bool(m["unchanged"].any()):  # nothing removed: δ = 0, v = A/‖A‖²
                 buf = self.out["v"][k]
                 buf[self.unchanged.to(buf.device)] = input_pseudo_inverse(A[m["unchanged"]].to(self.dtype))[0].to(buf.device)
 
     def _zero_rest(self, k: int) -> None:
         """Zero the rows not computed (nothing removed, or padding): buffers may come uninitialised."""
-        for key in ("u_in", "u_gate", "v", "correction"):
+        for key in ("delta", "v", "correction"):
             buf = self.out.get(key)
             if buf is None:
                 continue
@@ -245,10 +258,27 @@ def materialised_dense_weights(model, layer: int) -> dict[str, Tensor]:
     return weights
 
 
+def dense_weights(model: Model) -> DenseWeights:
+    """The model's first dense weights of every layer (references, checked), cached per model.
+
+    What :class:`~icl_lens.core.patch_set.TokenPatches` forms ``u = W δ`` and the norms
+    (``R`` of the QR) from; a new one is made when the weights changed in place.
+    """
+    cache = model_cache(model, "dense_weights")
+    dtype = patch_dtype(model)
+    hit = cache.get(dtype)
+    if hit is None or not hit.valid():
+        hit = DenseWeights([materialised_dense_weights(model, layer) for layer in range(model.cfg.n_layers)], dtype)
+        cache[dtype] = hit
+    return hit
+
+
 def layer_factors(capture, layer: int, r: Tensor, attn_C: Tensor, z0: Tensor, A: Tensor,
-                  what: str, offset: int | Tensor = 0, weights: dict[str, Tensor] | None = None) -> dict[str, Tensor | None]:
+                  what: str, offset: int | Tensor = 0, weights: dict[str, Tensor] | None = None,
+                  u: bool = True) -> dict[str, Tensor | None]:
     """Patch factors of one layer for rows with residual ``r``, attention output ``attn_C``,
-    kept-key attention ``z0`` and MLP input ``A``.
+    kept-key attention ``z0`` and MLP input ``A``: ``delta``, ``v``, ``correction``, ``zero``
+    and, with ``u=True``, ``u_in``/``u_gate``.
 
     ``attn_0`` and ``a`` are formed by the block family and go through the bridge's own
     components, so they are rounded exactly as the kept-only forward will round them.
@@ -264,29 +294,34 @@ def layer_factors(capture, layer: int, r: Tensor, attn_C: Tensor, z0: Tensor, A:
         a = family.context_free_mlp_input(block, r, attn_0, A)
     finally:
         capture.reentered = False
-    _check_finite(A, what, layer, offset)
+    if not getattr(capture, "checked_contextual", False):  # a LayerCapture checked its A already
+        _check_finite(A, what, layer, offset)
     _check_finite(a, "MLP input (context removed)", layer, offset)
     A, a = A.to(dtype), a.to(dtype)
-    weights = first_dense_weights(model, layer) if weights is None else weights
-    u_in, v, zero = token_patch(weights["in"].to(dtype), A, a)
-    u_gate = (A - a) @ weights["gate"].to(dtype).T if "gate" in weights else None
+    delta = A - a
+    v, zero = input_pseudo_inverse(a)
     correction = attn_C.to(dtype) - attn_0.to(dtype)
-    return {"u_in": u_in, "u_gate": u_gate, "v": v, "correction": correction, "zero": zero}
+    out = {"delta": delta, "v": v, "correction": correction, "zero": zero, "u_in": None, "u_gate": None}
+    if u:
+        weights = first_dense_weights(model, layer) if weights is None else weights
+        out["u_in"] = delta @ weights["in"].to(dtype).T
+        out["u_gate"] = delta @ weights["gate"].to(dtype).T if "gate" in weights else None
+    return out
 
 
 def empty_factors(model, n: int, device, *, batch: int | None = None,
                   layers: Sequence[int] | None = None, zeroed: bool = True) -> dict[str, Tensor | None]:
-    """Factor buffers for ``n`` positions of every layer (``[layers, batch, n, …]`` with ``batch``).
+    """Buffers of ``δ``, ``v``, correction and zero-input flags for ``n`` positions of every layer
+    (``[layers, batch, n, …]`` with ``batch``); all ``d_model`` wide.
 
     ``zeroed=False`` leaves the float buffers uninitialised for a :class:`LayerCapture` that
     writes every row of every layer (it zeroes the rows it does not compute).
     """
-    cfg, dtype, gated = model.cfg, patch_dtype(model), block_family(model).gated
+    cfg, dtype = model.cfg, patch_dtype(model)
     lead = (cfg.n_layers if layers is None else len(layers),) + (() if batch is None else (batch,)) + (n,)
     new = torch.zeros if zeroed else torch.empty
     return {
-        "u_in": new(*lead, cfg.d_mlp, dtype=dtype, device=device),
-        "u_gate": new(*lead, cfg.d_mlp, dtype=dtype, device=device) if gated else None,
+        "delta": new(*lead, cfg.d_model, dtype=dtype, device=device),
         "v": new(*lead, cfg.d_model, dtype=dtype, device=device),
         "correction": new(*lead, cfg.d_model, dtype=dtype, device=device),
         "zero_input": torch.zeros(*lead, dtype=torch.bool, device=device),

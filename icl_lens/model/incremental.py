@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from icl_lens.core.kept_attention import default_kept_mask
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.model.block_family import block_family
-from icl_lens.model.capture import LayerCapture, empty_factors, is_bos_kept, warn_zero_inputs
+from icl_lens.model.capture import LayerCapture, dense_weights, empty_factors, is_bos_kept, warn_zero_inputs
 from icl_lens.model.prompts import encode_prompt, str_tokens
 from icl_lens.model.reading import activations_captured
 
@@ -138,6 +138,6 @@ class PatchSession:
         f = self._factors
         return TokenPatches(
             model_name=self.model.cfg.model_name,
-            tokens=self._tokens, token_ids=ids.cpu(), u_in=f["u_in"], u_gate=f["u_gate"], v=f["v"],
+            tokens=self._tokens, token_ids=ids.cpu(), delta=f["delta"], weights=dense_weights(self.model), v=f["v"],
             correction=f["correction"], kept=kept, kept_bos=kept_bos, zero_input=f["zero_input"],
         )

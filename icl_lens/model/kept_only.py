@@ -4,7 +4,9 @@ The kept-only forward runs the model on the kept tokens alone (BOS + query by de
 each at its original position id), with every layer's patch applied as a weight edit
 (:mod:`icl_lens.model.weight_edits`):
 
-    W_in ← W_in + u_in vᵀ,  W_gate ← W_gate + u_gate vᵀ,  MLP output += correction.
+    W_in ← W_in + u_in vᵀ,  W_gate ← W_gate + u_gate vᵀ,  MLP output += correction,
+
+with ``u = W δ`` formed for the patched positions only.
 
 The edit acts on the actual MLP input of the kept-only pass; nothing is copied from
 the contextual pass. Its logits at the query must equal the contextual logits at ``t``:
@@ -34,23 +36,27 @@ def token_patch_edits(patches: TokenPatches, sources: Int[Tensor, "batch pos"],
     """Per-position edits: input row ``b``, position ``i`` gets the patch of prompt position ``sources[b, i]``.
 
     ``sources[b, i] = -1`` leaves that input position unpatched. Edits are keyed by the
-    model layers the patches hold (``patches.layers``); every position must be held.
+    model layers the patches hold (``patches.layers``); every position must be held. ``u``
+    is formed for the picked positions only (:meth:`~icl_lens.core.patch_set.TokenPatches.u`).
     """
     if not patches.complete:
         raise ValueError("applying patches needs every position of the prompt; select layers only")
     valid = (sources >= 0)[..., None].to(dtype)
     src = sources.clamp_min(0)
 
-    def gather(factor: Tensor | None, k: int) -> Tensor | None:
-        return None if factor is None else factor[k].to(device=src.device, dtype=dtype)[src] * valid
+    def gather(factor: Tensor | None) -> Tensor | None:
+        return None if factor is None else factor.to(device=src.device, dtype=dtype) * valid
 
-    def rank_one(factor: Tensor | None, k: int) -> Tensor | None:
-        picked = gather(factor, k)
-        return None if picked is None else picked[..., None, :]
+    def rank_one(factor: Tensor | None) -> Tensor | None:
+        return None if factor is None else gather(factor)[..., None, :]
 
-    return {layer: MLPEdit(v=rank_one(patches.v, k), u_in=rank_one(patches.u_in, k),
-                           u_gate=rank_one(patches.u_gate, k), bias=gather(patches.correction, k))
-            for k, layer in enumerate(patches.layers)}
+    index = src.to(patches.v.device)
+    edits = {}
+    for k, layer in enumerate(patches.layers):
+        u_in, u_gate = patches.u(k, index)
+        edits[layer] = MLPEdit(v=rank_one(patches.v[k][index]), u_in=rank_one(u_in), u_gate=rank_one(u_gate),
+                               bias=gather(patches.correction[k][index]))
+    return edits
 
 
 @contextmanager

@@ -5,7 +5,8 @@ A token patch of layer ``l`` and query ``t`` (Dherin et al. 2025, arXiv 2507.160
     u_in = W_in (A − a),  u_gate = W_gate (A − a),  v = a/‖a‖²,  correction = attn_C − attn_0
 
 with ``A`` the MLP input of the contextual pass and ``a`` the one of the kept-only pass
-(BOS + query by default). :func:`token_patches` computes every layer and position from
+(BOS + query by default). The patch set keeps ``δ = A − a`` and forms ``u`` from the
+model's dense weights when asked (:mod:`icl_lens.core.patch_set`). :func:`token_patches` computes every layer and position from
 one contextual forward (:mod:`icl_lens.model.capture`, batched by
 :mod:`icl_lens.model.batches`); :func:`token_patches_naive` recomputes them with one
 kept-only forward per query and layer. :func:`verify_equivalence` checks the identity
@@ -25,9 +26,9 @@ from torch import Tensor
 
 from icl_lens.core.kept_attention import removes_nothing
 from icl_lens.core.patch_set import TokenPatches
-from icl_lens.core.token_patch import token_patch
+from icl_lens.core.token_patch import input_pseudo_inverse
 from icl_lens.model.batches import batched_token_patches, is_prompt_list
-from icl_lens.model.block_family import block_family, first_dense_weights
+from icl_lens.model.block_family import block_family
 from icl_lens.model.kept_only import kept_only_logits, kept_only_masks, patches_applied
 from icl_lens.model.prompts import encode_prompt
 from icl_lens.model.reading import activations_captured
@@ -93,10 +94,7 @@ def token_patches_naive(model: Model, prompt: Prompt, *, keep_bos: bool = True) 
     fast = token_patches(model, prompt, keep_bos=keep_bos)  # kept sets and shapes; every factor is recomputed
     family = block_family(model)
     ids = fast.token_ids.to(model.cfg.device)
-    zeros = {k: torch.zeros_like(getattr(fast, k)) for k in ("u_in", "v", "correction")}
-    if fast.u_gate is not None:
-        zeros["u_gate"] = torch.zeros_like(fast.u_gate)
-    acc = replace(fast, **zeros)
+    acc = replace(fast, **{k: torch.zeros_like(getattr(fast, k)) for k in ("delta", "v", "correction")})
     names = {family.mlp_input(l) for l in range(model.cfg.n_layers)}
     names |= {family.attn_out(l) for l in range(model.cfg.n_layers)}
     _, cache = model.run_with_cache(ids[None], names_filter=lambda h: h in names)
@@ -111,13 +109,11 @@ def token_patches_naive(model: Model, prompt: Prompt, *, keep_bos: bool = True) 
                 model(ids[pos], position_ids=pos, attention_mask=kept_only_masks(model, pos), stop_at_layer=layer + 1)
             A = cache[family.mlp_input(layer)][0, t].to(dtype)
             a = got[family.mlp_input(layer)][0, -1].to(dtype)
-            weights = first_dense_weights(model, layer)
-            acc.u_in[layer, t], acc.v[layer, t], _ = token_patch(weights["in"].to(dtype), A, a)
-            if acc.u_gate is not None:
-                acc.u_gate[layer, t] = (A - a) @ weights["gate"].to(dtype).T
+            acc.delta[layer, t] = A - a
+            acc.v[layer, t] = input_pseudo_inverse(a)[0]
             attn_c = cache[family.attn_out(layer)][0, t]
             acc.correction[layer, t] = (attn_c - got[family.attn_out(layer)][0, -1]).to(dtype)
-    return acc
+    return replace(acc)  # a fresh norm cache: the one of ``acc`` may predate the in-place writes
 
 
 @dataclass(frozen=True, eq=False)

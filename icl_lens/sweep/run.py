@@ -7,8 +7,10 @@ Layout of the output folder ``DIR``:
   all. One part per batch, written atomically; each records its settings and the hashes
   of its prompts (:mod:`icl_lens.sweep.parts`).
 - ``factors/part-*.safetensors`` (``--factors``): the patch factors of the same prompts,
-  keyed by id (:meth:`icl_lens.TokenPatches.load_many`, or ``load(path, key=id)``),
-  written before the matching norms part.
+  (``δ``, ``v``, corrections, norms; ``u`` is formed from ``δ`` with the model's weights:
+  ``load_many(path, weights=icl_lens.dense_weights(model))``), keyed by id
+  (:meth:`icl_lens.TokenPatches.load_many`, or ``load(path, key=id)``), written before the
+  matching norms part.
 - ``manifest.json``: model, revision (when known), dtype, layers, factors, device,
   versions, counts, seconds, bad rows with line numbers and reasons, and ``done_prompts``
   (id → the first 16 hex digits of the SHA-256 of each done prompt).

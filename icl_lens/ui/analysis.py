@@ -244,7 +244,7 @@ def threshold_note(model_name: str) -> str:
 
 def alignment_matrix(patches: TokenPatches, layer: int) -> Float[Tensor, "pos pos"]:
     """Token × token cosine of the token patches of ``layer`` (factored, never dense)."""
-    return gram_cosine(patches.stacked_u()[layer], patches.v[layer])
+    return gram_cosine(patches.u_coordinates(layer), patches.v[layer])
 
 
 def timed(fn, *args, **kwargs):
