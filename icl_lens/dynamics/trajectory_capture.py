@@ -35,9 +35,8 @@ from icl_lens.core.kept_attention import bos_and_self_output, kept_set_output
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.dynamics.prefix_variants import PrefixVariantLayout, absorb_layout, prefix_variant_layout
 from icl_lens.dynamics.trajectory import Trajectory
-from icl_lens.model.batches import NormWeights
 from icl_lens.model.block_family import BlockFamily, block_family
-from icl_lens.model.capture import ZeroNormWarning, layer_factors, patch_dtype
+from icl_lens.model.capture import ZeroNormWarning, dense_weights, layer_factors, patch_dtype
 from icl_lens.model.kept_only import kept_only_logits, kept_only_masks, patches_applied
 from icl_lens.model.patches import token_patches
 from icl_lens.model.prompts import bos_id, encode_prompt, str_tokens
@@ -122,7 +121,7 @@ class _TrajectoryCapture:
         self.rows, self.kept = layout.copy_rows(), layout.kept
         # offset > 0: the first ``offset`` positions sit in a key/value cache, the forward's rows start there
         self.offset, self.bos_values = offset, bos_values or {}
-        self.weights = weights  # per layer {"in": R} (compact), else the layer's own dense weights
+        self.weights = weights  # DenseWeights: u_in holds R δ (compact); None: the layer's own dense weights
         if offset:
             self.rows = slice(self.rows.start - offset, self.rows.stop - offset)
         self.out, self.row_of_layer = out, row_of_layer
@@ -164,7 +163,7 @@ class _TrajectoryCapture:
         r, attn_C, z0 = self.state.pop("r"), self.state.pop("attn_C"), self.state.pop("z0")
         if layer in self.row_of_layer:
             f = layer_factors(self, layer, r, attn_C, z0, mlp_in[0, self.rows].detach(),
-                              "MLP input (context prefix)", weights=None if self.weights is None else self.weights(layer))
+                              "MLP input (context prefix)", weights=None if self.weights is None else {"in": self.weights.r(layer)})
             # Step 0 keeps exactly {BOS, t}: nothing is removed, the patch is zero by definition.
             keep = torch.ones(f["u_in"].shape[0], 1, dtype=self.dtype, device=f["u_in"].device)
             if self.zero_first:
@@ -213,7 +212,7 @@ def _capture_layout(model, ids: Tensor, layout: PrefixVariantLayout, kept_bos: b
     skip = 0 if past is None else layout.query
     capture = _TrajectoryCapture(model, family, layout, kept_bos, out, {layer: row for row, layer in enumerate(wanted)},
                                  zero_first=zero_first, offset=skip, bos_values=None if past is None else past[1],
-                                 weights=NormWeights(model) if compact else None)
+                                 weights=dense_weights(model) if compact else None)
     fwd_hooks = [h for layer in range(wanted[-1] + 1) for h in capture.hooks(layer)]
     mask = variant_attention_mask(model, layout)
     kwargs = {}
