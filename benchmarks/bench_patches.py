@@ -45,8 +45,13 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs (median), after --warmup runs")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--clock", choices=["cpu", "wall"], default=None,
+                    help="cpu: the process's CPU time (default on CPU: a shared machine's other jobs hardly "
+                         "inflate it); wall: wall time (default on GPU)")
     ap.add_argument("--out", default="reports/bench_patches.md")
     args = ap.parse_args()
+    if args.clock is None:
+        args.clock = "wall" if args.device.startswith("cuda") else "cpu"
     load_before = load_average()
     rows, naive_rows, batched_rows = [], [], []
     runs = [(name, args.lengths) for name in args.models] + [(name, args.tiny_lengths) for name in args.tiny_models]
@@ -55,7 +60,7 @@ def main() -> None:
         for n in lengths:
             ids = prompt_ids(model, n).to(args.device)
             with torch.no_grad():
-                rep = dict(device=args.device, repeats=args.repeats, warmup=args.warmup)
+                rep = dict(device=args.device, repeats=args.repeats, warmup=args.warmup, clock=args.clock)
                 t_fwd, m_fwd = measure(lambda: model(ids[None]), **rep)
                 t_patch, m_patch = measure(lambda: token_patches(model, ids), **rep)
                 t_norms, m_norms = measure(lambda: patch_norms(model, [ids], progress=False), **rep)
@@ -92,8 +97,10 @@ def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: 
         f"## Token-patch extraction vs plain forward ({args.device})", "",
         f"Command: `{command('python benchmarks/bench_patches.py')}`  ",
         f"Machine: {machine(args.device, load_before)}; float32; median of {args.repeats} run(s) after "
-        f"{args.warmup} warm-up(s). "
-        "The machine is shared: ratios are within one run, each row's load average is in the JSON.", "",
+        f"{args.warmup} warm-up(s). Times are "
+        + ("the process's CPU time over all its threads (`time.process_time`), which other jobs on a shared "
+           "machine inflate far less than wall time. " if args.clock == "cpu" else "wall time. ")
+        + "Ratios are within one run; each row's load average is in the JSON.", "",
         "Plain forward = TransformerBridge forward with logits. Patches = `token_patches` for every layer "
         "and token (one forward, hooks, stops before the unembedding; keeps δ, v and the correction, "
         "`u = Wδ` is formed only when asked for). Peak = memory growth during one more call, measured "
@@ -102,7 +109,7 @@ def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: 
            if cuda else
            "the process's peak resident set (VmHWM) reset before the call (`/proc/self/clear_refs`, after "
            "`malloc_trim`), above the resident set at its start. tracemalloc cannot see torch's CPU tensors."), "",
-        "| model | tokens | forward ms | patches ms | ratio | norms ms | ratio | peak MiB forward | peak MiB patches | "
+        f"| model | tokens | forward ms ({args.clock}) | patches ms | ratio | norms ms | ratio | peak MiB forward | peak MiB patches | "
         "peak MiB norms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -129,7 +136,7 @@ def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: 
                   f"{r['max_norm_rel_diff']:.1e} |" for r in naive_rows]
     write_fragment(args.out, lines)
     write_json(args.out, {"command": command("python benchmarks/bench_patches.py"),
-                          "machine": machine(args.device, load_before), "device": args.device,
+                          "machine": machine(args.device, load_before), "device": args.device, "clock": args.clock,
                           "load_average_before": load_before, "load_average_after": load_average(),
                           "single": rows, "batched": batched_rows, "naive": naive_rows})
 
