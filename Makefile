@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: lab test setup models browser app bench reports notebooks preflight clean
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, from TORCH_INDEX when given (the CPU build on Linux laptops): an unpinned torch pulls CUDA.

@@ -131,3 +131,11 @@ def test_editable_install_maps_the_widgets_folder(tmp_path):
     found = _probe(python, tmp_path)
     assert Path(found["icl_lens"]) == source / "icl_lens" / "__init__.py"
     _assert_assets(found, source / "widgets")
+
+
+def test_pyproject_lists_every_package():
+    """pyproject.toml lists the packages by hand (it maps ``widgets/`` too, which ``find`` cannot): a new
+    package folder missing from the list would be left out of the wheel, and this test names it."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "icl_lens").rglob("__init__.py")}
+    assert found | {"icl_lens.widgets"} == listed, (sorted(found - listed), sorted(listed - found - {"icl_lens.widgets"}))
