@@ -1,7 +1,7 @@
 """Benchmark: fit a thought patch from 32 calibration queries on Gemma 3 270M (CPU).
 
 ``python benchmarks/bench_thought.py [--model gemma-3-270m] [--task capitals] [--threads 1]``
-writes ``reports/bench_thought.md``. Baselines measured in the same run on the same batch
+writes ``reports/bench_thought.md`` and ``.json``. Baselines measured in the same run on the same batch
 (the 32 contextual prompts ``[BOS] + instruction + query``, right-padded): one plain
 forward with logits, and the same forward with ``return_type=None``. Peak memory is the
 process's peak resident set (VmHWM), reset before each measurement.
@@ -9,6 +9,7 @@ process's peak resident set (VmHWM), reset before each measurement.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -99,6 +100,14 @@ def main(argv=None) -> int:
         f"{m_logits:.0f} MiB). Compare rows through their ratio to the plain forward of the same run.",
     ]
     print(write_fragment(args.out, lines))
+    numbers = {"command": lines[2].split("`")[1], "model": args.model, "task": args.task, "n": args.n,
+               "threads": args.threads, "repeats": args.repeats, "idle_mib": idle, "tokens": list(ids.shape),
+               "query_tokens": batch.n_tokens, "rows": rows,
+               "seconds": {"forward_logits": t_logits, "forward_no_logits": t_nolog, "fit_default": t_fit,
+                           "fit_query_only": t_q},
+               "peak_mib": {"forward_logits": m_logits, "forward_no_logits": m_nolog, "fit_default": m_fit,
+                            "fit_query_only": m_q}}
+    Path(args.out).with_suffix(".json").write_text(json.dumps(numbers, indent=1) + "\n", encoding="utf-8")
     return 0
 
 

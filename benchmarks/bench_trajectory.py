@@ -10,13 +10,14 @@ Measures, in the same run on the same prompt (Gemma 3 270M, CPU, float32):
 
 interleaved, median of ``--repeats`` runs (the naive method once by default: it is
 O(n²)), and checks that the batched and naive trajectories agree. Writes
-``reports/bench_trajectory.md``.
+``reports/bench_trajectory.md`` and ``.json``.
 
     python benchmarks/bench_trajectory.py [--tokens 128] [--repeats 3] [--naive-repeats 1]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -132,6 +133,14 @@ def main(argv: list[str] | None = None) -> None:
         "",
     ]
     print(write_fragment(args.out, lines))
+    numbers = {"command": command("PYTHONPATH=. python benchmarks/bench_trajectory.py", argv), "model": args.model,
+               "tokens": int(ids.numel()), "n_context": n, "layers": len(fast.layers), "threads": args.threads,
+               "wall_seconds": {"plain": plain, "batched": batched, "naive": naive},
+               "cpu_seconds": cpu, "naive_agreement": agree,
+               "ratio_median_wall": statistics.median(batched) / base,
+               "ratio_min_wall": min(batched) / min(plain),
+               "ratio_median_cpu": statistics.median(cpu["batched"]) / base_cpu}
+    Path(args.out).with_suffix(".json").write_text(json.dumps(numbers, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -138,3 +138,46 @@ def test_finetune_alignment_eval_quick(tmp_path):
     line = next(ln for ln in text.splitlines() if ln.startswith("- The paper's alignment claim on the lab models"))
     assert f"single_block absorb step" in line.split(f"*{expected}* for ")[1].split(";")[0]
     assert "tiny-gemma3 (extension)" in text and numbers["reading"] == text.split("### Reading (computed from the tables above)\n\n")[1].strip().splitlines()
+
+
+def _summary_reports(root, *, gru_low: float, delta_mse: float, best: float):
+    conv = [{"arch": a, "norm_mse_at_n_train": m, "seeds": 3, "drift_half_to_max": d, "drift_half_to_max_low": d - 0.01,
+             "drift_half_to_max_high": d + 0.01} for a, m, d in (("softmax", 0.01, 0.05), ("gru", 0.1, gru_low + 0.01),
+                                                                  ("delta", delta_mse, 0.2))]
+    lab_json = {"rules": {"exact": {"float64": 1e-10, "float32": 1e-4}, "settled": 0.1, "learns": 0.2},
+                "equivalence": [{"dtype": "float64", "rel_error_prediction": 1e-15, "rel_error_residual": 2e-15}],
+                "convergence": {"n_train": 16, "n_max": 64, "summary": conv},
+                "memory_cost": [{"arch": "delta", "context_length": t, "state_bytes": 10240} for t in (32, 2048)],
+                "attention_regression": [{"max_rel_error": 3e-16}],
+                "thought_patch": [{"K": 64, "test_mse": 0.1, "no_context_test_mse": 0.5, "contextual_test_mse": 0.01}]}
+    (root / "eval_lab.json").write_text(json.dumps(lab_json))
+    row = lambda c, o, k, m: {"comparison": c, "order": o, "kind": k, "mean": m, "low": m - 0.02, "high": m + 0.02}  # noqa: E731
+    summary = [row("sgd", "absorb", "step", best), row("control", "absorb", "step", 0.0),
+               row("sgd", "prefix", "step", 0.05), row("control", "prefix", "step", 0.0)]
+    (root / "eval_finetune_alignment.json").write_text(json.dumps(
+        {"aligned_threshold": 0.5, "weak_threshold": 0.1,
+         "lab": {"single_block": {"seeds": [0, 1, 2], "alignment": {"summary": summary}}}}))
+
+
+def test_summary_is_computed_from_the_reports_json_and_flips_with_it(tmp_path):
+    from experiments.report import NOT_TESTED, QUANTISATION, claims_summary, write_summary
+
+    assert {r["verdict"] for r in claims_summary(tmp_path)} == {NOT_TESTED}  # no reports: nothing claimed
+    _summary_reports(tmp_path, gru_low=0.5, delta_mse=0.01, best=0.6)
+    rows = {r["claim"].split(" (")[0][:40]: r for r in claims_summary(tmp_path)}
+    settle = next(r for r in rows.values() if r["claim"].startswith("Attention's implicit weights settle"))
+    assert settle["verdict"] == "reproduced" and "GRU +0.510 [+0.500, +0.520]" in settle["number"]
+    fixed = next(r for r in rows.values() if r["claim"].startswith("A fixed-state parametric layer"))
+    assert fixed["verdict"] == "reproduced" and fixed["paper"].startswith("McDermott")
+    align = next(r for r in rows.values() if r["claim"].startswith("Implicit updates align"))
+    assert align["verdict"] == "partly" and "best single_block absorb step +0.600 [+0.580, +0.620]" in align["number"]
+    assert "3 seed(s) per model" in align["number"]
+    _summary_reports(tmp_path, gru_low=0.06, delta_mse=0.5, best=0.05)
+    rows = claims_summary(tmp_path)
+    settle = next(r for r in rows if r["claim"].startswith("Attention's implicit weights settle"))
+    assert settle["verdict"] == "not"  # the GRU settles too (interval 0.06..0.08) and overlaps nothing above softmax
+    assert next(r for r in rows if r["claim"].startswith("A fixed-state"))["verdict"] == "not"
+    assert next(r for r in rows if r["claim"].startswith("Implicit updates align"))["verdict"] == "not"
+    text = write_summary(tmp_path)
+    assert QUANTISATION in text and "4-bit GGUF" in text and (tmp_path / "eval_summary.json").exists()
+    assert text.count("\n| ") == len(rows) + 1
