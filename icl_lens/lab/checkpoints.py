@@ -90,7 +90,8 @@ def save_checkpoint(model: RegressionModel, record: dict, name: str | None = Non
 
 
 @functools.lru_cache(maxsize=16)
-def _load_file(path: str, mtime: float) -> dict:
+def load_checkpoint_file(path: str, mtime: float) -> dict:
+    """The saved blob (config, state dict, record) of a checkpoint file; cached per path and modification time."""
     from torch.torch_version import TorchVersion
 
     with torch.serialization.safe_globals([TorchVersion]):  # a version string in the training record
@@ -101,7 +102,7 @@ def _blob(name: str, directory) -> dict:
     path = checkpoint_path(name, directory)
     if not path.exists():
         raise CheckpointNotFoundError(f"no checkpoint at {path}; run `python -m icl_lens.lab.train --model {name}`")
-    return _load_file(str(path), path.stat().st_mtime)
+    return load_checkpoint_file(str(path), path.stat().st_mtime)
 
 
 def load_lab_model(name: str, dtype: torch.dtype = torch.float32, directory: Path | str | None = None) -> RegressionModel:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from icl_lens.lab.checkpoints import (
-    ABLATION_MODELS, CHECKPOINT_DIR, LAB_MODELS, RECIPES, _load_file, checkpoint_path,
+    ABLATION_MODELS, CHECKPOINT_DIR, LAB_MODELS, RECIPES, load_checkpoint_file, checkpoint_path,
 )
 from icl_lens.lab.model import LabConfig, RegressionModel
 
@@ -47,7 +47,7 @@ def _shipped(name: str, seed: int) -> Path | None:
     path = checkpoint_path(name, CHECKPOINT_DIR)
     if not path.exists():
         return None
-    blob = _load_file(str(path), path.stat().st_mtime)
+    blob = load_checkpoint_file(str(path), path.stat().st_mtime)
     rec, recipe = blob["record"], RECIPES[name]
     same = (LabConfig(**blob["config"]) == MODELS[name] and rec.get("seed") == seed and rec.get("steps") == recipe["steps"]
             and rec.get("lr") == recipe["lr"] and rec.get("batch") == BATCH)
@@ -55,7 +55,7 @@ def _shipped(name: str, seed: int) -> Path | None:
 
 
 def _load(path: Path) -> tuple[RegressionModel, dict]:
-    blob = _load_file(str(path), path.stat().st_mtime)
+    blob = load_checkpoint_file(str(path), path.stat().st_mtime)
     model = RegressionModel(LabConfig(**blob["config"]))
     model.load_state_dict(blob["state_dict"])
     return model.eval().requires_grad_(False), dict(blob["record"])
