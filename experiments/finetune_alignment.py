@@ -602,6 +602,23 @@ def ablation_sentence(tables: dict, order: str = "absorb", kind: str = "step") -
                else "every interval overlaps the single block's."))
 
 
+RESIDUAL = 0.8  # both changes' cosine with the residual y − f₀ from which they "both point along it"
+
+
+def function_space_sentence(entries: dict) -> str:
+    """Function-space cosines beside their controls, and for which models both changes point along the residual
+    (cosine ≥ RESIDUAL each), where a high function-space cosine follows from both reducing the error."""
+    items = [f"{n} {fs['same_prompt']['mean']:+.2f} (control {fs['control']['mean']:+.2f}, context vs residual "
+             f"{fs['context_vs_residual']['mean']:+.2f}, finetuned vs residual {fs['finetuned_vs_residual']['mean']:+.2f})"
+             for n, fs in entries.items()]
+    along = [n for n, fs in entries.items()
+             if min(fs["context_vs_residual"]["mean"], fs["finetuned_vs_residual"]["mean"]) >= RESIDUAL]
+    tail = (f" Both changes point along the residual y − f₀ (cosines ≥ {RESIDUAL}) for {', '.join(along)}: there a "
+            "high function-space cosine follows from both reducing the error." if along else
+            f" For no model do both changes point along the residual y − f₀ (cosines ≥ {RESIDUAL}).")
+    return "- Function space (after n examples): " + "; ".join(items) + "." + tail
+
+
 def reading(lab: dict, tables: dict, lm_tables: dict, numbers: dict) -> list[str]:
     """Sentences computed from the results with the stated rules."""
     out = []
@@ -625,14 +642,7 @@ def reading(lab: dict, tables: dict, lm_tables: dict, numbers: dict) -> list[str
     for name in lab:
         out.append(capacity_sentence(name, numbers["lab"][name]["capacity"]))
     if lab:
-        implied = []
-        for name in lab:
-            fs = numbers["lab"][name]["function_space"]
-            implied.append(f"{name} {fs['same_prompt']['mean']:+.2f} (control {fs['control']['mean']:+.2f}, context vs "
-                           f"residual {fs['context_vs_residual']['mean']:+.2f}, finetuned vs residual "
-                           f"{fs['finetuned_vs_residual']['mean']:+.2f})")
-        out.append("- Function space (after n examples): " + "; ".join(implied) + ". Where both changes point along the "
-                   "residual y − f₀ (both reduce the error), a high function-space cosine follows from that alone.")
+        out.append(function_space_sentence({n: numbers["lab"][n]["function_space"] for n in lab}))
         corr, win = [], []
         for name in lab:
             s = {r["variant"]: r["unexplained"] for r in numbers["lab"][name]["effect"]}

@@ -139,3 +139,13 @@ def test_ablation_sentence_names_the_factor_that_moves_the_cosine():
     tables["sb_no_attn_bias"] = _Table({key: -0.2})
     assert "furthest from the single block is sb_no_attn_bias (-0.600)" in fa.ablation_sentence(tables)
     assert fa.ablation_sentence({"softmax": _Table({})}) is None
+
+
+def test_function_space_sentence_names_only_models_whose_changes_follow_the_residual():
+    def entry(ctx, ft):
+        return {"same_prompt": {"mean": 0.8}, "control": {"mean": 0.0}, "context_vs_residual": {"mean": ctx},
+                "finetuned_vs_residual": {"mean": ft}}
+
+    text = fa.function_space_sentence({"a": entry(0.95, 0.9), "b": entry(0.95, 0.1)})
+    assert "for a: there a high function-space cosine" in text and "b +0.80 (control +0.00" in text
+    assert "For no model" in fa.function_space_sentence({"b": entry(0.95, 0.1)})
