@@ -92,10 +92,11 @@ def _read(root: Path, name: str) -> dict | None:
         return None
 
 
-def _ci(d: dict, digits: int = 3, key: str = "mean") -> str:
+def _ci(d: dict, digits: int = 3, key: str = "mean", sign: str = "+") -> str:
     """``mean [low, high]`` of ``d[key]``; the bounds are ``key_low``/``key_high`` where present, else ``low``/``high``."""
     low, high = d.get(f"{key}_low", d.get("low")), d.get(f"{key}_high", d.get("high"))
-    return f"{d[key]:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+    f = f"{sign}.{digits}f"
+    return f"{d[key]:{f}} [{low:{f}}, {high:{f}}]"
 
 
 def _row(claim: str, paper: str, verdict: str, number: str, section: str) -> dict:
@@ -174,9 +175,10 @@ def _lab_rows(lab: dict | None) -> list[dict]:
                    "partly" if s["drift_half_to_max_high"] < g["drift_half_to_max_low"] else "not")
         n_max = lab["convergence"]["n_max"]
         out.append(_row(*names[1], verdict,
-                        f"drift of W over pairs {n_max // 2}→{n_max}: softmax {_ci(s, key='drift_half_to_max')}, GRU "
-                        f"{_ci(g, key='drift_half_to_max')} (settles below {rules['settled']}; seeds "
-                        f"{int(s.get('seeds', 1))}/{int(g.get('seeds', 1))})", sec))
+                        f"relative drift of W over pairs {n_max // 2}→{n_max}: softmax "
+                        f"{_ci(s, key='drift_half_to_max', sign='')}, GRU {_ci(g, key='drift_half_to_max', sign='')} "
+                        f"(settled: interval below {rules['settled']}; partly: softmax's interval below the GRU's; "
+                        f"{int(s.get('seeds', 1))}/{int(g.get('seeds', 1))} seed(s))", sec))
     else:
         out.append(_row(*names[1], NOT_TESTED, "–", sec))
     mem = {(r["arch"], r["context_length"]): r["state_bytes"] for r in lab["memory_cost"]}

@@ -166,7 +166,7 @@ def test_summary_is_computed_from_the_reports_json_and_flips_with_it(tmp_path):
     _summary_reports(tmp_path, gru_low=0.5, delta_mse=0.01, best=0.6)
     rows = {r["claim"].split(" (")[0][:40]: r for r in claims_summary(tmp_path)}
     settle = next(r for r in rows.values() if r["claim"].startswith("Attention's implicit weights settle"))
-    assert settle["verdict"] == "reproduced" and "GRU +0.510 [+0.500, +0.520]" in settle["number"]
+    assert settle["verdict"] == "reproduced" and "GRU 0.510 [0.500, 0.520]" in settle["number"]
     fixed = next(r for r in rows.values() if r["claim"].startswith("A fixed-state parametric layer"))
     assert fixed["verdict"] == "reproduced" and fixed["paper"].startswith("McDermott")
     align = next(r for r in rows.values() if r["claim"].startswith("Implicit updates align"))
