@@ -142,7 +142,7 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md", progress: bool = 
 
     t0, load_before = time.perf_counter(), load_average()
     parts = ["## ICL lab: linear-regression experiments (attention vs parametric and recurrent layers)", "",
-             f"Command: `python -m experiments.lab{' --quick' if quick else ''}` (shipped checkpoints, no training).",
+             f"Command: `python -m experiments.lab{' --quick' if quick else ''}` (shipped checkpoints and the seed cache of `python -m icl_lens.lab.seeds`, no training).",
              f"Machine: {machine(load_before=load_before)}.", ""]
 
     from icl_lens.lab.seeds import is_cached
