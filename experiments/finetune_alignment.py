@@ -103,8 +103,13 @@ class Pooled:
             rows.append({"comparison": comparison, "order": order, "kind": kind, "mean": ci.mean, "low": ci.low,
                          "high": ci.high, "mean_abs": float(sum(float(t.per_prompt[key].abs().double().mean())
                                                                 for t in self.tables) / len(self.tables)),
-                         "prompts": int(c.shape[0]), "seeds": len(self.tables)})
+                         "prompts": int(c.shape[0]), "seeds": len(self.tables),
+                         "per_seed": [float(v.mean()) for v in self.values(key)]})
         return rows
+
+    def per_seed(self, key: str) -> str:
+        """Each seed's mean, ``+0.39/-0.05/+0.12``."""
+        return "/".join(f"{float(v.mean()):+.2f}" for v in self.values(key))
 
 
 def few_shot_prompts(n_per_task: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -264,6 +269,7 @@ def ablation_rows(tables: dict, lab: dict) -> pd.DataFrame:
                 row[f"{order} {kind} (control)"] = (f"{_fmt(t.ci(f'sgd:{order}:{kind}'))} "
                                                     f"({t.ci(f'control:{order}:{kind}').mean:+.3f})")
             row[f"{order} step verdict"] = verdict(t.ci(f"sgd:{order}:step"), t.ci(f"control:{order}:step"))
+            row[f"{order} step per seed"] = t.per_seed(f"sgd:{order}:step")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -438,7 +444,8 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
             lines += ["### 2b. One factor at a time: from the single block toward one_block",
                       "Each variant changes ONE factor of `single_block` toward `one_block` (same recipe as the single "
                       "block); `one_block` changes all of them (and trains 4 heads at rate 2e-3). Each cosine [95% CI] "
-                      "with its own control's mean in parentheses.", "", markdown_table(abl), ""]
+                      "with its own control's mean in parentheses; *per seed*: each training seed's mean (seeds in the "
+                      "order of the JSON's `seeds`).", "", markdown_table(abl), ""]
         if "softmax" in everything:
             t = everything["softmax"]
             keys = ["sgd:absorb:cumulative", "sgd:absorb:step", "control:absorb:cumulative", "sgd:prefix:cumulative",
