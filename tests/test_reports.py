@@ -170,7 +170,8 @@ def test_summary_is_computed_from_the_reports_json_and_flips_with_it(tmp_path):
     fixed = next(r for r in rows.values() if r["claim"].startswith("A fixed-state parametric layer"))
     assert fixed["verdict"] == "reproduced" and fixed["paper"].startswith("McDermott")
     align = next(r for r in rows.values() if r["claim"].startswith("Implicit updates align"))
-    assert align["verdict"] == "partly" and "best single_block absorb step +0.600 [+0.580, +0.620]" in align["number"]
+    assert align["verdict"] == "partly" and "best cell above its control: single_block absorb step +0.600 [+0.580, +0.620]" in align["number"]
+    assert "single_block (the paper's model), absorb step: +0.600" in align["number"] and "2 of 2 model" in align["number"]
     assert "3 seed(s) per model" in align["number"]
     _summary_reports(tmp_path, gru_low=0.06, delta_mse=0.5, best=0.05)
     rows = claims_summary(tmp_path)
