@@ -1,13 +1,16 @@
-"""``python -m experiments.lab``: run the six ICL-lab experiments, write ``reports/eval_lab.md``.
+"""``python -m experiments.lab``: run the six ICL-lab experiments, write ``reports/eval_lab.md`` and ``.json``.
 
-Uses the shipped checkpoints (no training). Sizes are chosen so the whole run takes a few
-minutes on 2 CPU cores; ``--quick`` shrinks them further for a smoke test.
+Uses the shipped checkpoints and, for convergence, every training seed in the seed cache
+(:mod:`icl_lens.lab.seeds`; no training here). Sizes are chosen so the whole run takes a
+few minutes on 2 CPU cores; ``--quick`` shrinks them further for a smoke test.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -25,12 +28,59 @@ from icl_lens.lab.mixers import ARCHITECTURES
 
 # Reading rules: each finding says on which side of these thresholds the measured numbers fall.
 EXACT = {"float64": 1e-10, "float32": 1e-4}  # relative error under which an identity counts as holding
-SHRINKS, FLAT = 0.8, 0.3  # decay exponent α: ≥ SHRINKS shrinks about like 1/i, < FLAT flat, between: slowly
+SETTLED = 0.1  # drift(n_max/2 → n_max) below this (whole interval): the implicit weights settle; above: keep moving
+LEARNS = 0.2  # normalised in-context MSE at n_train below this: the layer learns the task in context
+SEEDS = (0, 1, 2)
 
 
-def _decay_class(alpha: float) -> str:
-    alpha = round(alpha, 2)  # as printed
-    return "shrinks like 1/i" if alpha >= SHRINKS else "flat" if alpha < FLAT else "shrinks slowly"
+def settles(low: float, high: float, rule: float = SETTLED) -> str:
+    """``settles`` when the drift's interval lies below ``rule``, ``keeps moving`` above, else ``undecided``."""
+    return "settles" if high < rule else "keeps moving" if low > rule else "undecided"
+
+
+def _relation(c: pd.DataFrame, a: str, b: str, key: str = "drift_half_to_max") -> str:
+    """``lies below``/``lies above`` when the intervals of ``a`` and ``b`` are disjoint, else ``overlaps``."""
+    if c.loc[a, f"{key}_high"] < c.loc[b, f"{key}_low"]:
+        return "lies below"
+    if c.loc[a, f"{key}_low"] > c.loc[b, f"{key}_high"]:
+        return "lies above"
+    return "overlaps"
+
+
+def convergence_sentences(c: pd.DataFrame, n_train: int, n_max: int, state_constant: bool) -> list[str]:
+    """The convergence findings from ``ConvergenceResult.summary()`` (indexed by arch), each claim attributed."""
+    cls = {a: settles(c.loc[a, "drift_half_to_max_low"], c.loc[a, "drift_half_to_max_high"]) for a in c.index}
+    drift = "; ".join(f"{a} {c.loc[a, 'drift_half_to_max']:.3f} [{c.loc[a, 'drift_half_to_max_low']:.3f}, "
+                      f"{c.loc[a, 'drift_half_to_max_high']:.3f}] ({cls[a]}; α {c.loc[a, 'alpha_mean_curve']:.2f}; "
+                      f"in-context MSE {c.loc[a, 'norm_mse_at_n_train']:.3f} at {n_train}, "
+                      f"{c.loc[a, 'norm_mse_at_n_max']:.3f} at {n_max})" for a in c.index)
+    seeds = sorted({int(c.loc[a, "seeds"]) for a in c.index})
+    out = [f"- 3: relative drift ‖W(m) − W({n_max // 2})‖/‖W({n_max // 2}) − W(0)‖, max over {n_max // 2} < m ≤ "
+           f"{n_max} [95% interval over {'/'.join(map(str, seeds))} training seed(s) and prompts]: {drift}."]
+    recurrent = [a for a in ("linear", "delta", "gru") if a in cls]
+    if "softmax" in cls and recurrent:
+        att, rnn = cls["softmax"], {a: cls[a] for a in recurrent}
+        differs = [a for a in recurrent if rnn[a] != att]
+        same = [a for a in recurrent if rnn[a] == att]
+        holds = att == "settles" and rnn.get("gru") == "keeps moving"
+        out.append(
+            f"- Dherin et al. 2025 (arXiv 2507.16003, §5: attention's implicit updates settle, an RNN's do not): "
+            f"softmax {att}; " + ", ".join(f"{a} {rnn[a]}" for a in recurrent) + ". "
+            + (f"Between softmax and the GRU the claim {'holds' if holds else '**does not** hold'} by the rule; "
+               f"softmax's drift interval {_relation(c, 'softmax', 'gru')} the GRU's; " if "gru" in rnn else "")
+            + (f"the fixed-state layers that behave like softmax here: {', '.join(same)}" if same
+               else "no fixed-state layer behaves like softmax here")
+            + (f"; unlike softmax: {', '.join(differs)}." if differs else "."))
+    if "delta" in c.index:
+        mse = c.loc["delta", "norm_mse_at_n_train"]
+        learns = mse < LEARNS
+        out.append(
+            f"- McDermott, Heath, Parhi 2026 (arXiv 2606.25342: a fixed-state parametric layer can learn in context "
+            f"with constant memory): the delta rule's in-context MSE at {n_train} pairs is {mse:.3f} "
+            f"({'below' if learns else 'not below'} {LEARNS}; softmax {c.loc['softmax', 'norm_mse_at_n_train']:.3f}) "
+            f"with a state that {'stays constant' if state_constant else '**does not** stay constant'} (section 5): "
+            f"{'supported' if learns and state_constant else '**not** supported'} here.")
+    return out
 
 
 def findings(eq, conv, tp, mc, rv) -> list[str]:
@@ -39,10 +89,6 @@ def findings(eq, conv, tp, mc, rv) -> list[str]:
     worst = lambda d: e[e.dtype == d][["rel_error_prediction", "rel_error_residual"]].to_numpy().max()  # noqa: E731
     exact = worst("float64") < EXACT["float64"] and worst("float32") < EXACT["float32"]
     c = conv.summary().set_index("arch")
-    classes = {a: _decay_class(c.loc[a, "alpha_mean_curve"]) for a in c.index}
-    by_class = "; ".join(f"{k}: {', '.join(a for a in c.index if classes[a] == k)}"
-                         for k in ("shrinks like 1/i", "shrinks slowly", "flat") if k in classes.values())
-    rnn_claim = classes["softmax"] == "shrinks like 1/i" and classes["gru"] == "flat"
     t = tp.summary().set_index("K")
     k0, k1 = t.index.min(), t.index.max()
     gap0, gap1 = t.test_mse[k0] - t.train_mse[k0], t.test_mse[k1] - t.train_mse[k1]
@@ -54,22 +100,19 @@ def findings(eq, conv, tp, mc, rv) -> list[str]:
     constant = all(mc.bytes_at(a, hi) == mc.bytes_at(a, lo) for a in fixed)
     tmin = m.set_index(["arch", "context_length"]).us_per_token_min
     tratio = lambda a: tmin[(a, hi)] / tmin[(a, lo)]  # noqa: E731
-    alphas = ", ".join(f"{a} {c.loc[a, 'alpha_mean_curve']:.2f}" for a in c.index)
     identity = max(r["max_rel_error"] for r in rv.rows)
     return [
         f"Rules: an identity holds when its relative error is below {EXACT['float64']:.0e} (float64) / "
-        f"{EXACT['float32']:.0e} (float32); a decay exponent "
-        f"α ≥ {SHRINKS} shrinks about like 1/i, α < {FLAT} is flat, in between shrinks slowly. Shrinking steps are "
-        "not convergence: steps ∝ i^−α with α ≤ 1 do not sum (at α = 1 the weights drift like log n).", "",
+        f"{EXACT['float32']:.0e} (float32); the implicit weights *settle* when the 95% interval of their relative "
+        f"drift over the second half of the context lies below {SETTLED} and *keep moving* when it lies above "
+        f"(else *undecided*); a layer *learns in context* when its normalised MSE at n_train is below {LEARNS}. "
+        "The decay exponent α only describes the steps: steps ∝ i^−α with α ≤ 1 do not sum.", "",
         f"- 1: the patched context-free forward {'reproduces' if exact else '**does not** reproduce'} the contextual "
         f"one for the {e.arch.nunique()} contextual layers: worst relative error {worst('float64'):.1e} at float64, "
         f"{worst('float32'):.1e} at float32.",
         "- 2: implicit vs explicit finetuning is measured with the paper's protocol in its own section "
         "(`python -m experiments.finetune_alignment`).",
-        f"- 3: decay exponents α of the meta-gradient norm up to {conv.n_max} pairs (trained on {conv.n_train}): "
-        f"{alphas} ({by_class}; late/early {c.loc['gru', 'late_over_early']:.2f} for the GRU vs "
-        f"{c.loc['softmax', 'late_over_early']:.2f} for softmax). The papers' attention-vs-RNN claim (attention's "
-        f"steps shrink, a recurrent layer's do not) {'holds' if rnn_claim else '**does not** hold'} here.",
+        *convergence_sentences(c, conv.n_train, conv.n_max, constant),
         f"- 4: the thought patch's train–test gap {'shrinks' if gap1 < gap0 else 'does not shrink'}: "
         f"{gap0:.3f} (K={k0}) to {gap1:.3f} (K={k1}); at K={k1} the test error {t.test_mse[k1]:.3f} is "
         f"{side(t.test_mse[k1], t.no_context_test_mse[k1])} no context ({t.no_context_test_mse[k1]:.3f}) and "
@@ -99,15 +142,18 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md", progress: bool = 
 
     t0, load_before = time.perf_counter(), load_average()
     parts = ["## ICL lab: linear-regression experiments (attention vs parametric and recurrent layers)", "",
-             f"Command: `python -m experiments.lab{' --quick' if quick else ''}` (shipped checkpoints, no training).",
+             f"Command: `python -m experiments.lab{' --quick' if quick else ''}` (shipped checkpoints and the seed cache of `python -m icl_lens.lab.seeds`, no training).",
              f"Machine: {machine(load_before=load_before)}.", ""]
 
-    rec = pd.DataFrame([{"arch": a, **{k: training_record(a)[k] for k in ("steps", "batch", "seconds", "eval_loss_n_train")}}
-                        for a in ARCHITECTURES])
+    from icl_lens.lab.seeds import is_cached
+
+    rec = pd.DataFrame([{"arch": a, **{k: training_record(a)[k] for k in ("steps", "batch", "seconds", "eval_loss_n_train")},
+                         "seeds": ", ".join(str(x) for x in SEEDS if is_cached(a, x))} for a in ARCHITECTURES])
     parts += ["### Models",
               "10-layer Pre-LN blocks (d_model 32, d_mlp 128, 4 heads, GELU MLP), tokens `[x, y, is_query]`, d_x = 4, "
-              "trained on context lengths 1..16 (`python -m icl_lens.lab.train`). `eval_loss_n_train` = normalised "
-              "MSE at the query with 16 pairs (0 = least squares, 1 = ignoring the context).", "",
+              "trained on context lengths 1..16 (`python -m icl_lens.lab.seeds`; seed 0 is the shipped checkpoint, whose "
+              "record is shown). `eval_loss_n_train` = normalised MSE at the query with 16 pairs (0 = least squares, "
+              "1 = ignoring the context); *seeds*: the training seeds in the cache, all used by section 3.", "",
               markdown_table(rec), ""]
 
     eq = stage("equivalence", lambda: numerical_equivalence(n_prompts=s(64, 8)))
@@ -121,13 +167,24 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md", progress: bool = 
               "controls, where the context effect lives) by `python -m experiments.finetune_alignment`: see the "
               "section *Implicit vs explicit finetuning (the paper's protocol)*.", ""]
 
-    conv = stage("convergence", lambda: convergence_by_architecture(n_prompts=s(16, 3), n_max=s(64, 32)))
-    parts += ["### 3. Convergence by architecture (meta-gradient norm vs context length)",
-              f"Whole-model meta-gradient norm of pair i, i = 1..{conv.n_max} (trained up to {conv.n_train}); "
-              f"power-law fit g(i) ≈ c·i^(−α) from i = {conv.fit_from} (and from i = {conv.n_train}); late/early = mean "
-              f"step over the last quarter / over the first {conv.n_train}; cv = std/mean of the late step across prompts; "
-              "normalised MSE of the query prediction at n_train and n_max pairs.", "",
-              markdown_table(conv.summary()), ""]
+    conv = stage("convergence", lambda: convergence_by_architecture(n_prompts=s(16, 3), n_max=s(64, 32), seeds=SEEDS))
+    cs = conv.summary()
+    ci = lambda k: [f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in zip(cs[k], cs[k + "_low"], cs[k + "_high"])]  # noqa: E731
+    conv_table = pd.DataFrame({"arch": cs.arch, "seeds": cs.seeds,
+                               f"drift {conv.n_max // 2}→{conv.n_max}": ci("drift_half_to_max"),
+                               f"drift {conv.n_train}→{conv.n_max}": ci("drift_train_to_max"),
+                               f"tail sum {conv.n_train}→{conv.n_max}": ci("tail_sum_train_to_max"),
+                               "α (from 4)": cs.alpha_mean_curve, f"α (from {conv.n_train})": cs.alpha_beyond_train,
+                               "late/early": cs.late_over_early, f"MSE at {conv.n_train}": cs.norm_mse_at_n_train,
+                               f"MSE at {conv.n_max}": cs.norm_mse_at_n_max})
+    parts += ["### 3. Convergence by architecture (do the implicit weights settle?)",
+              f"Whole-model implicit weights W(i) of the query after i pairs, i = 0..{conv.n_max} (trained up to "
+              f"{conv.n_train}). *drift n→N* = max over n < m ≤ N of ‖W(m) − W(n)‖/‖W(n) − W(0)‖ (how far the weights "
+              "still move, relative to how far they came); *tail sum* = Σ_{n<i≤N} ‖W(i) − W(i−1)‖ / ‖W(n) − W(0)‖ (its "
+              "upper bound); 95% intervals resample training seeds, then prompts. α: power-law fit of the step norm "
+              f"g(i) ≈ c·i^(−α) (`icl_lens.core.power_law`), a description only; late/early = mean step over the last "
+              f"quarter / over the first {conv.n_train}; MSE: normalised in-context error of the query.", "",
+              markdown_table(conv_table), ""]
 
     tp = stage("thought patch", lambda: static_thought_patch(n_prompts=s(8, 2), ks=s((1, 2, 4, 8, 16, 32, 64), (1, 8, 64))))
     parts += ["### 4. Static thought patch (softmax model)",
@@ -150,9 +207,19 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md", progress: bool = 
     rv = stage("attention as regression", lambda: attention_as_regression(n_prompts=s(8, 2)))
     parts += ["### 6. Attention as regression (float64, every layer and head)", "",
               markdown_table(rv.to_frame().fillna("")), ""]
-    parts += ["### Findings (numbers from the tables above)", "", *findings(eq, conv, tp, mc, rv), ""]
+    found = findings(eq, conv, tp, mc, rv)
+    parts += ["### Findings (numbers from the tables above)", "", *found, ""]
     bar.close()
-    parts += [f"Total run time: {time.perf_counter() - t0:.0f} s.", ""]
+    seconds = time.perf_counter() - t0
+    parts += [f"Total run time: {seconds:.0f} s.", ""]
+    numbers = {"quick": quick, "seconds": seconds, "rules": {"exact": EXACT, "settled": SETTLED, "learns": LEARNS},
+               "seeds": {a: list(conv.seeds(a)) for a in conv.step_norms}, "models": rec.to_dict(orient="records"),
+               "equivalence": eq.to_frame().to_dict(orient="records"),
+               "convergence": {"n_train": conv.n_train, "n_max": conv.n_max, "summary": cs.to_dict(orient="records")},
+               "thought_patch": tp.summary().to_dict(orient="records"),
+               "memory_cost": mc.to_frame().to_dict(orient="records"),
+               "attention_regression": [{k: v for k, v in r.items()} for r in rv.rows], "findings": found}
+    Path(out).with_suffix(".json").write_text(json.dumps(numbers, indent=1, default=float) + "\n", encoding="utf-8")
     return write_fragment(out, parts)
 
 

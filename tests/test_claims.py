@@ -199,3 +199,20 @@ def test_claims_view_shows_whole_sentences():
     long = "a claim whose sentence is much longer than pandas' fifty-character display limit, kept whole"
     html = claims.claims_view([claim(long, "paper", 1.0, "b", True)]).to_html()
     assert long.replace("'", "&#39;") in html or long in html
+
+
+def test_new_readers_read_only_the_json(tmp_path):
+    from workshop.claims import capacity_row, lab_convergence, summary_verdicts
+
+    assert lab_convergence("softmax", root=tmp_path) is None and capacity_row("m", "W0", root=tmp_path) is None
+    assert summary_verdicts(root=tmp_path) is None
+    (tmp_path / "eval_lab.md").write_text("| softmax | 0.5 |")  # Markdown is never read
+    assert lab_convergence("softmax", root=tmp_path) is None
+    _write(tmp_path, "lab", {"convergence": {"summary": [{"arch": "softmax", "drift_half_to_max": 0.2},
+                                                         {"arch": "gru", "drift_half_to_max": 0.6}]}})
+    assert lab_convergence("gru", root=tmp_path)["drift_half_to_max"] == 0.6
+    assert lab_convergence("delta", root=tmp_path) is None
+    _write(tmp_path, "finetune_alignment", {"lab": {"m": {"capacity": {"W0": {"mean": 1.0, "low": 0.9, "high": 1.1}}}}})
+    assert capacity_row("m", "W0", root=tmp_path)["low"] == 0.9 and capacity_row("m", "ridge", root=tmp_path) is None
+    _write(tmp_path, "summary", {"rows": [{"claim": "c", "verdict": "partly"}]})
+    assert summary_verdicts(root=tmp_path) == [{"claim": "c", "verdict": "partly"}]

@@ -23,7 +23,7 @@ HEADERS = {
               "each section names its command and machine. Ratios are against a baseline measured in the "
               "same run. Rebuild this file with `python tools/assemble_reports.py`.\n"),
 }
-ORDER = ["patches", "gpu", "trajectory", "dashboard", "thought", "spikes", "finetune_alignment", "lab"]
+ORDER = ["summary", "patches", "gpu", "trajectory", "dashboard", "thought", "spikes", "finetune_alignment", "lab"]
 
 
 def _key(path: Path) -> tuple[int, str]:
@@ -38,6 +38,12 @@ def gpu_line(fragments: list[str]) -> str:
 
 
 def main() -> None:
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from experiments.report import write_summary
+
+    write_summary(REPORTS)  # the one-screen summary, from the reports' JSON
     for kind, (name, header) in HEADERS.items():
         fragments = [p.read_text().strip() + "\n" for p in sorted(REPORTS.glob(f"{kind}_*.md"), key=_key)]
         parts = [header.rstrip("\n") + " " + gpu_line(fragments)] + fragments

@@ -26,6 +26,15 @@ example ``cⱼ``, in the order the context is read, compared with the implicit t
 
 with ``Eⱼ = Σ_r U_{j,r} V_{j,r}ᵀ`` the SGD step on example ``j``. From one Gram matrix per
 layer: ``⟨Pᵢ, Eⱼ⟩ = Σ_r (uᵢ·U_{j,r})(vᵢ·V_{j,r})`` and ``‖Σ_{j≤i} Eⱼ‖² = Σ_{j,k≤i} ⟨Eⱼ, E_k⟩``.
+
+*Input and output side of a per-step cosine* (:func:`step_sides`), for a rank-1 SGD step
+``Eᵢ = gᵢ aᵢᵀ`` and the implicit step ``ΔPᵢ = Pᵢ − Pᵢ₋₁`` (rank ≤ 2), exactly:
+
+    cos(ΔPᵢ, Eᵢ) = cos(ΔPᵢ âᵢ, gᵢ) · ‖ΔPᵢ âᵢ‖ / ‖ΔPᵢ‖_F        (âᵢ = aᵢ / ‖aᵢ‖)
+
+the *output side* (does the implicit step move the example's input direction the way SGD
+does?) times the *input share* (how much of the implicit step reads that input direction,
+in [0, 1]; ``|cos(v, aᵢ)|`` when ``ΔPᵢ = u vᵀ`` is rank-1). Both hold in either order.
 """
 from __future__ import annotations
 
@@ -99,6 +108,28 @@ def trajectory_sgd_cosines(
     step_inner = torch.diagonal(inner[..., 1:, :], dim1=-2, dim2=-1) - torch.diagonal(inner[..., :-1, :], dim1=-2, dim2=-1)
     step_norm = diff_norm(iu[..., 1:, :], iv[..., 1:, :], iu[..., :-1, :], iv[..., :-1, :])
     return cumulative, safe_divide(step_inner, step_norm * exp_step_norm)
+
+
+def step_sides(
+    imp_u: Float[Tensor, "*b step d_u"], imp_v: Float[Tensor, "*b step d_in"],
+    exp_u: Float[Tensor, "*b n d_u"], exp_v: Float[Tensor, "*b n d_in"],
+) -> tuple[Float[Tensor, "*b n"], Float[Tensor, "*b n"]]:
+    """Output side ``cos(ΔPᵢ âᵢ, gᵢ)`` and input share ``‖ΔPᵢ âᵢ‖ / ‖ΔPᵢ‖_F`` of each per-step cosine.
+
+    ``imp_u``/``imp_v``: the trajectory ``Pᵢ = uᵢ vᵢᵀ``, i = 0..n; ``exp_u``/``exp_v``: the rank-1
+    SGD steps ``Eᵢ = exp_u[i] exp_v[i]ᵀ``, i = 1..n. Their product is ``cos(ΔPᵢ, Eᵢ)`` (module
+    docstring); 0 where a side is 0. Float64.
+    """
+    iu, iv, eu, ev = (x.to(torch.float64) for x in (imp_u, imp_v, exp_u, exp_v))
+    if iu.shape[-2] != eu.shape[-2] + 1:
+        raise ValueError(f"the trajectory has {iu.shape[-2]} steps, the SGD run {eu.shape[-2]} (need n + 1 and n)")
+    a_hat = safe_divide(ev, ev.norm(dim=-1, keepdim=True))
+    moved = (iu[..., 1:, :] * (iv[..., 1:, :] * a_hat).sum(-1, keepdim=True)
+             - iu[..., :-1, :] * (iv[..., :-1, :] * a_hat).sum(-1, keepdim=True))  # ΔPᵢ âᵢ
+    moved_norm = moved.norm(dim=-1)
+    out_side = safe_divide((moved * eu).sum(-1), moved_norm * eu.norm(dim=-1))
+    share = safe_divide(moved_norm, diff_norm(iu[..., 1:, :], iv[..., 1:, :], iu[..., :-1, :], iv[..., :-1, :]))
+    return out_side, share
 
 
 def patches_vs_update(

@@ -16,6 +16,9 @@ Named models (:data:`LAB_MODELS`):
   ``softmax`` model's width (d_model 32, embedding, query flag, up to 16 pairs) without
   skip connection or LayerNorm, with the skip connections only, with the LayerNorms
   only, and with both (a one-block Pre-LN model): the ablations of the Pre-LN block;
+- ablations (:data:`ABLATION_MODELS`, not shipped: trained by :mod:`icl_lens.lab.seeds`): the
+  single block with ONE factor of ``one_block`` changed: no attention-output bias, a linear
+  embedding, an embedding to width 32, or ``one_block``'s task (d_x 4, query flag, 16 pairs);
 - ``skip_only``: the 10-layer ``softmax`` model without its LayerNorms. (Ten blocks with
   LayerNorms but no skip connections did not train with the same recipe, so the
   LayerNorm-only ablation is the one-block model.)
@@ -46,10 +49,24 @@ LAB_MODELS: dict[str, LabConfig] = {
 # Training recipe per model (python -m icl_lens.lab.train uses it unless told otherwise).
 RECIPES: dict[str, dict] = {
     **{arch: {"steps": 3000, "lr": 2e-3} for arch in ARCHITECTURES},
+    "delta": {"steps": 2500, "lr": 2e-3},  # the shipped checkpoint's run
     "single_block": {"steps": 4000, "lr": 1e-2},
     **{name: {"steps": 3000, "lr": 2e-3} for name in ("one_block", "one_block_skip", "one_block_ln", "one_block_preln")},
     "skip_only": {"steps": 3000, "lr": 2e-3},
 }
+
+_SINGLE = LAB_MODELS["single_block"]
+# One factor at a time from ``single_block`` toward ``one_block`` (no shipped checkpoint: trained into the seed
+# cache, :mod:`icl_lens.lab.seeds`, with the single block's recipe).
+ABLATION_MODELS: dict[str, LabConfig] = {
+    "sb_no_attn_bias": LabConfig(**{**_SINGLE.to_dict(), "attn_bias": False}),
+    "sb_embed": LabConfig(**{**_SINGLE.to_dict(), "embed": True}),
+    "sb_wide": LabConfig(**{**_SINGLE.to_dict(), "embed": True, "d_model": 32}),
+    "sb_task": LabConfig(**{**_SINGLE.to_dict(), "d_x": 4, "d_model": 6, "query_flag": True, "n_context_train": 16}),
+}
+ABLATION_FACTOR = {"sb_no_attn_bias": "attention-output bias removed", "sb_embed": "linear embedding added (width 3)",
+                   "sb_wide": "embedding to width 32", "sb_task": "one_block's task (d_x 4, query flag, 16 pairs)"}
+RECIPES.update({name: dict(RECIPES["single_block"]) for name in ABLATION_MODELS})
 
 
 class CheckpointNotFoundError(FileNotFoundError):
@@ -73,7 +90,8 @@ def save_checkpoint(model: RegressionModel, record: dict, name: str | None = Non
 
 
 @functools.lru_cache(maxsize=16)
-def _load_file(path: str, mtime: float) -> dict:
+def load_checkpoint_file(path: str, mtime: float) -> dict:
+    """The saved blob (config, state dict, record) of a checkpoint file; cached per path and modification time."""
     from torch.torch_version import TorchVersion
 
     with torch.serialization.safe_globals([TorchVersion]):  # a version string in the training record
@@ -84,7 +102,7 @@ def _blob(name: str, directory) -> dict:
     path = checkpoint_path(name, directory)
     if not path.exists():
         raise CheckpointNotFoundError(f"no checkpoint at {path}; run `python -m icl_lens.lab.train --model {name}`")
-    return _load_file(str(path), path.stat().st_mtime)
+    return load_checkpoint_file(str(path), path.stat().st_mtime)
 
 
 def load_lab_model(name: str, dtype: torch.dtype = torch.float32, directory: Path | str | None = None) -> RegressionModel:

@@ -12,7 +12,8 @@ Ablations are configuration flags (:class:`LabConfig`): ``skip=False`` drops bot
 connections (``r' = M(h)``, ``out = W_out σ(…)``), ``layer_norm=False`` replaces every
 LayerNorm by the identity, ``embed=False`` feeds the tokens themselves as the residual
 stream (``d_model`` = token size) and reads the prediction from the label slot of the
-last residual, and ``query_flag=False`` drops the query flag from the tokens. The
+last residual, ``query_flag=False`` drops the query flag from the tokens and
+``attn_bias=False`` drops the bias of the contextual layer's output projection ``W_O``. The
 paper's first experiment is the single block with all four off:
 ``out = W_out σ(W_in M(C, x) + b_in) + b_out``, ``ŷ`` = its last coordinate.
 Hook names per layer ``l``: ``blocks.l.hook_resid_pre``, ``blocks.l.hook_mix_in``,
@@ -75,6 +76,7 @@ class LabConfig:
     layer_norm: bool = True
     embed: bool = True
     query_flag: bool = True
+    attn_bias: bool = True
 
     def __post_init__(self):
         if self.arch not in ARCHITECTURES:
@@ -116,6 +118,8 @@ class Block(nn.Module):
         self.ln1, self.ln2 = _norm(cfg), _norm(cfg)
         self.skip = cfg.skip
         self.mix = MIXERS[cfg.arch](cfg.d_model, cfg.n_heads)
+        if not cfg.attn_bias:  # the contextual layer's output projection without its bias
+            self.mix.W_O = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.mlp = MLP(cfg.d_model, cfg.d_mlp)
         self.hook_resid_pre, self.hook_mix_in, self.hook_mix_out = HookPoint(), HookPoint(), HookPoint()
         self.hook_resid_mid, self.hook_mlp_in, self.hook_mlp_out = HookPoint(), HookPoint(), HookPoint()

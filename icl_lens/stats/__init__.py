@@ -7,7 +7,8 @@
 * :mod:`.bootstrap`: percentile bootstrap over examples. A resample is a count vector ``w``
   (``Σ w = n``), so a weighted-sum statistic costs one matrix product over all resamples; the
   interval is the ``(1−level)/2`` and ``(1+level)/2`` quantiles of the resampled statistic
-  (Efron). :func:`bootstrap_mean` (a :class:`MeanCI`) and :func:`bootstrap_ratio` (paired
+  (Efron). :func:`bootstrap_mean` (a :class:`MeanCI`), :func:`bootstrap_mean_nested` (groups such as
+  training seeds resampled, then the examples within each) and :func:`bootstrap_ratio` (paired
   ``Σx / Σy``).
 * :mod:`.intervals`: Wilson score interval of a proportion ``k/n``,
   ``(p̂ + z²/2n ± z·sqrt(p̂(1−p̂)/n + z²/4n²)) / (1 + z²/n)`` (Wilson 1927).
@@ -24,7 +25,9 @@ from icl_lens.stats.auroc import (
     bootstrap_auroc,
     bootstrap_auroc_difference,
 )
-from icl_lens.stats.bootstrap import MeanCI, bootstrap_mean, bootstrap_ratio, percentile_interval, resample_counts
+from icl_lens.stats.bootstrap import (
+    MeanCI, bootstrap_mean, bootstrap_mean_nested, bootstrap_ratio, percentile_interval, resample_counts,
+)
 from icl_lens.stats.intervals import wilson_interval
 from icl_lens.stats.logistic import (
     LAMBDAS,
@@ -38,7 +41,7 @@ from icl_lens.stats.logistic import (
 
 __all__ = [
     "AurocDifference", "AurocResult", "auroc", "bootstrap_auroc", "bootstrap_auroc_difference",
-    "MeanCI", "bootstrap_mean", "bootstrap_ratio", "percentile_interval", "resample_counts",
+    "MeanCI", "bootstrap_mean", "bootstrap_mean_nested", "bootstrap_ratio", "percentile_interval", "resample_counts",
     "wilson_interval",
     "LAMBDAS", "LogisticModel", "choose_lambda", "fit_logistic", "fit_with_inner_cv", "grouped_folds",
     "logistic_loss",

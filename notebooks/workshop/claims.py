@@ -213,3 +213,24 @@ def spike_without_copied_answers(model: str, *, root: str | Path | None = None) 
     (``{difference, low, high}``; None if absent)."""
     row = lookup(read_report("spikes", root), "models", model, "without_copied_answers", "patch_vs_baseline")
     return row if isinstance(row, dict) and "difference" in row else None
+
+
+def lab_convergence(arch: str, *, root: str | Path | None = None) -> dict | None:
+    """The convergence summary row of ``arch`` in ``eval_lab.json`` (drifts with intervals, α, in-context errors)."""
+    for row in lookup(read_report("lab", root), "convergence", "summary") or ():
+        if isinstance(row, dict) and row.get("arch") == arch:
+            return row
+    return None
+
+
+def capacity_row(model: str, method: str, *, root: str | Path | None = None) -> dict | None:
+    """``{mean, low, high, n, train_mse}``: the test MSE of one fit of ``W_in`` (``"W0"``, ``"in context"``,
+    ``"SGD one pass"``, ``"SGD small steps"``, ``"ridge least squares"``) in ``eval_finetune_alignment.json``."""
+    row = lookup(read_report("finetune_alignment", root), "lab", model, "capacity", method)
+    return row if isinstance(row, dict) and "mean" in row else None
+
+
+def summary_verdicts(*, root: str | Path | None = None) -> list[dict] | None:
+    """The rows of ``eval_summary.json`` (claim, paper, verdict, number, section), or None."""
+    rows = lookup(read_report("summary", root), "rows")
+    return rows if isinstance(rows, list) else None

@@ -28,11 +28,12 @@ Comparisons (keys of :attr:`AlignmentResult.cosines`, ``"<comparison>:<order>:<k
   and held-out label ``(x_q, y_q)`` instead of the pairs;
 - ``random``: a uniformly random direction of the same weight space (``|cos| ≈ sqrt(2/(π·dim))``).
 
-Diagnostic ``input_side:<order>:step``: ``cos(vᵢ, aᵢ)`` between the implicit patch's row factor
-(the query's context-free MLP input) and the input ``aᵢ`` that pair ``i``'s gradient is
-taken on. A rank-1 cosine factorises, ``cos(u₁v₁ᵀ, u₂v₂ᵀ) = cos(u₁, u₂)·cos(v₁, v₂)``, so when
-every context-free MLP input points the same way (a tiny residual stream dominated by a
-bias), the weight-space cosine reduces to the output side alone.
+Diagnostics, per order, of the ``sgd`` per-step cosine: ``input_side:<order>:step`` =
+``cos(vᵢ, aᵢ)`` between the implicit patch's row factor (the query's context-free MLP input)
+and the input ``aᵢ`` that pair ``i``'s gradient is taken on; ``in_share:<order>:step`` and
+``out_side:<order>:step`` (:func:`icl_lens.dynamics.sgd_alignment.step_sides`) split the
+per-step cosine exactly: ``step = out_side · in_share``, in either order (the implicit step
+need not be rank-1; where it is, ``in_share = |cos(v, aᵢ)|``).
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ from torch import Tensor
 
 from icl_lens.dynamics.sgd_alignment import (
     AlignmentTable,
+    step_sides,
     patches_vs_update,
     random_direction_cosines,
     step_gram,
@@ -130,6 +132,9 @@ def implicit_vs_explicit(name: str = "softmax", *, n_prompts: int = 64, n_contex
                 add(f"{comparison}:{order}:step", step)
             add(f"query_input:{order}:cumulative", patches_vs_update(traj.u_in[:, 1:], traj.v[:, 1:], -gq[b][:, None], aq[b][:, None]))
             add(f"input_side:{order}:step", torch.nn.functional.cosine_similarity(traj.v[:, 1:], a0[b], dim=-1))
+            out_side, share = step_sides(traj.u_in, traj.v, sgd.U[b], sgd.V[b])
+            add(f"out_side:{order}:step", out_side)
+            add(f"in_share:{order}:step", share)
             if order == "prefix":
                 # each pair's gradient at the implicit weights W(i−1) reached before it (run i−1 of the batch)
                 gi, ai, _ = pair_gradients(model, xs[b], ys[b], edits=step_edits(traj, n))
