@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", default=None,
                         help="folder for the generated answers (one safetensors file per model, e.g. .cache/spikes), "
                              "reused when it matches")
+    parser.add_argument("--answers-only", action="store_true",
+                        help="only generate the answers into --cache (one model after another), no evaluation")
     parser.add_argument("--out", default="reports/eval_spikes.md")
     parser.add_argument("--thresholds-out", default=None,
                         help=f"where to write calibrated thresholds (default: {THRESHOLDS_FILE} for a full run, "
@@ -171,6 +173,11 @@ def main(argv: list[str] | None = None) -> None:
         cache = None if args.cache is None else Path(args.cache) / f"{name}.safetensors"
         answer_set = answer_all(model, items, max_new_tokens=args.max_new_tokens, window=args.window, cache=cache)
         del model
+        if args.answers_only:
+            print(f"{name}: {len(answer_set.answers)} answers in {answer_set.seconds:.0f} s "
+                  f"({answer_set.seconds / len(answer_set.answers):.2f} s per question, "
+                  f"{answer_set.cpu_seconds:.0f} s CPU) -> {cache}", flush=True)
+            continue
         result = evaluate_model(answer_set, window=args.window, folds=args.folds, inner_folds=args.inner_folds,
                                 n_boot=args.bootstrap, seed=args.seed, lambdas=lambdas)
         verdicts[name] = (result["v"], result["no_copies"], result["comparisons"]["patch vs hidden"])
