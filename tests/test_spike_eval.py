@@ -235,7 +235,7 @@ def test_committed_thresholds_cover_both_embedded_models():
     data = json.loads(spike_thresholds.THRESHOLDS_FILE.read_text())
     assert data["target_correct_token_flag_rate"] == RATE == 0.05
     for name, entry in record["models"].items():
-        assert data["models"][name]["command"] == record["command"]
+        assert data["models"][name]["command"] == entry.get("command", record["command"])
         reported = {(f["statistic"], f["window"]): f for f in entry["flags"]}
         for row in data["models"][name]["thresholds"]:
             assert row["threshold"] == reported[(row["statistic"], row["window"])]["threshold"]

@@ -185,6 +185,9 @@ def main(argv: list[str] | None = None) -> None:
                              "reused when it matches")
     parser.add_argument("--answers-only", action="store_true",
                         help="only generate the answers into --cache (one model after another), no evaluation")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other models' results already in --out's JSON (their sections too), so the "
+                             "models can be evaluated one run at a time")
     parser.add_argument("--out", default="reports/eval_spikes.md")
     parser.add_argument("--thresholds-out", default=None,
                         help=f"where to write calibrated thresholds (default: {THRESHOLDS_FILE} for a full run, "
@@ -205,10 +208,14 @@ def main(argv: list[str] | None = None) -> None:
     thresholds_out = args.thresholds_out or (None if args.quick else str(THRESHOLDS_FILE))
     detectors_out = args.detectors_out or (None if args.quick else str(DETECTORS_FILE))
     head = head_lines = header(items, args, argv, lambdas)  # noqa: F841
-    lines: list[str] = []
     cmd = command("python -m experiments.spikes", argv)
     record: dict = {"command": cmd, "models": {}}
-    summary: list[str] = []
+    old = Path(args.out).with_suffix(".json")
+    if args.merge and old.exists():
+        kept = json.loads(old.read_text(encoding="utf-8")).get("models", {})
+        record["models"] = {m: e for m, e in kept.items() if m not in args.models and "section" in e}
+    summary: list[str] = [x for e in record["models"].values() for x in e["readme_sentences"]]
+    lines = [x for e in record["models"].values() for x in e["section"]]
     for name in args.models:
         model = load_model(name)
         cache = None if args.cache is None else Path(args.cache) / f"{name}.safetensors"
@@ -222,11 +229,13 @@ def main(argv: list[str] | None = None) -> None:
         answer_set = relabel(answer_set)
         result = evaluate_model(answer_set, folds=args.folds, inner_folds=args.inner_folds, n_boot=args.bootstrap,
                                 seed=args.seed, lambdas=lambdas, command_line=cmd)
-        lines += model_section(answer_set, answer_table=result["answer_table"], prompt_table=result["prompt_table"],
-                               stratum_rows=result["stratum_rows"], stratum_names=list(STRATUM_NAMES),
-                               measure=result["measure"], checks=result["checks"], rate=RATE,
-                               fit_seconds=(result["fit_seconds"], result["fit_cpu_seconds"]), folds=args.folds,
-                               n_declined=result["n_declined"])
+        section = model_section(answer_set, answer_table=result["answer_table"], prompt_table=result["prompt_table"],
+                                stratum_rows=result["stratum_rows"], stratum_names=list(STRATUM_NAMES),
+                                measure=result["measure"], checks=result["checks"], rate=RATE,
+                                fit_seconds=(result["fit_seconds"], result["fit_cpu_seconds"]), folds=args.folds,
+                                n_declined=result["n_declined"])
+        section[2:2] = [f"Command: `{cmd}`", ""]
+        lines += section
         sentences = [table_sentence(name, result["answer_table"], ("patch, answer tokens",
                                                                    "patch, answer + last prompt token")),
                      table_sentence(name, result["prompt_table"], ("patch, prompt tail",)),
@@ -238,7 +247,8 @@ def main(argv: list[str] | None = None) -> None:
             "evaluation_seconds": result["fit_seconds"], "evaluation_cpu_seconds": result["fit_cpu_seconds"],
             "answer_table": result["answer_table"], "prompt_table": result["prompt_table"],
             "per_stratum": result["stratum_rows"], "shipped": result["entry"], "token_flags": result["checks"],
-            "lambdas": result["lambdas"], "readme_sentences": sentences,
+            "lambdas": result["lambdas"], "readme_sentences": sentences, "section": section,
+            "command": cmd,
             **compat(result),
         })
         if thresholds_out:
