@@ -24,7 +24,7 @@ from experiments.spikes.answers import AnswerSet, answer_all
 from experiments.spikes.calibration import calibration_split, check_flag, write_thresholds
 from experiments.spikes.detector import averaged_model, held_out_scores
 from experiments.spikes.features import PROMPT_SETS, READOUT, feature_sets, single_scores, spike_name
-from experiments.spikes.sections import flag_sentence, model_section, table_sentence
+from experiments.spikes.sections import flag_sentence, model_section, model_tables, table_sentence
 from experiments.spikes.summary import (
     choose_on_calibration,
     measure_flag,
@@ -140,9 +140,9 @@ def tables_row(name, held, n_features, wrong, strata, groups, n_boot, answer_tab
 def header(items: list[FactualPrompt], args, argv, lambdas) -> list[str]:
     kinds = sorted({i.kind for i in items})
     return [
-        "## Spike flags: do token patches tell correct answers from wrong ones?", "",
-        f"Command: `{command('python -m experiments.spikes', argv)}`  ",
-        f"Machine: {machine()} at the start; float32, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
+        "### How it was measured", "",
+        f"Machine (last run): {machine()} at the start; float32, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
         f"Data: `experiments/data/factual_prompts.jsonl` (built by `python -m experiments.build_questions`), "
         f"{len(items)} questions of {len(kinds)} kinds "
         f"({', '.join(f'{k} {sum(i.kind == k for i in items)}' for k in kinds)}) about "
@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         record["models"] = {m: e for m, e in kept.items() if m not in args.models and "section" in e}
     summary: list[str] = [x for e in record["models"].values() for x in e["readme_sentences"]]
     lines = [x for e in record["models"].values() for x in e["section"]]
+    opening = [x for e in record["models"].values() for x in e["tables"]]
     for name in args.models:
         model = load_model(name)
         cache = None if args.cache is None else Path(args.cache) / f"{name}.safetensors"
@@ -236,6 +237,8 @@ def main(argv: list[str] | None = None) -> None:
                                 n_declined=result["n_declined"])
         section[2:2] = [f"Command: `{cmd}`", ""]
         lines += section
+        tables_md = model_tables(name, result["answer_table"], result["prompt_table"], args.folds)
+        opening += tables_md
         sentences = [table_sentence(name, result["answer_table"], ("patch, answer tokens",
                                                                    "patch, answer + last prompt token")),
                      table_sentence(name, result["prompt_table"], ("patch, prompt tail",)),
@@ -248,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
             "answer_table": result["answer_table"], "prompt_table": result["prompt_table"],
             "per_stratum": result["stratum_rows"], "shipped": result["entry"], "token_flags": result["checks"],
             "lambdas": result["lambdas"], "readme_sentences": sentences, "section": section,
+            "tables": tables_md,
             "command": cmd,
             **compat(result),
         })
@@ -256,13 +260,17 @@ def main(argv: list[str] | None = None) -> None:
                              n_questions=result["n_calibration_questions"])
         if detectors_out:
             write_detector(detectors_out, name, result["entry"], command=cmd, max_new_tokens=args.max_new_tokens)
-        text = head_lines + ["### Summary", ""] + [f"- {x}" for x in summary] + [""] + lines
+        commands = [f"`{e['command']}`" for e in record["models"].values()]
+        text = (["## Spike flags: do token patches tell correct answers from wrong ones?", "",
+                 f"Commands: {'; '.join(commands)} (reruns from the cached answers in `.cache/spikes`).", "",
+                 "### Within-kind AUROC per model", ""] + opening
+                + ["### Summary", ""] + [f"- {x}" for x in summary] + [""] + head_lines + lines)
         write_fragment(args.out, text)  # after each model: partial runs keep results
         record["summary"] = summary
         Path(args.out).with_suffix(".json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n",
                                                        encoding="utf-8")
     if not args.answers_only:
-        print("\n".join(head + ["### Summary", ""] + summary + lines))
+        print("\n".join(["### Summary", ""] + summary))
 
 
 def write_detector(path: Path | str, model_name: str, entry: dict, *, command: str, max_new_tokens: int) -> dict:

@@ -99,6 +99,19 @@ def flag_sentence(model_name: str, m: FlagMeasure) -> str:
             f"flagged, wrong-answer rate interval above {pct(TARGET_RATE)}).")
 
 
+def model_tables(name: str, answer_table: Table, prompt_table: Table, folds: int) -> list[str]:
+    """The two tables the spike section opens with, for one model."""
+    lines = [f"#### {name}", "",
+             f"Answer-token features (within-kind AUROC for predicting an **incorrect** answer; held-out scores of a "
+             f"grouped {folds}-fold by subject; pairs within a template stratum; 95% cluster bootstrap over subjects):",
+             ""]
+    lines += detector_table(answer_table)
+    lines += ["", "Prompt-only features (read before a word of the answer exists):", ""]
+    lines += detector_table(prompt_table)
+    return lines + ["", table_sentence(name, answer_table, ("patch, answer tokens", "patch, answer + last prompt token")),
+                    table_sentence(name, prompt_table, ("patch, prompt tail",)), ""]
+
+
 def model_section(answer_set: AnswerSet, *, answer_table: Table, prompt_table: Table, stratum_rows, stratum_names,
                   measure: FlagMeasure, checks: list[FlagCheck], rate: float, fit_seconds: tuple[float, float],
                   folds: int, n_declined: int) -> list[str]:
@@ -113,14 +126,6 @@ def model_section(answer_set: AnswerSet, *, answer_table: Table, prompt_table: T
              f"with log-probs and the layer-{answer_set.probe_layer} residual, took {answer_set.seconds:.0f} s wall "
              f"clock ({answer_set.seconds / n:.2f} s per question, {cpu:.0f} s CPU); the evaluation from the cached "
              f"answers (fits, calibration, bootstraps) {fit_wall:.0f} s wall clock, {fit_cpu:.0f} s CPU.", ""]
-    lines += [f"Within-kind AUROC for predicting an **incorrect** answer (held-out scores of a grouped {folds}-fold by "
-              "subject; pairs within a template stratum; 95% cluster bootstrap over subjects). Answer-token "
-              "features:", ""]
-    lines += detector_table(answer_table)
-    lines += ["", "Prompt-only features (read before a word of the answer exists):", ""]
-    lines += detector_table(prompt_table)
-    lines += ["", table_sentence(name, answer_table, ("patch, answer tokens", "patch, answer + last prompt token")),
-              table_sentence(name, prompt_table, ("patch, prompt tail",)), ""]
     lines += ["Label balance per kind (first question of each kind as an example):", ""]
     lines += balance_table(answer_set, {})
     lines += ["", "AUROC inside each template stratum (grouped K-fold scores; — where the stratum has one class only):",
