@@ -23,10 +23,11 @@ from experiments.report import command, machine, write_fragment
 from experiments.spikes.answers import AnswerSet, answer_all
 from experiments.spikes.calibration import calibration_split, check_flag, write_thresholds
 from experiments.spikes.detector import averaged_model, held_out_scores
-from experiments.spikes.features import PROMPT_SETS, READOUT, feature_sets, single_scores, spike_name
+from experiments.spikes.features import PROMPT_SETS, READOUT, copies_question, feature_sets, single_scores, spike_name
 from experiments.spikes.sections import flag_sentence, model_section, model_tables, table_sentence
 from experiments.spikes.summary import (
     choose_on_calibration,
+    has_within,
     measure_flag,
     point_within,
     shipped_entry,
@@ -36,6 +37,7 @@ from experiments.spikes.summary import (
 from icl_lens.model.loading import load_model
 from icl_lens.model.spike_detector import DETECTORS_FILE
 from icl_lens.model.spike_thresholds import THRESHOLDS_FILE
+from icl_lens.stats.auroc import bootstrap_auroc_difference
 from icl_lens.stats.logistic import LAMBDAS, NEWTON_MAX_FEATURES
 
 FLAG_STATISTICS = ("mean", "median", "max", "norm")
@@ -43,6 +45,7 @@ FLAG_WINDOWS = (16, 8)
 DEFAULT_FLAG = ("mean", 16)  # generate_with_patches' and the dashboard's statistic and window
 RATE = 0.05
 QUICK_LAMBDAS = (1e-2, 1.0)
+COPY_CHECK = "patch, answer + last prompt token"  # compared with −log p on answers that do not copy the question
 STRATUM_NAMES = ("patch, answer + last prompt token", "patch, prompt tail", "hidden, answer + last prompt token",
                  "−mean log p, answer", "answer length in tokens")
 
@@ -79,6 +82,12 @@ def evaluate_model(answer_set: AnswerSet, *, folds: int, inner_folds: int, n_boo
     held = held_out_scores(sets, single, wrong, groups, k=folds, inner_k=inner_folds, lambdas=lambdas, seed=seed)
     n_features = {name: x.shape[1] for name, x in sets.items()}
     answer_table, prompt_table = tables(held, n_features, wrong, strata, groups, n_boot)
+    # a second look kept from the first evaluation: only answers whose first word does not repeat a question word
+    keep = ~np.array([copies_question(a) for a in answers])
+    base = answer_table.baselines["−log p"]
+    no_copies = (bootstrap_auroc_difference(held[COPY_CHECK].grouped[keep], held[base].grouped[keep], wrong[keep],
+                                            strata=strata[keep], groups=groups[keep], n_boot=n_boot)
+                 if has_within(wrong[keep], strata[keep]) else None)
     stratum_rows = []
     for s in sorted(np.unique(strata)):
         sel = strata == s
@@ -111,6 +120,7 @@ def evaluate_model(answer_set: AnswerSet, *, folds: int, inner_folds: int, n_boo
     checks = [check_flag(answers, calibrate, window=w, statistic=s, rate=RATE)
               for w in FLAG_WINDOWS for s in FLAG_STATISTICS]
     return {"answer_table": answer_table, "prompt_table": prompt_table, "stratum_rows": stratum_rows,
+            "no_copies": no_copies, "n_no_copies": int(keep.sum()),
             "measure": measure, "entry": entry, "checks": checks, "shipped_scores": all_scores,
             "default_check": next(c for c in checks if (c.statistic, c.window) == DEFAULT_FLAG),
             "fit_seconds": time.perf_counter() - start, "fit_cpu_seconds": time.process_time() - cpu_start,
@@ -129,6 +139,7 @@ def compat(result: dict) -> dict:
         aurocs["spike score, max over answer"] = aurocs[spike]
     patch = result["answer_table"].rows["patch, answer + last prompt token"]
     return {"aurocs": aurocs, "flags": result["checks"],
+            "without_copied_answers": {"n": result["n_no_copies"], "patch_vs_baseline": result["no_copies"]},
             "comparisons": {"patch vs baseline": {"within_grouped": patch.versus.get("−log p")}}}
 
 
@@ -234,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
                                 stratum_rows=result["stratum_rows"], stratum_names=list(STRATUM_NAMES),
                                 measure=result["measure"], checks=result["checks"], rate=RATE,
                                 fit_seconds=(result["fit_seconds"], result["fit_cpu_seconds"]), folds=args.folds,
-                                n_declined=result["n_declined"])
+                                n_declined=result["n_declined"], no_copies=result["no_copies"],
+                                n_no_copies=result["n_no_copies"])
         section[2:2] = [f"Command: `{cmd}`", ""]
         lines += section
         tables_md = model_tables(name, result["answer_table"], result["prompt_table"], args.folds)

@@ -114,7 +114,7 @@ def model_tables(name: str, answer_table: Table, prompt_table: Table, folds: int
 
 def model_section(answer_set: AnswerSet, *, answer_table: Table, prompt_table: Table, stratum_rows, stratum_names,
                   measure: FlagMeasure, checks: list[FlagCheck], rate: float, fit_seconds: tuple[float, float],
-                  folds: int, n_declined: int) -> list[str]:
+                  folds: int, n_declined: int, no_copies=None, n_no_copies: int = 0) -> list[str]:
     answers = answer_set.answers
     n, right = len(answers), sum(a.correct for a in answers)
     cpu = answer_set.cpu_seconds
@@ -131,6 +131,10 @@ def model_section(answer_set: AnswerSet, *, answer_table: Table, prompt_table: T
     lines += ["", "AUROC inside each template stratum (grouped K-fold scores; — where the stratum has one class only):",
               ""]
     lines += per_stratum_table(stratum_rows, stratum_names)
+    if no_copies is not None:
+        lines += ["", f"Only the {n_no_copies} answers whose first word does not repeat a word of the question: "
+                  f"patch, answer + last prompt token − {answer_table.baselines['−log p']}, within kind: "
+                  f"{fmt(no_copies)}."]
     cal = ", ".join(f"{k} {v:.3f}" for k, v in measure.calibration_aurocs.items())
     lines += ["", f"**The shipped flag.** Candidates' within-kind AUROC on the calibration half (out of fold): {cal}. "
               + flag_sentence(name, measure)
