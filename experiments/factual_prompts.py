@@ -3,7 +3,8 @@
 Each line: ``{"prompt": question, "answers": [aliases...], "kind": ..., "subject": ...}``,
 written by ``python -m experiments.build_questions`` (which lists the kinds) from the
 facts in that script. ``invented`` questions ask about entities that do not exist; their
-answer list is empty, so every completion is incorrect. ``subject`` names the entity asked
+answer list is empty, and the only correct answer is one that declines
+(:func:`declines`: "no such country", "I don't know", "does not exist", …). ``subject`` names the entity asked
 about (several questions can share one). Questions are asked after a fixed few-shot
 preamble (:data:`FEW_SHOT`, whose four examples are not in the set) so a base model
 answers in one short line.
@@ -77,6 +78,45 @@ def normalise(text: str) -> str:
         if text.startswith(article):
             return text[len(article):].lstrip()
     return text
+
+
+DECLINES = ("no such", "not a real", "does not exist", "doesn't exist", "do not exist", "don't exist",
+            "does not have", "doesn't have", "there is no", "there are no", "i don't know", "i do not know",
+            "i'm not sure", "i am not sure", "unknown", "not known", "fictional", "imaginary", "made up",
+            "made-up", "invented", "none", "n/a", "no capital", "no currency", "no language", "not sure",
+            "cannot answer", "can't answer", "no answer", "not exist")
+
+
+def declines(generated_text: str) -> bool:
+    """Whether the answer line declines to answer (contains one of :data:`DECLINES`, after :func:`normalise`)."""
+    answer = normalise(completion_answer(generated_text)).replace("’", "'")
+    return any(phrase in answer for phrase in DECLINES)
+
+
+def stratum(item: FactualPrompt, templates: dict[str, str] | None = None) -> str:
+    """The question's template stratum: its kind, except that an ``invented`` question joins the
+    kind whose questions share its wording (``"What is the capital of {}?"``): real and invented
+    "capital of X" questions are compared with each other. ``templates``: wording → kind
+    (:func:`question_templates`); an invented question whose wording no real kind has stays ``invented``."""
+    if item.kind != "invented" or not templates:
+        return item.kind
+    return templates.get(item.prompt.replace(item.subject, "{}"), "invented")
+
+
+def question_templates(items: list[FactualPrompt]) -> dict[str, str]:
+    """Wording with the subject replaced by ``{}`` → kind, over the real (not invented) questions."""
+    out: dict[str, str] = {}
+    for item in items:
+        if item.kind != "invented" and item.subject and item.subject in item.prompt:
+            out.setdefault(item.prompt.replace(item.subject, "{}"), item.kind)
+    return out
+
+
+def is_correct_answer(item: FactualPrompt, generated_text: str) -> bool:
+    """Correct: matches an alias (:func:`is_correct`), or, for an ``invented`` subject, declines (:func:`declines`)."""
+    if item.kind == "invented":
+        return declines(generated_text)
+    return is_correct(generated_text, item.answers)
 
 
 def is_correct(generated_text: str, answers: tuple[str, ...] | list[str]) -> bool:

@@ -1,4 +1,5 @@
-"""Command line: ``icl-lens patches "PROMPT"``, ``icl-lens sweep PROMPTS.jsonl``, ``icl-lens thought-eval TASK``, ``icl-lens prepare``.
+"""Command line: ``icl-lens patches "PROMPT"``, ``icl-lens spikes "QUESTION"``, ``icl-lens sweep PROMPTS.jsonl``,
+``icl-lens thought-eval TASK``, ``icl-lens prepare``.
 
 Run ``icl-lens --help`` or ``icl-lens SUBCOMMAND --help``. Arguments are parsed and checked
 before torch or TransformerLens is imported (this module imports neither), so ``--help`` and
@@ -332,6 +333,38 @@ def _thought_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spikes(args: argparse.Namespace) -> int:
+    check_prompt(args.prompt)
+    check_device_name(args.device)
+    from icl_lens.model.spike_detector import shipped_detectors, spike_detector  # numpy and json only
+
+    detector = spike_detector(args.model)
+    if detector is None:
+        measured = ", ".join(shipped_detectors().get("models", {})) or "none"
+        raise CommandError(f"no wrong-answer detector was measured for {args.model!r} (measured: {measured}); "
+                           "run python -m experiments.spikes for it")
+    if args.max_new_tokens is not None and not args.max_new_tokens >= 1:
+        raise CommandError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+
+    from icl_lens import generate_with_patches, load_model
+
+    model = load_model(args.model, device=args.device)
+    text = args.prompt if args.raw else detector.question_format.replace("{question}", args.prompt.strip())
+    gen = generate_with_patches(model, text, max_new_tokens=args.max_new_tokens or detector.max_new_tokens,
+                                stop=("\n",))
+    flag = gen.answer_flag
+    if flag is None:
+        raise CommandError("the prompt is too short for the detector (it reads the last prompt tokens)")
+    if args.json:
+        print(json.dumps({"model": args.model, "question": args.prompt, **flag.to_dict()}, ensure_ascii=False))
+    else:
+        p = "n/a" if flag.p_wrong != flag.p_wrong else f"{flag.p_wrong:.2f}"
+        print(f"answer: {flag.answer}")
+        print(f"p_wrong {p} (threshold {detector.threshold:.2f}) -> {'FLAGGED' if flag.flagged else 'not flagged'}")
+        print(f"{detector.describe()}")
+    return 0
+
+
 def _prepare(args: argparse.Namespace) -> int:
     unknown = [m for m in args.models if m not in EMBEDDED_MODELS]
     if unknown:
@@ -370,6 +403,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "CUDA device); a prompt whose estimated need exceeds it is refused before any work")
     p.add_argument("--force", action="store_true", help="run even when the memory estimate exceeds what is available")
     p.set_defaults(func=_patches)
+
+    p = sub.add_parser("spikes", help="answer a question and say whether the shipped detector flags the answer",
+                       description="Asks the question in the detector's few-shot format (--raw: the prompt as it is), "
+                                   "generates greedily up to the first newline and reads the answer with the model's "
+                                   "shipped wrong-answer detector (chosen and measured by python -m "
+                                   "experiments.spikes; EVAL.md, 'Spike flags'). --json prints answer, p_wrong, "
+                                   "flagged and detector {name, auroc_within_kind, baseline_auroc_within_kind, "
+                                   "beats_baseline}.")
+    p.add_argument("prompt", help="a short factual question, e.g. 'What is the capital of Peru?'")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="a model with a shipped detector (the embedded ones)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--raw", action="store_true", help="use the prompt as it is, without the few-shot format")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the detector's (8)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_spikes)
 
     p = sub.add_parser("sweep", help="patch norms of every prompt of a JSONL file into Parquet parts (resumable)",
                        description='Rows {"id": ..., "prompt": ...}. Writes OUT/norms/part-*.parquet (id, layer, '

@@ -23,7 +23,8 @@ def _answers(rng, n=3, layers=2, d_model=4):
             correct=bool(i % 2), prompt_length=length - 2, n_answer=1 + i % 2,
             norms=rng.random((layers, length)), correction_norms=rng.random((layers, length)),
             informative=np.arange(length) > 0, logprobs=-rng.random(2), entropies=rng.random(2),
-            hidden=rng.normal(size=(3, d_model)).astype(np.float32), seconds=0.25 * i))
+            hidden=rng.normal(size=(3, d_model)).astype(np.float32), seconds=0.25 * i,
+            generated_ids=rng.integers(0, 100, 2)))
     return AnswerSet("tiny-llama", layers, 1, tuple(out), 1.5, 0.5, FEW_SHOT, 8)
 
 
@@ -36,7 +37,7 @@ def test_answer_cache_round_trip(tmp_path):
     for a, b in zip(loaded.answers, saved.answers):
         assert a.item == b.item and a.completion == b.completion and a.correct == b.correct
         assert (a.prompt_length, a.n_answer, a.seconds) == (b.prompt_length, b.n_answer, b.seconds)
-        for name in ("norms", "correction_norms", "informative", "logprobs", "entropies", "hidden"):
+        for name in ("norms", "correction_norms", "informative", "logprobs", "entropies", "hidden", "generated_ids"):
             x, y = getattr(a, name), getattr(b, name)
             assert x.dtype == y.dtype and np.array_equal(x, y), name
     assert not list(tmp_path.glob("*.partial"))

@@ -12,8 +12,18 @@ import torch
 
 import icl_lens
 from experiments import build_questions
-from experiments.factual_prompts import DATA_FILE, FEW_SHOT, FactualPrompt, is_correct, load_factual_prompts
-from experiments.spikes.answers import Answered, AnswerSet, cache_matches
+from experiments.factual_prompts import (
+    DATA_FILE,
+    FEW_SHOT,
+    FactualPrompt,
+    declines,
+    is_correct,
+    is_correct_answer,
+    load_factual_prompts,
+    question_templates,
+    stratum,
+)
+from experiments.spikes.answers import PROMPT_TAIL, Answered, AnswerSet, cache_matches
 from icl_lens.core.spike_scores import MAD_TO_SIGMA
 from experiments.spikes.calibration import (
     answer_token_scores,
@@ -23,7 +33,9 @@ from experiments.spikes.calibration import (
     wilson_upper,
     write_thresholds,
 )
-from experiments.spikes.run import DEFAULT_FLAG, QUICK_LAMBDAS, RATE, evaluate_model, main
+from experiments.spikes.run import DEFAULT_FLAG, QUICK_LAMBDAS, RATE, evaluate_model, main, write_detector
+from experiments.spikes.summary import LOGPROB_ANSWER, PATCH_CANDIDATES
+from icl_lens.model.spike_detector import spike_detector
 from icl_lens.model import spike_thresholds
 from icl_lens.model.residual_stream import recording_residual
 
@@ -68,13 +80,27 @@ def test_labelling_ignores_case_accents_and_a_leading_article():
     assert not is_correct(" He", ("H",)) and is_correct(" 12.", ("12",)) and not is_correct(" 123", ("12",))
 
 
+def test_declining_is_correct_for_invented_subjects_only_and_strata_join_templates():
+    invented = FactualPrompt("What is the capital of Veltravia?", (), "invented", "Veltravia")
+    real = FactualPrompt("What is the capital of Peru?", ("Lima",), "capital", "Peru")
+    for answer in (" There is no such country.\n", " I don't know", " Veltravia does not exist", " Unknown"):
+        assert declines(answer) and is_correct_answer(invented, answer), answer
+    assert not is_correct_answer(invented, " Veltrav City\n") and not declines(" Lima")
+    assert not is_correct_answer(real, " I don't know") and is_correct_answer(real, " Lima\n")
+    templates = question_templates([real, invented])
+    assert stratum(invented, templates) == stratum(real, templates) == "capital"
+    items = load_factual_prompts()
+    templates = question_templates(items)
+    assert all(stratum(i, templates) != "invented" for i in items if i.kind == "invented")
+
+
 # ---------------------------------------------------------------- calibration and verdict on planted signals
 
 P, NEW = 30, 3  # prompt length and generated tokens (two answer tokens, then the newline)
 
 
 def _fake(i: int, kind: str, correct: bool, rng, *, spike: bool = False, patch_signal: float = 0.0,
-          logprob_signal: float = 0.0, layers: int = 3, d_model: int = 6) -> Answered:
+          logprob_signal: float = 0.0, correction_signal: float = 0.0, layers: int = 3, d_model: int = 6) -> Answered:
     n = P + NEW
     base = np.array([1.0 if t % 2 == 0 else 3.0 for t in range(n)])
     norms = np.tile(base, (layers, 1)) * (1.0 if spike else rng.lognormal(0, 0.1, size=(layers, n)))
@@ -82,11 +108,13 @@ def _fake(i: int, kind: str, correct: bool, rng, *, spike: bool = False, patch_s
         norms[:, P:P + 2] = 2.0 + (0.0 if correct else 5.0 * MAD_TO_SIGMA)
     norms[0, P:P + 2] *= np.exp(patch_signal * (not correct))
     logprobs = -rng.exponential(1.0, size=NEW) - logprob_signal * (not correct)
+    correction = norms * 0.5 + rng.lognormal(0, 0.1, norms.shape)
+    correction[1, P:P + 2] *= np.exp(correction_signal * (not correct))  # invisible to the spike score
     return Answered(
         item=FactualPrompt(f"q{i}?", ("x",), kind, f"s{i}"), completion=" x y\n", correct=correct,
-        prompt_length=P, n_answer=2, norms=norms, correction_norms=norms * 0.5 + rng.lognormal(0, 0.1, norms.shape),
+        prompt_length=P, n_answer=2, norms=norms, correction_norms=correction,
         informative=np.arange(n) > 0, logprobs=logprobs, entropies=rng.exponential(1.0, size=NEW),
-        hidden=rng.normal(size=(NEW + 1, d_model)), seconds=0.0)
+        hidden=rng.normal(size=(PROMPT_TAIL + NEW, d_model)), seconds=0.0)
 
 
 def _answer_set(rng, **signal) -> AnswerSet:
@@ -168,14 +196,27 @@ def test_flag_check_counts_on_planted_spikes():
     assert c.answer_precision == 1 and c.answer_recall == 1 and c.incorrect_answers == 10
 
 
-def test_verdict_follows_the_planted_signal():
-    fast = dict(window=16, folds=3, inner_folds=2, n_boot=200, seed=0, lambdas=QUICK_LAMBDAS)
-    patch = evaluate_model(_answer_set(np.random.default_rng(1), patch_signal=2.0), **fast)
-    assert patch["v"].patch_beats_baseline and patch["v"].patch_adds_to_logprob
-    assert not patch["v"].hidden_beats_baseline
+def test_the_rule_follows_the_planted_signal(tmp_path):
+    fast = dict(folds=3, inner_folds=2, n_boot=200, seed=0, lambdas=QUICK_LAMBDAS)
+    answers = _answer_set(np.random.default_rng(1), correction_signal=3.0)
+    patch = evaluate_model(answers, **fast)
+    table = patch["answer_table"]
+    assert all(table.rows["patch, answer tokens"].beats(label) for label in table.baselines)
+    assert patch["measure"].detector in ("patch, answer tokens", "patch, answer + last prompt token")
+    assert patch["entry"]["detector"]["beats_baseline"] and patch["measure"].meets_target
+    assert patch["measure"].correct_flagged <= 0.05 < patch["measure"].wrong_flagged_interval[0]
+    # the shipped file, read back by the library, scores every answer as the evaluation did
+    write_detector(tmp_path / "d.json", "fake", patch["entry"], command="test", max_new_tokens=8)
+    detector = spike_detector("fake", path=tmp_path / "d.json")
+    assert detector.beats_baseline and detector.name == patch["measure"].detector
+    library = [detector.score(a.norms, a.correction_norms, a.informative, a.prompt_length, a.n_answer)
+               for a in answers.answers]
+    np.testing.assert_allclose(library, patch["shipped_scores"], rtol=1e-9, atol=1e-9)
     logp = evaluate_model(_answer_set(np.random.default_rng(2), logprob_signal=3.0), **fast)
-    assert not logp["v"].patch_beats_baseline and not logp["v"].patch_adds_to_logprob
-    assert logp["v"].baseline in ("−log p, first answer token", "−mean log p, answer", "log-prob and entropy")
+    assert logp["answer_table"].baselines["−log p"] in LOGPROB_ANSWER
+    assert not any(logp["answer_table"].rows[n].beats("−log p") for n in PATCH_CANDIDATES[:2])
+    assert not logp["entry"]["detector"]["beats_baseline"]
+    assert spike_detector("no-such-model", path=tmp_path / "d.json") is None
 
 
 # ---------------------------------------------------------------- thresholds the library reads
@@ -194,7 +235,7 @@ def test_committed_thresholds_cover_both_embedded_models():
     data = json.loads(spike_thresholds.THRESHOLDS_FILE.read_text())
     assert data["target_correct_token_flag_rate"] == RATE == 0.05
     for name, entry in record["models"].items():
-        assert data["models"][name]["command"] == record["command"]
+        assert data["models"][name]["command"] == entry.get("command", record["command"])
         reported = {(f["statistic"], f["window"]): f for f in entry["flags"]}
         for row in data["models"][name]["thresholds"]:
             assert row["threshold"] == reported[(row["statistic"], row["window"])]["threshold"]
@@ -274,13 +315,18 @@ def test_residual_recorder_matches_a_full_forward(load):
 def test_quick_run_on_smollm2(tmp_path):
     out = tmp_path / "eval_spikes.md"
     thresholds = tmp_path / "thresholds.json"
-    main(["--models", "smollm2-135m", "--quick", "--out", str(out), "--thresholds-out", str(thresholds)])
+    detectors = tmp_path / "detectors.json"
+    main(["--models", "smollm2-135m", "--quick", "--out", str(out), "--thresholds-out", str(thresholds),
+          "--detectors-out", str(detectors)])
     text = out.read_text()
     record = json.loads(out.with_suffix(".json").read_text())
     entry = record["models"]["smollm2-135m"]
-    assert entry["questions"] == 2 * len({i.kind for i in load_factual_prompts()})
-    assert entry["readme_sentence"] in text and record["summary"] in text
+    assert entry["questions"] == 3 * len({i.kind for i in load_factual_prompts()})
+    assert all(s in text for s in entry["readme_sentences"]) and all(s in text for s in record["summary"])
     assert "patch, answer + last prompt token" in entry["aurocs"]
+    assert "beats hidden probe?" in text and "Prompt-only features" in text
+    detector = spike_detector("smollm2-135m", path=detectors)
+    assert detector.name == entry["shipped"]["detector"]["name"] and 0 <= detector.threshold <= 1
     rows = json.loads(thresholds.read_text())["models"]["smollm2-135m"]["thresholds"]
     assert {(r["statistic"], r["window"]) for r in rows} >= {("mean", 16), ("max", 8)}
 
@@ -290,7 +336,7 @@ def test_readme_states_the_measured_verdict():
     readme = (root / "README.md").read_text()
     record = json.loads((root / "reports" / "eval_spikes.json").read_text())
     for name, entry in record["models"].items():
-        assert entry["readme_sentence"] in readme, f"README's spike section lacks the measured sentence for {name}"
-    assert record["summary"] in readme and record["flags_summary"] in readme
+        for sentence in entry["readme_sentences"]:
+            assert sentence in readme, f"README's spike section lacks the measured sentence for {name}: {sentence}"
     items = load_factual_prompts()
     assert f"{len(items)} labelled questions of {len({i.kind for i in items})} kinds" in readme

@@ -259,3 +259,35 @@ def test_stats_exports_and_imports_numpy_and_torch_only():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
                 assert all(n.startswith(allowed) for n in names), f"{path.name} imports {names}"
+
+
+def test_cluster_bootstrap_counts_each_subject_once():
+    """Copying every example k times inside its own cluster must not narrow a cluster-bootstrap
+    interval: with the same seed it equals the interval over the unique examples, exactly
+    (while the example bootstrap, which treats copies as independent, is narrower)."""
+    rng = np.random.default_rng(3)
+    n, k = 40, 5
+    scores, positive = rng.normal(size=n), rng.random(n) < 0.4
+    positive[:2] = [True, False]
+    strata = rng.integers(0, 2, n)
+    dup = lambda x: np.repeat(x, k)  # noqa: E731
+    groups = dup(np.arange(n))
+    counts = stats.resample_counts(n * k, 50, 0, groups)
+    assert (counts.reshape(50, n, k) == counts.reshape(50, n, k)[:, :, :1]).all()  # one count per cluster
+    assert (counts.sum(1) == n * k).all()
+    one = stats.bootstrap_auroc(scores, positive, strata=strata, n_boot=300)
+    clustered = stats.bootstrap_auroc(dup(scores), dup(positive), strata=dup(strata), groups=groups, n_boot=300)
+    naive = stats.bootstrap_auroc(dup(scores), dup(positive), strata=dup(strata), n_boot=300)
+    assert (clustered.low, clustered.high) == pytest.approx((one.low, one.high), abs=1e-12)
+    assert naive.high - naive.low < 0.7 * (clustered.high - clustered.low)
+    other = rng.normal(size=n)
+    d1 = stats.bootstrap_auroc_difference(scores, other, positive, n_boot=300)
+    d2 = stats.bootstrap_auroc_difference(dup(scores), dup(other), dup(positive), groups=groups, n_boot=300)
+    assert (d2.low, d2.high) == pytest.approx((d1.low, d1.high), abs=1e-12)
+    m1 = stats.bootstrap_mean(scores, n_boot=300)
+    m2 = stats.bootstrap_mean(dup(scores), n_boot=300, groups=groups)
+    assert (m2.low, m2.high) == pytest.approx((m1.low, m1.high), abs=1e-12)
+    assert stats.bootstrap_ratio(dup(positive), dup(np.ones(n)), groups=groups, n_boot=300) == pytest.approx(
+        stats.bootstrap_ratio(positive, np.ones(n), n_boot=300), abs=1e-12)
+    with pytest.raises(ValueError, match="one label per example"):
+        stats.resample_counts(5, 10, 0, groups=[1, 2])

@@ -1,18 +1,16 @@
-"""Out-of-fold scores of the supervised detectors and the baselines, in two cross-validations.
+"""Out-of-fold scores of the supervised detectors, and fits on one half scored on the other.
 
-* **Grouped K-fold**: answers are split into ``k`` folds by subject (every question about
-  one entity in one fold, :func:`icl_lens.stats.logistic.grouped_folds`); each fold is
-  scored by a logistic regression fitted on the others, ``λ`` chosen by an inner grouped
-  K-fold on the training folds only.
-* **Leave one kind out**: each kind of question is scored by a model fitted on all the
-  other kinds, so a detector that has learnt "which kind of question is this" gains
-  nothing; only what transfers to an unseen kind counts.
-
-Each answer thus gets one held-out score per detector and scheme; AUROCs are computed on
-those pooled scores. "Kind only" is the error rate of the answer's kind in the training
-folds (smoothed ``(wrong + 1)/(n + 2)``); with its kind held out, that kind is unseen and
-the score is the training folds' overall error rate. Single scores (``−log p``, entropy,
-spike score) are fixed in advance and need no fitting: the same value in both schemes.
+* **Grouped K-fold** (:func:`held_out_scores`): answers are split into ``k`` folds by
+  subject (every question about one entity in one fold,
+  :func:`icl_lens.stats.logistic.grouped_folds`); each fold is scored by an L2 logistic
+  regression fitted on the others, ``λ`` chosen by an inner grouped K-fold on the training
+  folds only. Single scores (``−log p``, entropy, length, spike score) need no fitting and
+  are used as they are.
+* **Calibration half → held-out half** (:func:`averaged_model`): the K fold models of a
+  grouped K-fold inside the calibration half, averaged into one linear model (the mean of
+  their log-odds, itself linear in the features), score the other half. The calibration
+  half's out-of-fold scores come from the same K models, so a Platt scaling and a threshold
+  set on them carry over to the held-out half; this is how the shipped detector is fitted.
 """
 from __future__ import annotations
 
@@ -21,55 +19,47 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from icl_lens.stats.logistic import LAMBDAS, fit_with_inner_cv, grouped_folds
+from icl_lens.stats.logistic import LAMBDAS, LogisticModel, fit_with_inner_cv, grouped_folds
 
 
 @dataclass(frozen=True)
 class HeldOut:
-    """Held-out scores of one detector: grouped K-fold and leave-one-kind-out (None: not applicable)."""
+    """Held-out (grouped K-fold) scores of one detector, and the λ chosen in each fold."""
 
     name: str
     family: str
     grouped: np.ndarray
-    kind_held_out: np.ndarray
     lambdas: tuple[float, ...] = ()
+    models: tuple[LogisticModel, ...] = ()
 
 
-def kind_only(wrong: np.ndarray, kinds: np.ndarray, folds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    grouped = np.empty(len(wrong))
-    for f in np.unique(folds):
-        test, train = folds == f, folds != f
-        for kind in np.unique(kinds[test]):
-            seen = train & (kinds == kind)
-            grouped[test & (kinds == kind)] = (wrong[seen].sum() + 1) / (seen.sum() + 2)
-    held = np.empty(len(wrong))
-    for kind in np.unique(kinds):
-        held[kinds == kind] = wrong[kinds != kind].mean()
-    return grouped, held
-
-
-def supervised(x: np.ndarray, wrong: np.ndarray, groups: np.ndarray, kinds: np.ndarray, folds: np.ndarray, *,
-               inner_k: int, seed: int, desc: str, lambdas=LAMBDAS) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
-    """Held-out logistic-regression scores (grouped K-fold, leave one kind out) and the chosen ``λ``s."""
-    splits = [("fold", folds == f) for f in np.unique(folds)] + [("kind", kinds == k) for k in np.unique(kinds)]
-    grouped, held = np.empty(len(wrong)), np.empty(len(wrong))
-    chosen = []
-    for scheme, test in tqdm(splits, desc=desc, unit="split", leave=False):
+def supervised(x: np.ndarray, wrong: np.ndarray, groups: np.ndarray, folds: np.ndarray, *, inner_k: int, seed: int,
+               desc: str, lambdas=LAMBDAS) -> tuple[np.ndarray, tuple[LogisticModel, ...]]:
+    """Held-out logistic-regression scores of every fold, and the fold models."""
+    scores, chosen = np.empty(len(wrong)), []
+    for f in tqdm(np.unique(folds), desc=desc, unit="fold", leave=False):
+        test = folds == f
         model = fit_with_inner_cv(x[~test], wrong[~test], groups[~test], k=inner_k, lambdas=lambdas, seed=seed)
-        (grouped if scheme == "fold" else held)[test] = model.decision(x[test])
-        chosen.append(model.lam)
-    return grouped, held, tuple(chosen)
+        scores[test] = model.decision(x[test])
+        chosen.append(model)
+    return scores, tuple(chosen)
 
 
 def held_out_scores(feature_sets: dict[str, np.ndarray], single: dict[str, np.ndarray], wrong: np.ndarray,
-                    groups: np.ndarray, kinds: np.ndarray, *, k: int = 5, inner_k: int = 5, lambdas=LAMBDAS,
-                    seed: int = 0) -> list[HeldOut]:
-    """Every detector's held-out scores (module docstring), in report order."""
+                    groups: np.ndarray, *, k: int = 5, inner_k: int = 5, lambdas=LAMBDAS,
+                    seed: int = 0) -> dict[str, HeldOut]:
+    """Every detector's grouped K-fold held-out scores (module docstring), by name."""
     folds = grouped_folds(groups, k, seed)
-    out = [HeldOut("kind only", "kind", *kind_only(wrong, kinds, folds))]
-    out += [HeldOut(name, "single score", s, s) for name, s in single.items()]
+    out = {name: HeldOut(name, "single score", s) for name, s in single.items()}
     for name, x in feature_sets.items():
-        grouped, held, chosen = supervised(x, wrong, groups, kinds, folds, inner_k=inner_k, seed=seed,
-                                           desc=f"logistic regression: {name}", lambdas=lambdas)
-        out.append(HeldOut(name, "logistic regression", grouped, held, chosen))
+        scores, models = supervised(x, wrong, groups, folds, inner_k=inner_k, seed=seed,
+                                    desc=f"logistic regression: {name}", lambdas=lambdas)
+        out[name] = HeldOut(name, "logistic regression", scores, tuple(m.lam for m in models), models)
     return out
+
+
+def averaged_model(models: tuple[LogisticModel, ...]) -> LogisticModel:
+    """One linear model whose score is the mean of ``models``' scores (on raw features: mean 0, scale 1)."""
+    w = np.mean([m.w / m.scale for m in models], axis=0)
+    b = float(np.mean([m.b - (m.w / m.scale) @ m.mean for m in models]))
+    return LogisticModel(np.zeros_like(w), np.ones_like(w), w, b, float(np.mean([m.lam for m in models])), 0)

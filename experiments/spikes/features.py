@@ -1,72 +1,83 @@
 """Per-answer feature matrices and single scores (higher = more likely incorrect).
 
-The label is per answer (is the answer line correct?), so every feature is per answer:
-read at the first answer token ``P``, averaged over the answer tokens ``P … P + n − 1``,
-and (where named) at the last prompt token ``P − 1`` (positions: :mod:`.answers`). A
-per-token detector would weight long answers more and treat the tokens of one answer as
-independent examples; averaging keeps one example per question.
+The label is per answer (is the answer line correct?), so every feature is per answer
+(positions: :mod:`.answers`). A per-token detector would weight long answers more and treat
+the tokens of one answer as independent examples; one row per question avoids both.
 
-Feature sets for the supervised detector (``L`` layers, ``d`` = d_model):
+Feature sets for the supervised detectors (``L`` layers, ``d`` = d_model); the patch
+readouts are the library's (:func:`icl_lens.model.spike_detector.patch_readout`), so the
+shipped detector computes exactly what was evaluated:
 
-* ``patch``: ``log ‖ΔW[l, t]‖_F`` and ``log ‖attn_C − attn_0‖[l, t]`` for every layer
-  (docs/design.md §2), at ``P`` and averaged over the answer: ``4L`` features; with the last
-  prompt token: ``6L``. Logs because the norms are positive and spread over decades.
-* ``hidden``: the residual stream entering layer ``L // 2`` at the same readouts: ``2d``
-  (``3d`` with the last prompt token) — a linear probe on hidden states.
-* ``log-prob``: ``−log p`` and entropy of the first answer token and their means over the
-  answer (4 features).
+* answer-token features:
+  ``patch, answer tokens`` (``4L``: log patch and correction norms per layer at the first
+  answer token and averaged over the answer), ``patch, answer + last prompt token`` (``6L``),
+  ``hidden, answer + last prompt token`` (the residual stream entering layer ``L // 2`` at the
+  same three readouts, ``3d``: a linear probe), ``log-prob and entropy`` (``−log p`` and
+  entropy of the first answer token and their means over the answer), ``patch + log-prob``,
+  and ``bag of answer tokens`` (how often each token id occurs in the answer: a detector that
+  can only learn the answer's words);
+* prompt-only features, known before a word of the answer exists:
+  ``patch, prompt tail`` (the two logs per layer at each of the last ``PROMPT_TAIL`` prompt
+  positions, ``8L``) and ``hidden, prompt tail`` (the residual at the last prompt token and
+  its mean over the tail, ``2d``).
 
-Single scores (no fitting): ``−log p`` and entropy (first token, answer mean), the
-unsupervised spike score (:func:`icl_lens.spike_scores_from_norms`, its defaults: mean
-of per-layer robust z over all layers) at the first answer token and as the max over the
-answer, and a string check: does the answer's first word repeat a word of the question
-(1) or not (0)? Small models often answer by copying the question's subject ("On which
-continent is Peru?" → "Peru"), which is almost always wrong and which the context-driven
-patch features may simply be recognising; this baseline measures how far that alone goes.
+Single scores (no fitting): ``−log p`` and entropy (first token, answer mean; the first
+token's are prompt-only too: they come from the distribution after the prompt), the answer
+length in tokens, the unsupervised spike score (max over the answer) for each statistic and
+window, and a string check: does the answer's first word repeat a word of the question?
 """
 from __future__ import annotations
 
 import re
 
 import numpy as np
-import torch
 
 from experiments.factual_prompts import completion_answer, normalise
-from experiments.spikes.answers import Answered
-from icl_lens.core.spike_scores import spike_scores_from_norms
+from experiments.spikes.answers import PROMPT_TAIL, Answered
+from icl_lens.model.spike_detector import patch_readout, spike_readout
 
-TINY = 1e-30  # floor before the log: a zero norm (no finite patch, docs/design.md §2) stays finite
-
-
-def _log(x: np.ndarray) -> np.ndarray:
-    return np.log(np.maximum(x, TINY))
-
-
-def _patch_at(a: Answered, positions: slice) -> np.ndarray:
-    """[2L]: mean over ``positions`` of the per-layer log patch norms and log correction norms."""
-    block = np.concatenate([_log(a.norms[:, positions]), _log(a.correction_norms[:, positions])], axis=0)
-    return block.mean(axis=1)
+ANSWER_SETS = ("patch, answer tokens", "patch, answer + last prompt token", "hidden, answer + last prompt token",
+               "log-prob and entropy", "patch + log-prob", "bag of answer tokens")
+PROMPT_SETS = ("patch, prompt tail", "hidden, prompt tail")
+READOUT = {"patch, answer tokens": "answer", "patch, answer + last prompt token": "answer+last",
+           "patch, prompt tail": "prompt"}
 
 
-def patch_features(a: Answered, *, last_prompt: bool) -> np.ndarray:
+def patch_features(a: Answered, readout: str) -> np.ndarray:
+    return patch_readout(a.norms, a.correction_norms, a.prompt_length, a.n_answer, readout)
+
+
+def hidden_features(a: Answered, *, prompt_only: bool) -> np.ndarray:
     p, k = a.prompt_length, a.n_answer
-    parts = [_patch_at(a, slice(p, p + 1)), _patch_at(a, slice(p, p + k))]
-    if last_prompt:
-        parts.append(_patch_at(a, slice(p - 1, p)))
-    return np.concatenate(parts)
-
-
-def hidden_features(a: Answered, *, last_prompt: bool) -> np.ndarray:
-    k = a.n_answer  # hidden[0] is position P - 1, hidden[j] is P - 1 + j
-    parts = [a.hidden[1], a.hidden[1:1 + k].mean(0)]
-    if last_prompt:
-        parts.append(a.hidden[0])
-    return np.concatenate(parts).astype(float)
+    last = a.hidden_at(p - 1)
+    if prompt_only:
+        tail = np.stack([a.hidden_at(t) for t in range(p - PROMPT_TAIL, p)]).mean(0)
+        return np.concatenate([last, tail]).astype(float)
+    answer = np.stack([a.hidden_at(t) for t in range(p, p + k)])
+    return np.concatenate([answer[0], answer.mean(0), last]).astype(float)
 
 
 def logprob_features(a: Answered) -> np.ndarray:
     k = a.n_answer
     return np.array([-a.logprobs[0], -a.logprobs[:k].mean(), a.entropies[0], a.entropies[:k].mean()])
+
+
+def bag_of_tokens(answers: list[Answered]) -> np.ndarray:
+    """[n_answers, n_ids]: counts of each token id among the answer tokens; columns are the ids that
+    occur in at least two answers (chosen without the labels)."""
+    ids = [np.asarray(a.generated_ids[:a.n_answer], dtype=np.int64) for a in answers]
+    seen: dict[int, int] = {}
+    for row in ids:
+        for t in set(row.tolist()):
+            seen[t] = seen.get(t, 0) + 1
+    vocab = sorted(t for t, c in seen.items() if c >= 2)
+    col = {t: j for j, t in enumerate(vocab)}
+    x = np.zeros((len(answers), max(1, len(vocab))))
+    for i, row in enumerate(ids):
+        for t in row.tolist():
+            if t in col:
+                x[i, col[t]] += 1
+    return x
 
 
 def copies_question(a: Answered) -> bool:
@@ -77,44 +88,51 @@ def copies_question(a: Answered) -> bool:
 
 def feature_sets(answers: list[Answered]) -> dict[str, np.ndarray]:
     """Name → [n_answers, n_features] for the supervised detectors (module docstring)."""
-    rows = {
-        "patch, answer tokens": [patch_features(a, last_prompt=False) for a in answers],
-        "patch, answer + last prompt token": [patch_features(a, last_prompt=True) for a in answers],
-        "hidden, answer tokens": [hidden_features(a, last_prompt=False) for a in answers],
-        "hidden, answer + last prompt token": [hidden_features(a, last_prompt=True) for a in answers],
-        "log-prob and entropy": [logprob_features(a) for a in answers],
-    }
-    sets = {name: np.stack(v) for name, v in rows.items()}
-    sets["patch + log-prob"] = np.concatenate([sets["patch, answer + last prompt token"], sets["log-prob and entropy"]],
-                                              axis=1)
+    sets = {name: np.stack([patch_features(a, readout) for a in answers]) for name, readout in READOUT.items()}
+    sets["hidden, answer + last prompt token"] = np.stack([hidden_features(a, prompt_only=False) for a in answers])
+    sets["hidden, prompt tail"] = np.stack([hidden_features(a, prompt_only=True) for a in answers])
+    sets["log-prob and entropy"] = np.stack([logprob_features(a) for a in answers])
+    sets["patch + log-prob"] = np.concatenate([sets["patch, answer + last prompt token"],
+                                               sets["log-prob and entropy"]], axis=1)
+    sets["bag of answer tokens"] = bag_of_tokens(answers)
     return sets
 
 
-def token_spike_scores(a: Answered, *, window: int, statistic: str) -> np.ndarray:
-    """Spike score of every position of the answer's sequence (NaN without enough context)."""
-    flags = spike_scores_from_norms(torch.as_tensor(a.norms), informative=torch.as_tensor(a.informative),
-                                    window=window, statistic=statistic)
-    return flags.scores.numpy()
+def spike_name(statistic: str, window: int) -> str:
+    return f"spike score ({statistic}, window {window}), max over answer"
 
 
-def single_scores(answers: list[Answered], *, window: int) -> dict[str, np.ndarray]:
+def single_scores(answers: list[Answered], *, statistics, windows) -> dict[str, np.ndarray]:
     """Name → one score per answer, used as is (no fitting)."""
     out: dict[str, list[float]] = {}
     for a in answers:
-        p, k = a.prompt_length, a.n_answer
-        s = token_spike_scores(a, window=window, statistic="mean")
-        if not np.isfinite(s[p:p + k]).all():
-            raise RuntimeError(f"no spike score (not enough context) at the answer of {a.item.prompt!r}; "
-                               "the preamble should be longer than the window")
+        k = a.n_answer
         values = {
             "−log p, first answer token": -a.logprobs[0],
             "−mean log p, answer": -a.logprobs[:k].mean(),
             "entropy, first answer token": a.entropies[0],
             "mean entropy, answer": a.entropies[:k].mean(),
-            "spike score, first answer token": s[p],
-            "spike score, max over answer": s[p:p + k].max(),
+            "answer length in tokens": float(k),
             "answer repeats a question word": float(copies_question(a)),
         }
+        for w in windows:
+            for s in statistics:
+                v = spike_readout(a.norms, a.informative, a.prompt_length, k, statistic=s, window=w)
+                if not np.isfinite(v):
+                    raise RuntimeError(f"no spike score (not enough context) at the answer of {a.item.prompt!r}; "
+                                       "the preamble should be longer than the window")
+                values[spike_name(s, w)] = v
         for name, value in values.items():
             out.setdefault(name, []).append(float(value))
     return {name: np.asarray(v) for name, v in out.items()}
+
+
+def token_spike_scores(a: Answered, *, window: int, statistic: str) -> np.ndarray:
+    """Spike score of every position of the answer's sequence (NaN without enough context)."""
+    import torch
+
+    from icl_lens.core.spike_scores import spike_scores_from_norms
+
+    flags = spike_scores_from_norms(torch.as_tensor(a.norms), informative=torch.as_tensor(a.informative),
+                                    window=window, statistic=statistic)
+    return flags.scores.numpy()

@@ -1,10 +1,10 @@
-"""Markdown of one model's results; every sentence that reads a number is built from it."""
+"""Markdown of one model's results; every sentence that reads a number is built from it (rules: :mod:`.summary`)."""
 from __future__ import annotations
 
 from experiments.factual_prompts import completion_answer
 from experiments.spikes.answers import AnswerSet
 from experiments.spikes.calibration import FlagCheck
-from experiments.spikes.summary import COLUMNS, HIDDEN, PATCH, Comparison, DetectorAurocs, Subset, Verdict
+from experiments.spikes.summary import TARGET_RATE, FlagMeasure, Table
 from icl_lens.stats.auroc import AurocDifference, AurocResult
 
 
@@ -20,7 +20,11 @@ def pct(x: float) -> str:
     return "n/a" if x != x else f"{100 * x:.1f}%"
 
 
-def balance_table(answer_set: AnswerSet) -> list[str]:
+def pct_ci(x: float, ci) -> str:
+    return pct(x) + ("" if ci is None else f" [{pct(ci[0])}, {pct(ci[1])}]")
+
+
+def balance_table(answer_set: AnswerSet, strata: dict[str, str]) -> list[str]:
     kinds = sorted({a.item.kind for a in answer_set.answers})
     lines = ["| kind | questions | correct | share correct | example (completion) |", "|---|---:|---:|---:|---|"]
     for kind in kinds:
@@ -33,160 +37,110 @@ def balance_table(answer_set: AnswerSet) -> list[str]:
     return lines
 
 
-def auroc_table(table: dict[str, DetectorAurocs]) -> list[str]:
-    lines = ["| detector | kind of score | features | " + " | ".join(f"AUROC, {c}" for c in COLUMNS) + " |",
-             "|---|---|---:|" + "---|" * len(COLUMNS)]
-    for row in table.values():
-        cells = " | ".join(fmt(row.aurocs[c]) for c in COLUMNS)
-        lines.append(f"| {row.name} | {row.family} | {row.n_features} | {cells} |")
-    return lines
+def _beats(row, label: str) -> str:
+    d = row.versus.get(label)
+    if d is None:
+        return "—"
+    return f"{'**yes**' if d.low > 0 else 'no'} ({fmt(d)})"
 
 
-def comparison_table(comparisons: dict[str, Comparison]) -> list[str]:
-    lines = ["| A − B | AUROC difference, within kind, grouped | within kind, kind held out | all, grouped |",
-             "|---|---|---|---|"]
-    for c in comparisons.values():
-        lines.append(f"| {c.a} − {c.b} | {fmt(c.within_grouped)} | {fmt(c.within_held_out)} | {fmt(c.all_grouped)} |")
-    return lines
+def detector_table(table: Table) -> list[str]:
+    labels = list(table.baselines)
+    head = "| detector | features | within-kind AUROC [cluster 95%] | " + " | ".join(f"beats {lab}?" for lab in labels)
+    lines = [head + " |", "|---|---:|---|" + "---|" * len(labels)]
+    for row in table.rows.values():
+        cells = " | ".join(_beats(row, lab) for lab in labels)
+        lines.append(f"| {row.name} | {row.n_features} | {fmt(row.auroc)} | {cells} |")
+    names = ", ".join(f"{lab} = `{name}`" for lab, name in table.baselines.items())
+    return lines + ["", f"Baselines: {names}. Cells: beats? (AUROC difference detector − baseline, paired cluster "
+                        "95% interval; yes when it lies above 0)."]
 
 
-def per_kind_table(rows: list[dict], names: list[str]) -> list[str]:
-    lines = ["| kind | n | incorrect | of which repeat a question word | " + " | ".join(names) + " |",
+def per_stratum_table(rows: list[dict], names: list[str]) -> list[str]:
+    lines = ["| stratum | n | incorrect | of which invented | " + " | ".join(names) + " |",
              "|---|---:|---:|---:|" + "---:|" * len(names)]
     for row in rows:
         cells = " | ".join("—" if row[n] is None else f"{row[n]:.3f}" for n in names)
-        lines.append(f"| {row['kind']} | {row['n']} | {row['incorrect']} | "
-                     f"{row['incorrect, repeating a question word']} | {cells} |")
-    return lines
-
-
-def subset_table(sub: Subset) -> list[str]:
-    lines = [f"Only {sub.description} ({sub.n} answers, {sub.incorrect} incorrect), same held-out scores:", "",
-             f"| detector | AUROC, {COLUMNS[1]} | AUROC, {COLUMNS[2]} |", "|---|---|---|"]
-    for name, row in sub.aurocs.items():
-        lines.append(f"| {name} | {fmt(row[COLUMNS[1]])} | {fmt(row[COLUMNS[2]])} |")
-    lines += ["", f"Patch detector − log-probability baseline on this subset, within kind, grouped: "
-              f"{fmt(sub.patch_vs_baseline)}."]
+        lines.append(f"| {row['stratum']} | {row['n']} | {row['incorrect']} | {row['invented']} | {cells} |")
     return lines
 
 
 def flag_table(checks: list[FlagCheck], rate: float) -> list[str]:
-    lines = [f"| statistic | window | threshold | calibration tokens (flagged) | correct tokens flagged (target ≤ "
-             f"{pct(rate)}) | incorrect tokens flagged | token precision | token recall | answer precision | "
-             "answer recall |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| statistic | window | threshold | correct tokens flagged (target ≤ {pct(rate)}) | incorrect tokens "
+             "flagged | answer precision | answer recall |", "|---|---:|---:|---:|---:|---:|---:|"]
     for c in checks:
-        lines.append(f"| {c.statistic} | {c.window} | {c.threshold:.3f} | {c.calibration_tokens} "
-                     f"({pct(c.calibration_flag_rate)}) | "
+        lines.append(f"| {c.statistic} | {c.window} | {c.threshold:.3f} | "
                      f"{pct(c.correct_token_flag_rate)} of {c.held_out_correct_tokens} | "
-                     f"{pct(c.incorrect_token_flag_rate)} of {c.held_out_incorrect_tokens} | {pct(c.token_precision)} | "
-                     f"{pct(c.token_recall)} | {pct(c.answer_precision)} | "
-                     f"{pct(c.answer_recall)} ({c.flagged_answers} flagged, {c.incorrect_answers} incorrect) |")
+                     f"{pct(c.incorrect_token_flag_rate)} of {c.held_out_incorrect_tokens} | "
+                     f"{pct(c.answer_precision)} | {pct(c.answer_recall)} |")
     return lines
 
 
-def verdict_sentence(model_name: str, table: dict[str, DetectorAurocs], comparisons: dict[str, Comparison],
-                     v: Verdict, no_copies: Subset) -> str:
-    """The README's sentence for this model (rule: :mod:`.summary`)."""
-    within = COLUMNS[1]
-    patch, base = table[PATCH].aurocs[within], table[v.baseline].aurocs[within]
-    c = comparisons["patch vs baseline"].within_grouped
-    if patch is None or base is None or c is None:
-        return f"{model_name}: no question kind has both correct and incorrect answers, so nothing can be compared."
-    outcome = ("patch features beat the log-probability baseline" if v.patch_beats_baseline
-               else "patch features do not beat the log-probability baseline")
-    adds = comparisons["patch + log-prob vs log-prob"].within_grouped
-    return (f"{model_name}: within a kind of question, the patch-feature detector reaches AUROC {fmt(patch)} and the "
-            f"log-probability baseline ({v.baseline}) {fmt(base)}, a difference of {fmt(c)}: {outcome}; added to "
-            f"log-probabilities they {'do' if v.patch_adds_to_logprob else 'do not'} improve on them "
-            f"(difference {fmt(adds)}); leaving out answers that repeat a word of the question, the difference is "
-            f"{fmt(no_copies.patch_vs_baseline)}.")
+def table_sentence(model_name: str, table: Table, names) -> str:
+    """Which patch detectors of a table beat every baseline, from the numbers."""
+    winners = [n for n in names if n in table.rows and all(table.rows[n].beats(lab) for lab in table.baselines)]
+    if winners:
+        return f"{model_name}, {table.title}: {', '.join(winners)} beat every baseline of the table."
+    best = max((n for n in names if n in table.rows), key=lambda n: -1 if table.rows[n].auroc is None
+               else table.rows[n].auroc.auroc)
+    row = table.rows[best]
+    lost = [lab for lab in table.baselines if row.beats(lab) is False]
+    return (f"{model_name}, {table.title}: no patch detector beats every baseline; the best, {best} "
+            f"({fmt(row.auroc)}), does not beat {', '.join(lost)}.")
 
 
-def hidden_sentence(table: dict[str, DetectorAurocs], comparisons: dict[str, Comparison], v: Verdict) -> str:
-    within = COLUMNS[1]
-    h = table[HIDDEN].aurocs[within]
-    c = comparisons["patch vs hidden"].within_grouped
-    if h is None or c is None:
-        return ""
-    return (f"The hidden-state probe reaches {fmt(h)} within kind; patch detector minus probe: {fmt(c)}; the probe "
-            f"{'beats' if v.hidden_beats_baseline else 'does not beat'} the log-probability baseline by the same rule.")
+def flag_sentence(model_name: str, m: FlagMeasure) -> str:
+    verdict = ("meets the target" if m.meets_target else "does not meet the target")
+    return (f"{model_name}: the rule picks `{m.detector}` on the calibration half; at p_wrong > {m.threshold:.3f} it "
+            f"flags {pct_ci(m.correct_flagged, m.correct_flagged_interval)} of held-out correct answers and "
+            f"{pct_ci(m.wrong_flagged, m.wrong_flagged_interval)} of wrong ones; precision "
+            f"{pct_ci(m.precision, m.precision_interval)} against a base rate of {pct(m.base_rate)} wrong "
+            f"({m.held_out_answers} held-out answers): it {verdict} (≤ {pct(TARGET_RATE)} of correct answers "
+            f"flagged, wrong-answer rate interval above {pct(TARGET_RATE)}).")
 
 
-def flag_sentence(default: FlagCheck, rate: float) -> str:
-    side = "within" if default.correct_token_flag_rate <= rate else "above"
-    return (f"Calibrated default (statistic {default.statistic}, window {default.window}): threshold "
-            f"{default.threshold:.3f}. On the held-out half it flags {pct(default.correct_token_flag_rate)} of the "
-            f"answer tokens of correct answers ({side} the {pct(rate)} target) and "
-            f"{pct(default.incorrect_token_flag_rate)} of those of incorrect answers; an answer with a flagged token "
-            f"is incorrect {pct(default.answer_precision)} of the time (precision) and "
-            f"{pct(default.answer_recall)} of incorrect answers are flagged (recall).")
+def model_tables(name: str, answer_table: Table, prompt_table: Table, folds: int) -> list[str]:
+    """The two tables the spike section opens with, for one model."""
+    lines = [f"#### {name}", "",
+             f"Answer-token features (within-kind AUROC for predicting an **incorrect** answer; held-out scores of a "
+             f"grouped {folds}-fold by subject; pairs within a template stratum; 95% cluster bootstrap over subjects):",
+             ""]
+    lines += detector_table(answer_table)
+    lines += ["", "Prompt-only features (read before a word of the answer exists):", ""]
+    lines += detector_table(prompt_table)
+    return lines + ["", table_sentence(name, answer_table, ("patch, answer tokens", "patch, answer + last prompt token")),
+                    table_sentence(name, prompt_table, ("patch, prompt tail",)), ""]
 
 
-def model_section(answer_set: AnswerSet, *, table, comparisons, v: Verdict, kind_rows, kind_names, no_copies: Subset,
-                  checks, default_check: FlagCheck, rate: float, fit_seconds: tuple[float, float],
-                  folds: int) -> list[str]:
+def model_section(answer_set: AnswerSet, *, answer_table: Table, prompt_table: Table, stratum_rows, stratum_names,
+                  measure: FlagMeasure, checks: list[FlagCheck], rate: float, fit_seconds: tuple[float, float],
+                  folds: int, n_declined: int, no_copies=None, n_no_copies: int = 0) -> list[str]:
     answers = answer_set.answers
     n, right = len(answers), sum(a.correct for a in answers)
-    lines = [f"### {answer_set.model_name}", ""]
-    cpu = getattr(answer_set, "cpu_seconds", float("nan"))  # answer caches written before it was recorded lack it
+    cpu = answer_set.cpu_seconds
     fit_wall, fit_cpu = fit_seconds
-    gen_cpu = "" if cpu != cpu else f", {cpu:.0f} s of CPU time ({cpu / n:.2f} s per question)"
-    lines.append(f"{n} questions, {right} answered correctly ({pct(right / n)}). Generation with patches, "
-                 f"log-probs and the layer-{answer_set.probe_layer} residual took {answer_set.seconds:.0f} s wall clock "
-                 f"({answer_set.seconds / n:.2f} s per question){gen_cpu}; cross-validated fits, calibration and "
-                 f"bootstraps {fit_wall:.0f} s wall clock, {fit_cpu:.0f} s CPU. Wall clock on shared cores depends on "
-                 "the other jobs (load average in the Machine line); CPU time is this process's own work.")
-    lines += ["", "Label balance per kind (first question of each kind as an example):", ""]
-    lines += balance_table(answer_set)
-    lines += ["", f"AUROC for predicting an **incorrect** answer, 95% bootstrap intervals. *grouped*: held-out scores "
-              f"from a grouped {folds}-fold by subject; *kind held out*: each kind scored by a model trained on the "
-              "other kinds. Single scores are used as they are in both schemes.", ""]
-    lines += auroc_table(table)
-    lines += ["", "Paired differences (same bootstrap resamples for both):", ""]
-    lines += comparison_table(comparisons)
-    lines += ["", "AUROC inside each kind (grouped K-fold scores; — where the kind has one class only):", ""]
-    lines += per_kind_table(kind_rows, kind_names)
-    lines += [""] + subset_table(no_copies)
-    lines += ["", f"Spike flag, calibrated on half of the subjects and measured on the other half (threshold: the "
-              f"one-sided 95% Wilson bound on the share of correct answers' tokens above it is at most {pct(rate)} on "
-              "the calibration half; the columns from *correct tokens flagged* on are measured on the held-out half):", ""]
+    name = answer_set.model_name
+    lines = [f"### {name}", "",
+             f"{n} questions, {right} answered correctly ({pct(right / n)}; {n_declined} of them invented questions "
+             f"answered by declining). Generating the answers (greedy, cached), then one patch pass per question "
+             f"with log-probs and the layer-{answer_set.probe_layer} residual, took {answer_set.seconds:.0f} s wall "
+             f"clock ({answer_set.seconds / n:.2f} s per question, {cpu:.0f} s CPU); the evaluation from the cached "
+             f"answers (fits, calibration, bootstraps) {fit_wall:.0f} s wall clock, {fit_cpu:.0f} s CPU.", ""]
+    lines += ["Label balance per kind (first question of each kind as an example):", ""]
+    lines += balance_table(answer_set, {})
+    lines += ["", "AUROC inside each template stratum (grouped K-fold scores; — where the stratum has one class only):",
+              ""]
+    lines += per_stratum_table(stratum_rows, stratum_names)
+    if no_copies is not None:
+        lines += ["", f"Only the {n_no_copies} answers whose first word does not repeat a word of the question: "
+                  f"patch, answer + last prompt token − {answer_table.baselines['−log p']}, within kind: "
+                  f"{fmt(no_copies)}."]
+    cal = ", ".join(f"{k} {v:.3f}" for k, v in measure.calibration_aurocs.items())
+    lines += ["", f"**The shipped flag.** Candidates' within-kind AUROC on the calibration half (out of fold): {cal}. "
+              + flag_sentence(name, measure)
+              + f" Within-kind AUROC of the shipped detector on the held-out half: {fmt(measure.held_out_auroc)}.", ""]
+    lines += [f"Token-level spike flags (`generate_with_patches`' marks; threshold: ≤ {pct(rate)} of correct answers' "
+              "tokens above it on the calibration half, one-sided 95% Wilson bound; measured on the held-out half):",
+              ""]
     lines += flag_table(checks, rate)
-    lines += ["", "Reading (rule in `experiments/spikes/summary.py`): "
-              + verdict_sentence(answer_set.model_name, table, comparisons, v, no_copies) + " "
-              + hidden_sentence(table, comparisons, v), "", flag_sentence(default_check, rate), ""]
-    return lines
-
-
-def _names(names: list[str]) -> str:
-    return ", ".join(names) if names else "none"
-
-
-def overall_sentence(results: dict[str, tuple[Verdict, Subset, Comparison]]) -> str:
-    """The summary over models, by the rules of :mod:`.summary` (``results``: model → verdict, no-copy subset,
-    patch-vs-hidden comparison)."""
-    beats = [m for m, (v, _, _) in results.items() if v.patch_beats_baseline]
-    beats_clean = [m for m, (_, sub, _) in results.items()
-                   if sub.patch_vs_baseline is not None and sub.patch_vs_baseline.low > 0]
-    probe_better = [m for m, (_, _, c) in results.items() if c.within_grouped is not None and c.within_grouped.high < 0]
-    patch_better = [m for m, (_, _, c) in results.items() if c.within_grouped is not None and c.within_grouped.low > 0]
-    first = ("Patch features never beat the log-probability baseline within a kind of question"
-             if not beats else f"Patch features beat the log-probability baseline within a kind of question on "
-             f"{_names(beats)} and not on {_names([m for m in results if m not in beats])}")
-    clean = ("leaving out answers that repeat a word of the question, they beat it on none"
-             if not beats_clean else f"leaving out answers that repeat a word of the question, they beat it on "
-             f"{_names(beats_clean)}")
-    return (f"{first}; {clean}. The hidden-state probe is better than the patch detector within kind on "
-            f"{_names(probe_better)}, worse on {_names(patch_better)} (paired 95% intervals).")
-
-
-def flags_summary(checks: dict[str, FlagCheck], rate: float, spike_within: dict[str, AurocResult | None]) -> str:
-    """The calibrated default flag on the held-out half, and the unsupervised score's within-kind AUROC, per model."""
-    parts = [f"{m}: threshold {c.threshold:.3f}, {pct(c.correct_token_flag_rate)} of correct answers' tokens flagged "
-             f"(target ≤ {pct(rate)}), answer precision {pct(c.answer_precision)}, recall {pct(c.answer_recall)}"
-             for m, c in checks.items()]
-    first = next(iter(checks.values()))
-    within = "; ".join(f"{m} {fmt(r)}" for m, r in spike_within.items())
-    return (f"Calibrated default flag (statistic {first.statistic}, window {first.window}; held-out half): "
-            + "; ".join(parts) + f". The unsupervised spike score (max over the answer) reaches within-kind AUROC "
-            f"{within}.")
+    return lines + [""]

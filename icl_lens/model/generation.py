@@ -10,6 +10,11 @@ record holds (docs/design.md §2; Dherin et al. 2025, arXiv 2507.16003):
   flag threshold is the model's calibrated one (:mod:`icl_lens.model.spike_thresholds`:
   at most 5% of the answer tokens of correct answers flagged), 3.5 for models, statistics
   or windows without a calibration,
+* ``answer_flag``: where the model has a shipped wrong-answer detector
+  (:mod:`icl_lens.model.spike_detector`), its reading of the answer (the generated tokens
+  before the first newline): ``p_wrong``, ``flagged`` and the detector's measured AUROC and
+  its baselines'. It was measured on short factual answers asked in the detector's
+  ``question_format``; for other prompts it is an extrapolation,
 * ``logprob_k = log p(g_k | prefix)`` and the predictive entropy
   ``H_k = −Σ_v p(v | prefix) log p(v | prefix)`` (nats) of the distribution ``g_k`` was
   drawn from, both under the model's own distribution (temperature 1, whatever the
@@ -35,6 +40,7 @@ from icl_lens.core.patch_set import TokenPatches
 from icl_lens.core.spike_scores import SpikeFlags, spike_scores
 from icl_lens.model.incremental import PatchSession
 from icl_lens.model.prompts import PromptError, context_limit, encode_prompt, str_tokens
+from icl_lens.model.spike_detector import PROMPT_TAIL, AnswerFlag, read_answer, spike_detector
 from icl_lens.model.spike_thresholds import SpikeThreshold, spike_threshold
 
 if TYPE_CHECKING:
@@ -65,6 +71,7 @@ class GenerationPatches:
     stop_reason: str
     recomputed: tuple[int, ...] = ()
     threshold: SpikeThreshold | None = None
+    answer_flag: AnswerFlag | None = None
 
     @property
     def n_new(self) -> int:
@@ -172,6 +179,7 @@ def generate_with_patches(
     stop: Sequence[str] = (),
     stop_at_eos: bool = True,
     session: PatchSession | None = None,
+    detector: bool = True,
 ) -> GenerationPatches:
     """Generate up to ``max_new_tokens`` tokens and record each one's patches (module docstring).
 
@@ -183,7 +191,8 @@ def generate_with_patches(
     the model's calibrated threshold for this statistic and window over all layers
     (:func:`icl_lens.spike_threshold`), or 3.5 where there is none. ``session``: a
     :class:`PatchSession` of this model to reuse (its cached prefix is reused where the new
-    prompt shares it).
+    prompt shares it). ``detector``: read the answer with the model's shipped wrong-answer
+    detector where there is one (``answer_flag``; module docstring).
     """
     _validate(max_new_tokens, greedy, temperature)
     ids = encode_prompt(model, prompt)
@@ -232,6 +241,12 @@ def generate_with_patches(
         chosen = spike_threshold(name, statistic=statistic, window=window, layers=layers)
         threshold = chosen.value
     flags = spike_scores(patches, window=window, threshold=threshold, layers=layers, statistic=statistic)
+    found = spike_detector(name) if detector else None
+    answer_flag = None
+    if found is not None and prompt_length >= PROMPT_TAIL and len(logprobs) > 0:
+        answer_flag = read_answer(found, patches.norms().double().cpu().numpy(),
+                                  patches.correction_norms().double().cpu().numpy(), flags.informative.numpy(),
+                                  prompt_length, str_tokens(model, ids)[prompt_length:])
     return GenerationPatches(
         model_name=name,
         prompt_length=prompt_length,
@@ -247,4 +262,5 @@ def generate_with_patches(
         stop_reason=stop_reason,
         recomputed=tuple(recomputed),
         threshold=chosen,
+        answer_flag=answer_flag,
     )

@@ -7,8 +7,10 @@
 * :mod:`.bootstrap`: percentile bootstrap over examples. A resample is a count vector ``w``
   (``Σ w = n``), so a weighted-sum statistic costs one matrix product over all resamples; the
   interval is the ``(1−level)/2`` and ``(1+level)/2`` quantiles of the resampled statistic
-  (Efron). :func:`bootstrap_mean` (a :class:`MeanCI`), :func:`bootstrap_mean_nested` (groups such as
-  training seeds resampled, then the examples within each) and :func:`bootstrap_ratio` (paired
+  (Efron); ``groups=`` resamples clusters (subjects) instead of examples, every example
+  taking its cluster's count (cluster bootstrap). :func:`bootstrap_mean` (a :class:`MeanCI`),
+  :func:`bootstrap_mean_nested` (groups such as training seeds resampled, then the examples within
+  each) and :func:`bootstrap_ratio` (paired
   ``Σx / Σy``).
 * :mod:`.intervals`: Wilson score interval of a proportion ``k/n``,
   ``(p̂ + z²/2n ± z·sqrt(p̂(1−p̂)/n + z²/4n²)) / (1 + z²/n)`` (Wilson 1927).

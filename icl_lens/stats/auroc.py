@@ -5,7 +5,8 @@
 with replacement; a resample is a weight vector ``w`` (counts), and
 ``AUROC(w) = Σ_ij w⁺_i K_ij w⁻_j / (Σ w⁺)(Σ w⁻)`` with ``K_ij = [s⁺_i > s⁻_j] + ½[s⁺_i = s⁻_j]``,
 so all resamples cost one matrix product (resamples from :mod:`icl_lens.stats.bootstrap`).
-Resamples without both classes are dropped.
+Resamples without both classes are dropped. ``groups=``: resample clusters of examples
+(subjects) instead of examples (:func:`icl_lens.stats.bootstrap.resample_counts`).
 
 Stratified (within-group) AUROC, ``strata=``: only pairs whose two examples share a
 stratum count, ``Σ_ij S_ij K_ij / Σ_ij S_ij`` with ``S_ij = [stratum⁺_i = stratum⁻_j]``; it
@@ -80,25 +81,25 @@ def _boot_values(scores: np.ndarray, positive: np.ndarray, strata, counts: np.nd
     return np.where(ok, num / np.where(ok, den, 1.0), np.nan), ok
 
 
-def bootstrap_auroc(scores, positive, *, strata=None, n_boot: int = 2000, seed: int = 0,
+def bootstrap_auroc(scores, positive, *, strata=None, groups=None, n_boot: int = 2000, seed: int = 0,
                     level: float = 0.95) -> AurocResult:
-    """AUROC with a percentile-bootstrap ``level`` confidence interval over examples."""
+    """AUROC with a percentile-bootstrap ``level`` confidence interval over examples (over clusters with ``groups``)."""
     scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
     point = auroc(scores, positive, strata)
-    boots, ok = _boot_values(scores, positive, strata, resample_counts(scores.shape[0], n_boot, seed))
+    boots, ok = _boot_values(scores, positive, strata, resample_counts(scores.shape[0], n_boot, seed, groups))
     low, high = percentile_interval(boots[ok], level)
     return AurocResult(point, low, high, int(positive.sum()), int((~positive).sum()))
 
 
-def bootstrap_auroc_difference(scores_a, scores_b, positive, *, strata=None, n_boot: int = 2000, seed: int = 0,
-                               level: float = 0.95) -> AurocDifference:
+def bootstrap_auroc_difference(scores_a, scores_b, positive, *, strata=None, groups=None, n_boot: int = 2000,
+                               seed: int = 0, level: float = 0.95) -> AurocDifference:
     """``AUROC(scores_a) − AUROC(scores_b)`` with a paired percentile-bootstrap interval (module docstring)."""
     a, b = np.asarray(scores_a, dtype=float), np.asarray(scores_b, dtype=float)
     positive = np.asarray(positive, dtype=bool)
     if a.shape != b.shape:
         raise ValueError(f"the two scores must cover the same examples, got shapes {a.shape} and {b.shape}")
     point = auroc(a, positive, strata) - auroc(b, positive, strata)
-    counts = resample_counts(a.shape[0], n_boot, seed)
+    counts = resample_counts(a.shape[0], n_boot, seed, groups)
     boots_a, ok = _boot_values(a, positive, strata, counts)
     boots_b, _ = _boot_values(b, positive, strata, counts)
     low, high = percentile_interval((boots_a - boots_b)[ok], level)

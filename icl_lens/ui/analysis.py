@@ -29,6 +29,7 @@ from icl_lens.model.model_check import check_model
 from icl_lens.model.prompts import PromptError, context_limit
 from icl_lens.model.reading import ForwardAbandoned
 from icl_lens.model.reading import abandoned_when as abandon_forward
+from icl_lens.model.spike_detector import spike_detector
 from icl_lens.model.spike_thresholds import spike_threshold
 from icl_lens.dynamics.trajectory_capture import NoContextError, trajectory
 
@@ -238,8 +239,16 @@ def default_threshold(model_name: str) -> float:
 
 
 def threshold_note(model_name: str) -> str:
-    """Where :func:`default_threshold` comes from, in words: calibrated for this model, or the 3.5 fallback."""
-    return f"default flag threshold {spike_threshold(model_name).describe()}"
+    """Where :func:`default_threshold` comes from, in words (calibrated for this model, or the 3.5 fallback),
+    and, where the model has a shipped wrong-answer detector, whether it beats its baselines, with the numbers:
+    where it does not, the marks are exploration, not an error flag."""
+    note = f"default flag threshold {spike_threshold(model_name).describe()}"
+    detector = spike_detector(model_name)
+    if detector is None:
+        return note
+    if not detector.beats_baseline:
+        return f"Patch norms and spike marks are exploration, not an error flag: the {detector.describe()}. ({note})"
+    return f"{note}. The {detector.describe()}."
 
 
 def alignment_matrix(patches: TokenPatches, layer: int) -> Float[Tensor, "pos pos"]:

@@ -1,0 +1,46 @@
+"""The spike evaluation's two-pass answering (generate, then one patch pass) equals the
+step-by-step ``generate_with_patches`` it replaced (issue 24): patches are causal, so the
+patch of position t read after the whole answer exists is the one read at step t."""
+import numpy as np
+import pytest
+import torch
+
+from experiments.factual_prompts import FactualPrompt
+from experiments.spikes.answers import PROMPT_TAIL, answer_one, probe_layer
+from icl_lens.model.generation import generate_with_patches
+from icl_lens.model.incremental import PatchSession
+from icl_lens.model.residual_stream import recording_residual
+
+ITEMS = [FactualPrompt("What is the capital of France?", ("Paris",), "capital", "France"),
+         FactualPrompt("What is the capital of Peru?", ("Lima",), "capital", "Peru"),
+         FactualPrompt("Who wrote \"Emma\"?", ("Jane Austen",), "author", "Emma")]
+
+
+def _step_by_step(model, item, layer, max_new_tokens):
+    with recording_residual(model, layer) as rec:
+        gen = generate_with_patches(model, item.text, max_new_tokens=max_new_tokens, stop=("\n",))
+    return gen, rec.rows()[-(gen.n_new + 1):].numpy()
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m"])  # the tiny models' context (256) is shorter than the preamble
+def test_two_pass_answers_equal_the_step_by_step_ones(load, name):
+    model = load(name)
+    layer = probe_layer(int(model.cfg.n_layers))
+    session, previous = PatchSession(model, logits=False), None
+    for item in ITEMS:  # one shared session: the second and third questions reuse the preamble
+        fast, previous = answer_one(model, item, session, max_new_tokens=4, layer=layer, previous=previous)
+        gen, hidden = _step_by_step(model, item, layer, 4)
+        assert fast.completion == gen.text and fast.prompt_length == gen.prompt_length
+        assert np.array_equal(fast.generated_ids, gen.generated_ids.numpy())
+        assert torch.equal(previous, gen.token_ids)
+        np.testing.assert_allclose(fast.norms, gen.patches.norms().double().numpy(), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(fast.correction_norms, gen.patches.correction_norms().double().numpy(),
+                                   rtol=1e-4, atol=1e-6)
+        assert np.array_equal(fast.informative, gen.spikes.informative.numpy())
+        np.testing.assert_allclose(fast.logprobs, gen.logprobs.numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(fast.entropies, gen.entropies.numpy(), rtol=1e-4, atol=1e-5)
+        # hidden rows: P - PROMPT_TAIL … end; the step-by-step run kept P - 1 … end
+        assert fast.hidden.shape[0] == PROMPT_TAIL + gen.n_new
+        np.testing.assert_allclose(fast.hidden[PROMPT_TAIL - 1:], hidden, rtol=1e-4, atol=1e-4)  # float32 rounding, rows of size ~10
+        np.testing.assert_allclose(fast.hidden_at(fast.prompt_length - 1), hidden[0], rtol=1e-4, atol=1e-4)
+    assert sum(len(hp.fwd_hooks) for hp in model.hook_dict.values()) == 0
