@@ -19,6 +19,7 @@ from experiments.thought.sections import (
     diagnosis_lines,
     earlier_lines,
     fmt_ratio,
+    kept_of,
     paper_lines,
     pct,
     preserve_lines,
@@ -26,6 +27,7 @@ from experiments.thought.sections import (
     ratio_ci,
     selection_lines,
     to_full,
+    total_seconds,
     tuned_lines,
 )
 from experiments.thought.settings import (
@@ -111,13 +113,13 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
             verdict = target_verdict(r, r["correct"]["patched"])
             if verdict != NOT_ELIGIBLE:
                 verdicts.setdefault(model, []).append((name, verdict == "met"))
-            kl, kept = r["locality_kl"], r["locality_accuracy"]
+            kl, kept = r["locality_kl"], kept_of(r)
             lines.append(
                 f"| {model} | {name} | {acc_ci(r, 'none')} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
                 f"{acc_ci(r, 'control')} | {acc_ci(r, 'steering')} ({r['steering_layer']}) | {fmt_ratio(ratio, ci)} | "
                 f"{verdict} | "
                 f"{kl['patched']:.3f} / {kl['control']:.3f} / {kl['steering']:.3f} | "
-                f"{pct(kept['patched'])} / {pct(kept['control'])} / {pct(kept['steering'])} | {r['seconds']:.0f} |")
+                f"{pct(kept['patched'])} / {pct(kept['control'])} / {pct(kept['steering'])} | {total_seconds(r):.0f} |")
             steering_wins.append(r["accuracy"]["patched"] >= r["accuracy"]["steering"])
             p = res.get(f"paper/{name}")
             if p is not None:
@@ -139,7 +141,7 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
            for c in ("patched", "control", "steering")}
     if kls["patched"]:
         med = {c: float(np.median(v)) for c, v in kls.items()}
-        kept = [caches[m][f"table/{t}"]["locality_accuracy"]["patched"] for m in models for t in tasks
+        kept = [kept_of(caches[m][f"table/{t}"])["patched"] for m in models for t in tasks
                 if f"table/{t}" in caches[m]]
         summary.append(f"- Locality: median KL on the unrelated texts {med['patched']:.3f} nats for the thought patch, "
                        f"{med['steering']:.3f} for the steering vector, {med['control']:.3f} for the random control; "
@@ -194,8 +196,8 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     lines += diagnosis_lines(caches)
     timing = []
     for model in models:
-        secs = [v["seconds"] for k, v in caches[model].items() if k.split("/", 1)[0] in ("table", "paper", "curve",
-                                                                                          "preserve")]
+        secs = [total_seconds(v) for k, v in caches[model].items() if k.split("/", 1)[0] in ("table", "paper", "curve",
+                                                                                              "preserve")]
         if secs:
             timing.append(f"{model} {sum(secs) / 60:.0f} min")
     if timing:

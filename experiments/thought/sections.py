@@ -27,6 +27,17 @@ def pct(x) -> str:
     return "–" if x is None else f"{100 * x:.0f}%"
 
 
+def kept_of(r: dict) -> dict:
+    """Other-task answers kept per edit (``locality_kept``; rows from before issue 22: ``locality_accuracy``)."""
+    return r.get("locality_kept", r.get("locality_accuracy", {}))
+
+
+def total_seconds(r: dict) -> float:
+    """A row's wall time: ``seconds["total"]`` (rows from before issue 22: a number)."""
+    s = r.get("seconds", 0.0)
+    return float(s["total"] if isinstance(s, dict) else s)
+
+
 def acc_ci(r: dict, cond: str) -> str:
     if cond not in r["correct"]:
         return "–"
@@ -173,8 +184,8 @@ def preserve_lines(caches: dict, models, tasks, n_texts: int) -> list[str]:
             rows.append(f"| {model} | {name} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
                         f"{to_full(r, r['correct']['patched'])} | {acc_ci(p, 'patched')} | "
                         f"{to_full(r, p['correct']['patched'])} | {r['locality_kl']['patched']:.3f} / "
-                        f"{p['locality_kl']['patched']:.3f} | {pct(r['locality_accuracy']['patched'])} / "
-                        f"{pct(p['locality_accuracy']['patched'])} |")
+                        f"{p['locality_kl']['patched']:.3f} | {pct(kept_of(r)['patched'])} / "
+                        f"{pct(kept_of(p)['patched'])} |")
     if not rows:
         return []
     med = {k: float(np.median(v)) for k, v in kl.items()}
