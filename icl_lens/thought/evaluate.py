@@ -186,6 +186,18 @@ def graded(model, prompts: list[list[int]], answers: list[str], max_new_tokens: 
     return tuple(right), tuple(given), tuple(whole)
 
 
+def evaluate_edit(model, task: Task, edit, *, query_prefix: str = DEFAULT_QUERY_PREFIX) -> dict:
+    """One edit (anything with ``.applied(model)``: e.g. a composed patch) on ``task``'s test queries read alone:
+    ``{"accuracy", "correct", "n_test", "outcomes", "answers", "continuations"}`` (:func:`graded`)."""
+    max_new = _check_answers(model, task)
+    pre = prefix_ids(model, query_prefix)
+    plain = [with_bos(model, pre + text_ids(model, q, what=f"test query {i}")) for i, (q, _) in enumerate(task.test)]
+    with edit.applied(model):
+        right, given, whole = graded(model, plain, [a for _, a in task.test], max_new)
+    return {"accuracy": sum(right) / len(right), "correct": sum(right), "n_test": len(right),
+            "outcomes": [int(x) for x in right], "answers": list(given), "continuations": list(whole)}
+
+
 def agreement(a: Sequence[str], b: Sequence[str]) -> float:
     """Share of queries on which two conditions give the same answer (as :func:`graded` settles it)."""
     if len(a) != len(b) or not a:
