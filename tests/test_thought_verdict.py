@@ -41,3 +41,41 @@ def test_graded_keeps_every_new_token_and_scores_by_the_boundary_rule(load):
         stripped = t.lstrip(" ")
         assert ok == (stripped.startswith(a) and not (stripped[1:2].isalnum() or stripped[1:2] in "_-'"))
         assert (g == a) if ok else (stripped.startswith(g) and g != a)
+
+
+def _row(correct_patched: int, kl: float = 0.05, kept: float = 0.95, distilled: int = 20, seconds=(1.0, 30.0)) -> dict:
+    n = 24
+    correct = {"none": 0, "full": 20, "patched": correct_patched, "distilled": distilled, "steering": 3, "control": 0}
+    return {"n_test": n, "correct": correct, "accuracy": {c: k / n for c, k in correct.items()},
+            "outcomes": {c: [1] * k + [0] * (n - k) for c, k in correct.items()}, "continuations": {},
+            "locality_kl": {"patched": kl, "distilled": 0.2, "steering": 0.3, "control": 0.5},
+            "locality_kept": {"patched": kept, "distilled": 0.5, "steering": 0.5, "control": 0.5},
+            "gain_recovered": {}, "seconds": {"patched": seconds[0], "distilled": seconds[1], "total": 40.0}}
+
+
+def test_the_four_targets_are_read_from_the_rows():
+    """Ten tasks at full strength meet every target; one task's locality KL above 0.1, a distillation only 10×
+    slower, an old-verdict row and a composed task at 0.75 of its single accuracy each flip one verdict."""
+    from experiments.thought.settings import choose_strength
+    from experiments.thought.targets import targets_lines
+
+    tasks = [f"t{i}" for i in range(10)]
+    good = {f"table/{t}": _row(20) for t in tasks}
+    good["compose/t0+t1"] = {"tasks": ["t0", "t1"], "locality": {"kl": 0.05, "accuracy": 0.95},
+                             "per_task": {"t0": {"accuracy": 18 / 24, "correct": 18, "n_test": 24},
+                                          "t1": {"accuracy": 20 / 24, "correct": 20, "n_test": 24}}}
+    verdicts = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": good}, ["m"], tasks)
+                if line.startswith("| ") and "| m |" in line]
+    assert verdicts == ["met"] * 4
+    bad = {**good, "table/t3": _row(20, kl=0.2), "table/t4": _row(20, seconds=(3.0, 30.0))}
+    bad["compose/t0+t1"] = {**good["compose/t0+t1"], "per_task": {**good["compose/t0+t1"]["per_task"],
+                                                                  "t0": {"accuracy": 15 / 24, "correct": 15,
+                                                                         "n_test": 24}}}
+    old = dict(bad["table/t5"])
+    del old["continuations"]  # scored before the boundary verdict: not counted
+    bad["table/t5"] = old
+    verdicts = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": bad}, ["m"], tasks)
+                if line.startswith("| ") and "| m |" in line]
+    assert verdicts == ["missed", "missed", "missed", "missed"]  # 9 of 9 tasks < 10 needed; KL; 10×; 0.75
+    assert choose_strength({0.0: (1.0, 0.5), 1.0: (1.05, 0.2), 10.0: (1.5, 0.01)}) == 1.0
+    assert choose_strength({0.0: (1.0, 0.5), 1.0: (1.2, 0.2)}) == 0.0
