@@ -38,6 +38,15 @@ queries ``x₁…x_q`` (``n`` query tokens in all, every token of every query), 
    The patch is in place before layer ``l+1`` is measured, so later layers correct what
    earlier ones left over.
 
+*Preserve penalty* (issue 22; MEMIT, Meng et al. 2023, arXiv 2210.07229): with
+``preserve`` texts and ``preserve_strength = s > 0``, the unpatched model reads the
+texts once and every fit gets the penalty of changing its output on their keys: the
+matrix fit ``w·Σ a₀a₀ᵀ`` over their MLP inputs, the down fit ``w·Σ h₀h₀ᵀ`` over their
+hidden activations, the gain ``w·Σ ŷ₀⊙ŷ₀`` (diagonal), the bias ``s·n`` (a constant moves
+every token alike), with ``w = s · tr(Σ xxᵀ)/tr(Σ k₀k₀ᵀ)`` of each fit's own rows
+(:func:`icl_lens.core.least_squares.preserve_weight`). The keys are the unpatched
+model's, as in MEMIT (not re-read after earlier layers are patched).
+
 ``ridge`` is scale-free: each fit uses ``λ = ridge · tr(Σ xxᵀ)/d`` of its own inputs
 (:func:`icl_lens.core.least_squares.relative_ridge`).
 
