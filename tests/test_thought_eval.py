@@ -32,6 +32,12 @@ def test_task_builder_is_deterministic_and_matches_the_committed_files():
         assert json.loads(committed)["generated_by"] == "python -m experiments.build_tasks"
 
 
+def test_add_prompt_does_not_teach_a_first_digit():
+    """Issue 22: half of add's demonstrations are two-digit sums (starting with "1"), half are not."""
+    demos = load_task("add").instruction.splitlines()[1:]
+    assert len(demos) == 8 and sum(line.rsplit(" ", 1)[1].startswith("1") for line in demos) == 4
+
+
 def test_shipped_suite_has_ten_tasks_of_several_kinds_with_disjoint_splits():
     loaded = [load_task(name) for name in SHIPPED_TASKS]
     assert len(loaded) >= 10
