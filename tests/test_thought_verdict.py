@@ -61,16 +61,17 @@ def test_the_four_targets_are_read_from_the_rows():
 
     tasks = [f"t{i}" for i in range(10)]
     good = {f"table/{t}": _row(20) for t in tasks}
+    single = {"accuracy": 20 / 24, "correct": 20, "n_test": 24, "locality": {"kl": 0.04, "accuracy": 0.97}}
     good["compose/t0+t1"] = {"tasks": ["t0", "t1"], "locality": {"kl": 0.05, "accuracy": 0.95},
-                             "per_task": {"t0": {"accuracy": 18 / 24, "correct": 18, "n_test": 24},
-                                          "t1": {"accuracy": 20 / 24, "correct": 20, "n_test": 24}}}
+                             "per_task": {"t0": {"accuracy": 18 / 24, "correct": 18, "n_test": 24, "single": single},
+                                          "t1": {"accuracy": 20 / 24, "correct": 20, "n_test": 24, "single": single}}}
     verdicts = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": good}, ["m"], tasks)
                 if line.startswith("| ") and "| m |" in line]
     assert verdicts == ["met"] * 4
     bad = {**good, "table/t3": _row(20, kl=0.2), "table/t4": _row(20, seconds=(3.0, 30.0))}
     bad["compose/t0+t1"] = {**good["compose/t0+t1"], "per_task": {**good["compose/t0+t1"]["per_task"],
                                                                   "t0": {"accuracy": 15 / 24, "correct": 15,
-                                                                         "n_test": 24}}}
+                                                                         "n_test": 24, "single": single}}}
     old = dict(bad["table/t5"])
     del old["continuations"]  # scored before the boundary verdict: not counted
     bad["table/t5"] = old

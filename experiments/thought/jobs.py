@@ -137,14 +137,17 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
             fit = {k: v for k, v in default.items()}
             fit["preserve"] = preserve_texts(model) if fit["preserve_strength"] else ()
             t0 = time.perf_counter()
-            patch = ThoughtPatch.composed([thought_patch(model, t.instruction, [q for q, _ in t.train[:n_train]], **fit)
-                                           for t in group])
+            singles = [thought_patch(model, t.instruction, [q for q, _ in t.train[:n_train]], **fit) for t in group]
+            patch = ThoughtPatch.composed(singles)
             seconds = time.perf_counter() - t0
+            prefix = default["query_prefix"]
             store(f"compose/{'+'.join(arg)}", {
                 **default, "tasks": list(arg), "seconds": {"patched": seconds},
                 "locality": probe.measure(patch).to_dict(),
-                "per_task": {t.name: evaluate_edit(model, t, patch, query_prefix=default["query_prefix"])
-                             for t in group}})
+                "per_task": {t.name: {**evaluate_edit(model, t, patch, query_prefix=prefix),
+                                      "single": {**evaluate_edit(model, t, p, query_prefix=prefix),
+                                                 "locality": probe.measure(p).to_dict()}}
+                             for t, p in zip(group, singles)}})
         elif job == "curve" and arg <= len(task.train) and not current(f"curve/{name}/{arg}"):
             res = evaluate_thought(model, task, n_train=arg, conditions=("patched",), locality=False)
             store(f"curve/{name}/{arg}", res.to_dict(outcomes=True))

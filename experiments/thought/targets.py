@@ -52,15 +52,15 @@ def distill_met(r: dict) -> tuple[bool, float, float | None]:
 
 
 def compose_rows(caches: dict, model: str, size: int) -> list[tuple[str, dict, dict]]:
-    """``(task, single-patch row, composed result)`` for every cached group of ``size`` tasks."""
+    """``(task, single patch's result, composed result)`` for every cached group of ``size`` tasks; each result
+    has ``accuracy``, ``correct``, ``n_test`` and ``locality`` (the single patch's own, or the composed patch's)."""
     out = []
     for key, c in caches[model].items():
         if not key.startswith("compose/") or len(c["tasks"]) != size:
             continue
         for t in dict.fromkeys(c["tasks"]):
-            r = caches[model].get(f"table/{t}")
-            if r is not None and "continuations" in r:
-                out.append((t, r, {**c["per_task"][t], "locality": c["locality"]}))
+            got = c["per_task"][t]
+            out.append((t, got["single"], {**got, "locality": c["locality"]}))
     return out
 
 
@@ -102,14 +102,16 @@ def targets_lines(caches: dict, models, tasks) -> list[str]:
             rows.append(f"| against distillation | {model} | {NOT_MEASURED} | – |")
         pairs = compose_rows(caches, model, 2)
         if pairs:
-            shares = [c["accuracy"] / r["accuracy"]["patched"] if r["accuracy"]["patched"] else None
-                      for _, r, c in pairs]
+            shares = [c["accuracy"] / r["accuracy"] if r["accuracy"] else None for _, r, c in pairs]
             ok = [s is not None and s >= COMPOSE_TARGET for s in shares]
             loc = pairs[0][2]["locality"]
+            single = [r["locality"] for _, r, _ in pairs]
             rows.append(f"| two tasks at once: each keeps ≥ {COMPOSE_TARGET} of its single-patch accuracy | {model} | "
                         f"{sum(ok)} of {len(ok)} tasks ("
                         + ", ".join(f"{t} {s:.2f}" if s is not None else f"{t} –" for (t, _, _), s in zip(pairs, shares))
-                        + f"); locality KL {loc['kl']:.3f}, other task kept {pct(loc['accuracy'])} | "
+                        + f"); locality KL {loc['kl']:.3f} at once (alone: "
+                        + ", ".join(f"{x['kl']:.3f}" for x in single) + f"), other task kept {pct(loc['accuracy'])} "
+                        "(alone: " + ", ".join(pct(x["accuracy"]) for x in single) + f") | "
                         f"{'met' if all(ok) else 'missed'} |")
         else:
             rows.append(f"| two tasks at once | {model} | {NOT_MEASURED} | – |")
@@ -151,11 +153,12 @@ def compose_lines(caches: dict, models) -> list[str]:
         for size in sorted({len(g) for g in COMPOSE_GROUPS} | {len(c["tasks"]) for k, c in caches[model].items()
                                                                 if k.startswith("compose/")}):
             for t, r, c in compose_rows(caches, model, size):
-                share = c["accuracy"] / r["accuracy"]["patched"] if r["accuracy"]["patched"] else None
-                rows.append(f"| {model} | {size} | {t} | {acc_ci(r, 'patched')} | {pct(c['accuracy'])} "
-                            f"({c['correct']}/{c['n_test']}) | {'–' if share is None else f'{share:.2f}'} | "
-                            f"{r['locality_kl']['patched']:.3f} / {c['locality']['kl']:.3f} | "
-                            f"{pct(kept_of(r)['patched'])} / {pct(c['locality']['accuracy'])} |")
+                share = c["accuracy"] / r["accuracy"] if r["accuracy"] else None
+                rows.append(f"| {model} | {size} | {t} | {pct(r['accuracy'])} ({r['correct']}/{r['n_test']}) | "
+                            f"{pct(c['accuracy'])} ({c['correct']}/{c['n_test']}) | "
+                            f"{'–' if share is None else f'{share:.2f}'} | "
+                            f"{r['locality']['kl']:.3f} / {c['locality']['kl']:.3f} | "
+                            f"{pct(r['locality']['accuracy'])} / {pct(c['locality']['accuracy'])} |")
     if not rows:
         return []
     return ["", "**Composed patches** (`ThoughtPatch.composed`: the default patches of 2 or 4 tasks, their edits "
