@@ -80,3 +80,26 @@ def test_the_four_targets_are_read_from_the_rows():
     assert verdicts == ["missed", "missed", "missed", "missed"]  # 9 of 9 tasks < 10 needed; KL; 10×; 0.75
     assert choose_strength({0.0: (1.0, 0.5), 1.0: (1.05, 0.2), 10.0: (1.5, 0.01)}) == 1.0
     assert choose_strength({0.0: (1.0, 0.5), 1.0: (1.2, 0.2)}) == 0.0
+
+
+def test_the_default_preserve_strength_is_the_rules_choice_on_the_committed_selection():
+    """Wherever the committed caches hold the third selection stage for every strength, the default strength is
+    what the rule picks from them (the mean over the models and selection tasks that hold it)."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from experiments.thought.settings import PRESERVE_STRENGTHS, SELECT_TASKS, choose_strength
+    from icl_lens.thought.defaults import DEFAULT_PRESERVE_STRENGTH
+
+    got: dict[float, list[tuple[float, float]]] = {}
+    for path in sorted(Path("reports").glob("eval_thought.*.json")):
+        for key, v in json.loads(path.read_text()).items():
+            if key.startswith("strength/") and v["task"] in SELECT_TASKS:
+                got.setdefault(float(v["preserve_strength"]), []).append((v["validation_kl"], v["text_kl"]))
+    if set(got) != set(PRESERVE_STRENGTHS) or len({len(x) for x in got.values()}) != 1:
+        assert DEFAULT_PRESERVE_STRENGTH == 0.0  # no complete selection: the penalty stays off
+        return
+    scores = {s: (float(np.mean([a for a, _ in x])), float(np.mean([t for _, t in x]))) for s, x in got.items()}
+    assert DEFAULT_PRESERVE_STRENGTH == choose_strength(scores)
