@@ -17,6 +17,7 @@ from experiments.thought.settings import (
     PRESERVE_TOLERANCE,
     RATIO_LOWER,
     SELECT_FIT,
+    SELECT_TASKS,
     SELECT_VALIDATE,
     TARGET,
     TASKS_NEEDED,
@@ -77,9 +78,11 @@ def targets_lines(caches: dict, models, tasks) -> list[str]:
         met = {t: ratio_met(r) for t, r in eligible.items()}
         lows = [ci[0] for _, _, ci in met.values() if ci is not None]
         n_met = sum(ok for ok, _, _ in met.values())
+        sel = [t for t in met if t in SELECT_TASKS]
         rows.append(f"| accuracy: patched ≥ {TARGET} × full, 95% lower bound ≥ {RATIO_LOWER}, on ≥ {TASKS_NEEDED} "
                     f"tasks | {model} | {n_met} of {len(eligible)} tasks with full ≥ {ELIGIBLE:.0%} ({len(got)} "
-                    f"evaluated); median lower bound {np.median(lows) if lows else float('nan'):.2f} | "
+                    f"evaluated; selection tasks among them: {sum(met[t][0] for t in sel)} of {len(sel)}); median "
+                    f"lower bound {np.median(lows) if lows else float('nan'):.2f} | "
                     f"{'met' if n_met >= TASKS_NEEDED else 'missed'} |")
         kl = [r["locality_kl"]["patched"] for r in got.values()]
         ctrl = [r["locality_kl"]["control"] for r in got.values()]
@@ -129,7 +132,7 @@ def distill_lines(caches: dict, models, tasks) -> list[str]:
                 continue
             ok, gap, speed = distill_met(r)
             gain = r.get("gain_recovered", {})
-            rows.append(f"| {model} | {t} | {acc_ci(r, 'none')} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
+            rows.append(f"| {model} | {t}{' (selection)' if t in SELECT_TASKS else ''} | {acc_ci(r, 'none')} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
                         f"{acc_ci(r, 'distilled')} | {gap:+.2f} | "
                         + " / ".join("–" if gain.get(c) is None else f"{gain[c]:.2f}" for c in ("patched", "distilled"))
                         + f" | {r['locality_kl']['patched']:.3f} / {r['locality_kl']['distilled']:.3f} | "
