@@ -68,11 +68,11 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
         cache.write_text(json.dumps(results, indent=1))
 
     jobs = []
-    if table:  # the main table (with the paper's settings beside each task), then the curves
+    if table:  # composed patches first (the cheapest), the main table (with the paper's settings beside each task), curves
+        jobs += [("compose", None, group) for group in compose_groups]
         for name in tasks:  # each task's paper row right after its table row
             jobs += [("table", name, None)] + ([("paper", name, None)] if paper_tasks is None or name in paper_tasks
                                                else [])
-        jobs += [("compose", None, group) for group in compose_groups]
         jobs += [("curve", name, n) for name in tasks if name in curve_tasks for n in sizes]
         jobs += [("tuned", name, None) for name in tasks]
     if select:
