@@ -117,7 +117,7 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
                 verdicts.setdefault(model, []).append((name, verdict == "met"))
             kl, kept = r["locality_kl"], kept_of(r)
             lines.append(
-                f"| {model} | {name} | {acc_ci(r, 'none')} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
+                f"| {model} | {name}{'' if 'continuations' in r else ' †'} | {acc_ci(r, 'none')} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
                 f"{acc_ci(r, 'control')} | {acc_ci(r, 'steering')} ({r['steering_layer']}) | {fmt_ratio(ratio, ci)} | "
                 f"{verdict} | "
                 f"{kl['patched']:.3f} / {kl['control']:.3f} / {kl['steering']:.3f} | "
@@ -161,7 +161,10 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
         missing = [t for t in tasks if f"table/{t}" not in caches[model]]
         if missing:
             summary.append(f"- **Not evaluated** on {model} (no cached result): {', '.join(missing)}.")
-    lines += ["", "Read from the table (rules: target as stated; counts over the rows above):", "", *summary]
+    lines += ["", "† scored by the verdict before issue 22 (the continuation starts with the answer, whatever follows; "
+              "the row keeps only the answer up to where that rule settles it), and fitted without the preserve "
+              "penalty; rows without † are scored by the boundary verdict with the current default.", ""]
+    lines += ["Read from the table (rules: target as stated; counts over the rows above):", "", *summary]
     lines += agreement_lines(caches, models, tasks)
     lines += answer_length_lines(caches, models, tasks, answer_tokens or {})
     lines += earlier_lines(caches, models, tasks)
