@@ -138,14 +138,25 @@ def _number_word(n: int) -> str:
     return ONES[n] if n < 20 else TENS[n // 10] + ("-" + ONES[n % 10] if n % 10 else "")
 
 
-def _task(name: str, kind: str, header: str, pairs: list[tuple[str, str]], seed: int, query: str = "{}:") -> dict:
-    """Shuffle ``pairs`` with ``seed``; demonstrations in the instruction, then train and test queries."""
+def _task(name: str, kind: str, header: str, pairs: list[tuple[str, str]], seed: int, query: str = "{}:",
+          balance=None) -> dict:
+    """Shuffle ``pairs`` with ``seed``; demonstrations in the instruction, then train and test queries.
+
+    ``balance(answer)``: a key whose values the demonstrations hold in equal numbers (the first pairs of each
+    value in shuffled order), so that the prompt does not teach a bias: ``add`` balances the answer's first
+    digit being "1" (a two-digit sum) or not (issue 22: 7 of its 8 demonstrations began with "1").
+    """
     keys = [q for q, _ in pairs]
     if len(set(keys)) != len(keys):
         raise ValueError(f"task {name}: repeated queries")
     rng = random.Random(seed)
     pairs = pairs[:]
     rng.shuffle(pairs)
+    if balance is not None:
+        values = sorted({balance(a) for _, a in pairs})
+        picked = [p for v in values for p in [p for p in pairs if balance(p[1]) == v][: N_DEMOS // len(values)]]
+        demos = [p for p in pairs if p in picked]  # in shuffled order
+        pairs = demos + [p for p in pairs if p not in picked]
     demos, train = pairs[:N_DEMOS], pairs[N_DEMOS : N_DEMOS + N_TRAIN]
     test = pairs[N_DEMOS + N_TRAIN : N_DEMOS + N_TRAIN + N_TEST]
     if len(test) < MIN_TEST:
@@ -170,7 +181,7 @@ def tasks() -> list[dict]:
     """Every shipped task, deterministically (fixed seeds)."""
     words = WORDS.split()
     return [
-        _task("add", "arithmetic", "Add the two numbers.\n", _sums(), 21, "{} ="),
+        _task("add", "arithmetic", "Add the two numbers.\n", _sums(), 21, "{} =", balance=lambda a: a.startswith("1")),
         _task("plus_one", "arithmetic", "Each number is followed by the next number.\n", _successors(), 22),
         _task("antonyms", "word transformation", "Each word is followed by its opposite.\n", _pairs(ANTONYMS), 31),
         _task("plural", "word transformation", "Each noun is followed by its plural.\n", _pairs(PLURALS), 32),

@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from icl_lens.model.names import DEFAULT_MODEL, DTYPE_NAMES, EMBEDDED_MODELS, known_model_names
-from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE, KINDS
+from icl_lens.thought.defaults import (
+    DEFAULT_ANSWER_TOKENS,
+    DEFAULT_KIND,
+    DEFAULT_PRESERVE_STRENGTH,
+    DEFAULT_QUERY_PREFIX,
+    DEFAULT_RIDGE,
+    DISTILL_STEPS,
+    KINDS,
+)
 
 # Default tolerance of the equivalence identity (relative to the largest |logit|), docs/design.md §2.
 # Half precision has none fixed: it is twice the model's own noise floor, measured in the same run.
@@ -304,12 +312,18 @@ def _thought_eval(args: argparse.Namespace) -> int:
         raise CommandError(f"--ridge must be >= 0, got {args.ridge}")
     if args.answer_tokens < 0:
         raise CommandError(f"--answer-tokens must be >= 0, got {args.answer_tokens}")
+    if args.distill_steps < 1:
+        raise CommandError(f"--distill-steps must be >= 1, got {args.distill_steps}")
+    if not args.preserve_strength >= 0:
+        raise CommandError(f"--preserve-strength must be >= 0, got {args.preserve_strength}")
     from icl_lens import evaluate_thought, load_model
     from icl_lens.stats import wilson_interval
 
     model = load_model(args.model)
     result = evaluate_thought(model, task, kind=args.kind, eta=args.eta, ridge=args.ridge, n_train=args.n_train,
-                              query_prefix=args.query_prefix.replace("\\n", "\n"), answer_tokens=args.answer_tokens)
+                              query_prefix=args.query_prefix.replace("\\n", "\n"), answer_tokens=args.answer_tokens,
+                              preserve_strength=args.preserve_strength, distill={"steps": args.distill_steps},
+                              progress=not args.json)
     out = result.to_dict()
     out["interval95"] = {c: list(wilson_interval(out["correct"][c], result.n_test)) for c in out["correct"]}
     if args.json:
@@ -323,13 +337,15 @@ def _thought_eval(args: argparse.Namespace) -> int:
             line = f"  {cond:<9} {acc:6.1%}  [95% {low:.0%}–{high:.0%}]"
             if cond in out["agreement_with_full"]:
                 line += f"  same answer as full {out['agreement_with_full'][cond]:.0%}"
+            if out["gain_recovered"].get(cond) is not None:
+                line += f"  gain recovered {out['gain_recovered'][cond]:.2f}"
             if cond in out["locality_kl"]:
                 line += (f"  locality: KL {out['locality_kl'][cond]:.3g} nats, "
-                         f"other task kept {out['locality_accuracy'][cond]:.0%}")
+                         f"other task kept {out['locality_kept'][cond]:.0%}")
             print(line)
         if result.steering_layer is not None:
             print(f"  steering layer {result.steering_layer}")
-        print(f"  seconds   {result.seconds:.1f}")
+        print("  seconds   " + ", ".join(f"{k} {v:.1f}" for k, v in result.seconds.items()))
     return 0
 
 
@@ -439,7 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("thought-eval", help="evaluate a thought patch (prompt turned into weights) on a task",
                        description="Test accuracy (95%% Wilson intervals) with no instruction, with the full "
                                    "instruction in context, with the thought patch fitted on the task's train queries "
-                                   "(arXiv 2510.08734) and no instruction, with a random control patch of the same "
+                                   "(arXiv 2510.08734) and no instruction, with context distillation into the same "
+                                   "parameters, with a random control patch of the same "
                                    "per-layer norms, and with a steering vector at its best layer; locality (mean "
                                    "next-token KL on unrelated texts, other-task answers kept) of every edit.")
     p.add_argument("task", help="task .jsonl file, or the name of a shipped task (e.g. capitals)")
@@ -455,6 +472,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--answer-tokens", type=int, default=DEFAULT_ANSWER_TOKENS,
                    help="also fit at the first N tokens of the model's own answer under the instruction "
                         f"(default {DEFAULT_ANSWER_TOKENS}; 0: query tokens only, as in the paper)")
+    p.add_argument("--preserve-strength", type=float, default=DEFAULT_PRESERVE_STRENGTH,
+                   help="weight of the locality term (the model's own samples' keys, MEMIT-style covariance "
+                        f"penalty; default {DEFAULT_PRESERVE_STRENGTH:g}; 0: off)")
+    p.add_argument("--distill-steps", type=int, default=DISTILL_STEPS,
+                   help=f"Adam steps of the context-distillation baseline (default {DISTILL_STEPS})")
     p.add_argument("--n-train", type=int, default=None, help="calibration queries to use (default: all train)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_thought_eval)

@@ -93,7 +93,7 @@ def test_thought_report_names_the_runs_and_reads_the_target_from_the_numbers(tmp
     text = thought.write_report(out, ["m", "n"], ["t", "u"], "python -m experiments.thought --report-only")
     assert "- m: 2 result(s) by `python -m experiments.thought --models m` on 3 CPU cores" in text
     assert "- n: command and machine not recorded" in text
-    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in text.splitlines() if line.startswith("| m |")
+    rows = {tuple(c.strip().removesuffix(" †") for c in line.split("|")[1:3]): line for line in text.splitlines() if line.startswith("| m |")
             or line.startswith("| n |")}
     assert "| 0.90 | met |" in rows[("m", "t")] and "| 0.85 | missed |" in rows[("m", "u")]
     assert "n/a (full < 50%)" in rows[("n", "t")]

@@ -285,30 +285,38 @@ def test_answer_rows_make_the_answer_positions_exact(load, name):
     assert answer_kl(model, INSTRUCTION, ["q"], plain, query_prefix="\n") <= 1e-9  # its own row: exact
 
 
-@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
-def test_preserved_texts_stay_as_the_unpatched_model_reads_them(load, name):
-    """``preserve``: every token of the preserved texts is a row whose target is its own unpatched state. Fitted
-    exactly (both+down, ridge 0), the patched model's logits on a preserved text are the unpatched ones, the
-    query still gets its contextual logits, and a text that was not preserved does change."""
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", "tiny-gemma3"])
+def test_preserve_penalty_keeps_the_preserved_text_and_fades_with_its_strength(load, name):
+    """``preserve``: the preserved texts' keys enter every fit as the penalty w·K₀K₀ᵀ. The stronger it is, the less
+    the patched model's logits move on a preserved text; strength 0 is the plain fit exactly, and at every strength
+    the query's own logits move towards the instruction's (the edit still does its job)."""
     model = load(name, torch.float64)
-    kept, other = "The quiet river bends past the mill.", "Seven green boxes sat on a shelf."
-    exact = dict(kind="both+down", ridge=0.0, query_prefix="\n", answer_tokens=0)
-    patch = thought_patch(model, INSTRUCTION, ["q"], preserve=[kept], **exact)
+    kept = ["The quiet river bends past the mill.", "Seven green boxes sat on a shelf by the door."]
+    setting = dict(kind="both+down", ridge=1.0, query_prefix="\n", answer_tokens=0)
 
     def logits(text: str, edit=None) -> torch.Tensor:
         ids = torch.tensor([with_bos(model, text_ids(model, text))])
         with torch.no_grad(), edit.applied() if edit is not None else nullcontext():
             return model(ids)[0]
 
-    assert _rel(logits(kept, patch), logits(kept)) <= 1e-9
-    assert _rel(logits(other, patch), logits(other)) > 1e-4
-    plain = thought_patch(model, INSTRUCTION, ["q"], **exact)
-    assert _rel(logits(kept, plain), logits(kept)) > 1e-4  # without it the kept text moves
-    with patch.applied():
-        patched = last_logits(model, [patch.prompt_ids("q")])[0]
-    assert _rel(patched, _logits(model, INSTRUCTION, "q")) <= 1e-7
+    moved = {}
+    for strength in (0.0, 1.0, 100.0):
+        patch = thought_patch(model, INSTRUCTION, ["q", "ab"], preserve=kept, preserve_strength=strength, **setting)
+        moved[strength] = sum(_rel(logits(t, patch), logits(t)) for t in kept)
+        with patch.applied():
+            patched = last_logits(model, [patch.prompt_ids("q")])[0]
+        alone = last_logits(model, [patch.prompt_ids("q")])[0]
+        full = _logits(model, INSTRUCTION, "q")
+        assert float((patched - full).norm()) < float((alone - full).norm())
+    plain = thought_patch(model, INSTRUCTION, ["q", "ab"], **setting)
+    assert _rel(logits(kept[0], plain), logits(kept[0])) == pytest.approx(
+        _rel(logits(kept[0], thought_patch(model, INSTRUCTION, ["q", "ab"], preserve=kept, preserve_strength=0.0,
+                                            **setting)), logits(kept[0])), rel=1e-12)
+    assert moved[100.0] < 0.5 * moved[1.0] < 0.5 * moved[0.0]
     with pytest.raises(PromptError):
-        thought_patch(model, INSTRUCTION, ["q"], preserve=kept)
+        thought_patch(model, INSTRUCTION, ["q"], preserve=kept[0], preserve_strength=1.0)
+    with pytest.raises(ValueError, match="preserve_strength"):
+        thought_patch(model, INSTRUCTION, ["q"], preserve=kept, preserve_strength=-1.0)
 
 
 @pytest.mark.parametrize(
@@ -369,19 +377,26 @@ def test_cli_json_on_a_tiny_task(tmp_path, capsys):
     from icl_lens.cli import main
 
     path = _write_task(tmp_path / "tiny.jsonl", train=[{"query": "a:", "answer": "1"}, {"query": "z:", "answer": "9"}])
-    assert main(["thought-eval", str(path), "--model", "tiny-llama", "--json", "--n-train", "2"]) == 0
+    assert main(["thought-eval", str(path), "--model", "tiny-llama", "--json", "--n-train", "2",
+                 "--distill-steps", "5"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(out) == {"task", "model", "kind", "eta", "ridge", "query_prefix", "answer_tokens", "n_train", "n_test",
-                        "accuracy", "correct", "interval95", "locality_kl", "locality_accuracy", "agreement_with_full",
-                        "steering_layer", "seconds"}
+                        "accuracy", "correct", "interval95", "locality_kl", "locality_kept", "agreement_with_full",
+                        "gain_recovered", "steering_layer", "seconds", "continuations", "preserve", "preserve_strength",
+                        "distill"}
     assert out["task"] == "t" and out["model"] == "tiny-llama" and out["n_train"] == 2 and out["n_test"] == 2
-    assert set(out["accuracy"]) == {"none", "full", "patched", "control", "steering"}
-    assert set(out["locality_kl"]) == set(out["locality_accuracy"]) == {"patched", "control", "steering"}
-    assert set(out["agreement_with_full"]) == {"none", "patched", "control", "steering"}
+    edited = {"patched", "distilled", "steering", "control"}
+    assert set(out["accuracy"]) == {"none", "full"} | edited
+    assert set(out["locality_kl"]) == set(out["locality_kept"]) == edited
+    assert set(out["agreement_with_full"]) == {"none"} | edited
+    assert set(out["gain_recovered"]) == edited
     assert all(v in (0.0, 0.5, 1.0) for v in out["agreement_with_full"].values())
     assert all(v > 0 for v in out["locality_kl"].values())  # every edit changes something
     assert out["kind"] == "both+down" and out["query_prefix"] == "\n" and 0 <= out["steering_layer"] < 3
-    assert all(v in (0.0, 0.5, 1.0) for v in out["accuracy"].values()) and out["seconds"] > 0
+    assert all(v in (0.0, 0.5, 1.0) for v in out["accuracy"].values())
+    assert set(out["seconds"]) == {"patched", "distilled", "total"} and all(v > 0 for v in out["seconds"].values())
+    assert {c: len(t) for c, t in out["continuations"].items()} == {c: 2 for c in out["accuracy"]}
+    assert out["distill"]["steps"] == 5 and out["distill"]["last_loss"] < out["distill"]["first_loss"]
     for cond, (low, high) in out["interval95"].items():
         assert 0 <= low <= out["accuracy"][cond] <= high <= 1 and high - low > 0.3  # n = 2: wide
     assert out["answer_tokens"] == DEFAULT_ANSWER_TOKENS > 0
@@ -393,35 +408,37 @@ def test_cli_json_on_a_tiny_task(tmp_path, capsys):
 
 def test_accuracy_bookkeeping_against_a_hand_count(load):
     """Six test queries of three lengths; the answers are set from greedy continuations computed here
-    one token at a time, so that exactly 4 of 6 are right with no instruction and a known number
-    with it. evaluate_thought must report those counts (batching by length must not mix answers up)."""
-    from icl_lens.thought.evaluate import evaluate_thought
+    one token at a time, and each condition's count of right answers is counted here by the boundary rule
+    (:func:`answer_correct`). evaluate_thought must report those counts and keep those continuations
+    (batching by length must not mix answers up)."""
+    from icl_lens.thought.evaluate import answer_correct, evaluate_thought
     from icl_lens.thought.tasks import Task
 
     model = load("tiny-llama")
     queries = ["ab:", "cd:", "efg:", "hij:", "klmn:", "opqr:"]
     instruction = "x: 1\n"
 
-    def greedy_text(ids: list[int], n: int = 2) -> str:
+    def greedy_text(ids: list[int], n: int) -> str:
         ids = list(ids)
         for _ in range(n):
             with torch.no_grad():
                 ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
         return model.tokenizer.decode(ids[-n:])
 
-    plain = [greedy_text(with_bos(model, text_ids(model, q))) for q in queries]
-    full = [greedy_text(with_bos(model, text_ids(model, instruction) + text_ids(model, q))) for q in queries]
-    right = {0, 2, 3, 5}  # answer = the plain continuation for these, something it is not for the others
-    answers = [plain[i].strip()[:1] if i in right else "\u00e9" for i in range(6)]
-    assert all(a.strip() for a in answers) and not any(p.lstrip(" ").startswith("\u00e9") for p in plain)
-    expected_full = sum(f.lstrip(" ").startswith(a) for f, a in zip(full, answers)) / 6
+    first = [greedy_text(with_bos(model, text_ids(model, q)), 1) for q in queries]
+    answers = [first[i].strip()[:1] or "y" if i in {0, 2, 3, 5} else "\u00e9" for i in range(6)]
+    n_new = max(len(text_ids(model, " " + a)) for a in answers) + 1  # the longest answer's tokens, plus one
+    plain = [greedy_text(with_bos(model, text_ids(model, q)), n_new) for q in queries]
+    full = [greedy_text(with_bos(model, text_ids(model, instruction) + text_ids(model, q)), n_new) for q in queries]
     task = Task("hand", instruction, (("zz:", "1"),), tuple(zip(queries, answers)))
     result = evaluate_thought(model, task, conditions=("none", "full"), query_prefix="")
-    assert result.accuracy == {"none": 4 / 6, "full": expected_full}
+    expected = {c: sum(answer_correct(t, a) for t, a in zip(texts, answers)) / 6
+                for c, texts in (("none", plain), ("full", full))}
+    assert result.accuracy == expected
+    assert result.continuations == {"none": tuple(plain), "full": tuple(full)}
     assert result.n_test == 6 and result.n_train == 1
-    # Answers: each continuation up to the token that settles right or wrong (here the first, every answer
-    # being one character); agreement with full is then a count of equal first tokens.
-    assert list(result.answers["none"]) == [p.lstrip(" ")[:1] for p in plain]
-    assert list(result.answers["full"]) == [f.lstrip(" ")[:1] for f in full]
-    assert result.agreement_with_full == {"none": sum(p.lstrip(" ")[:1] == f.lstrip(" ")[:1]
-                                                      for p, f in zip(plain, full)) / 6}
+    for cond, texts in (("none", plain), ("full", full)):  # a right answer is given as the answer itself
+        for t, a, g in zip(texts, answers, result.answers[cond]):
+            assert (g == a) == answer_correct(t, a) and t.lstrip(" ").startswith(g)
+    assert result.agreement_with_full == {"none": sum(a == b for a, b in zip(result.answers["none"],
+                                                                             result.answers["full"])) / 6}

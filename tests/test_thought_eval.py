@@ -32,6 +32,12 @@ def test_task_builder_is_deterministic_and_matches_the_committed_files():
         assert json.loads(committed)["generated_by"] == "python -m experiments.build_tasks"
 
 
+def test_add_prompt_does_not_teach_a_first_digit():
+    """Issue 22: half of add's demonstrations are two-digit sums (starting with "1"), half are not."""
+    demos = load_task("add").instruction.splitlines()[1:]
+    assert len(demos) == 8 and sum(line.rsplit(" ", 1)[1].startswith("1") for line in demos) == 4
+
+
 def test_shipped_suite_has_ten_tasks_of_several_kinds_with_disjoint_splits():
     loaded = [load_task(name) for name in SHIPPED_TASKS]
     assert len(loaded) >= 10
@@ -171,14 +177,17 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     text = out.read_text()
     cache = json.loads((tmp_path / "eval_thought.tiny-llama.json").read_text())
     r = cache["table/capitals"]
-    assert set(r["accuracy"]) == {"none", "full", "patched", "control", "steering"}
-    assert len(r["outcomes"]["patched"]) == r["n_test"] == 32
+    assert set(r["accuracy"]) == {"none", "full", "patched", "distilled", "control", "steering"}
+    assert len(r["outcomes"]["patched"]) == r["n_test"] == 32 == len(r["continuations"]["distilled"])
     assert "| tiny-llama | capitals |" in text and "Before / after" in text and "locality KL" in text
     assert f"{r['locality_kl']['patched']:.3f}" in text
     assert "curve/capitals/2" in cache
-    kept = cache["preserve/capitals"]
-    assert kept["preserve"] == len(load_locality().preserve_texts) > 0 and set(kept["accuracy"]) == {"patched"}
-    assert "**Locality with preserve rows**" in text and f"{kept['locality_kl']['patched']:.3f} |" in text
+    opening = text.split("**Issue 22's targets**", 1)[1].split("\n\n", 2)[1]  # the first table of the section
+    assert text.index("**Issue 22's targets**") < text.index("Method (")
+    assert opening.count("| tiny-llama |") == 4 and "against distillation" in opening and "two tasks" in opening
+    assert "**Against context distillation**" in text and f"{r['seconds']['distilled']:.0f} |" in text
+    both = cache["compose/capitals+capitals"]
+    assert both["per_task"]["capitals"]["n_test"] == 32 and "**Composed patches**" in text
     same = sum(p == f for p, f in zip(r["answers"]["patched"], r["answers"]["full"]))
     assert r["agreement_with_full"]["patched"] == same / 32
     assert "**Answer by answer against the full instruction**" in text and f"| tiny-llama | capitals | " \
@@ -194,9 +203,10 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     assert "**Tuned per task**" in text
     on_train = cache["train/capitals"]  # the instruction on the calibration queries themselves
     assert on_train["n_test"] == len(load_task("capitals").train) and set(on_train["accuracy"]) == {"none", "full"}
-    third = {v["preserve"]: v for k, v in cache.items() if k.startswith("preserve-select/")}  # third stage
-    assert set(third) == {0, 8} and third[8]["text_kl"] < third[0]["text_kl"]  # the rows keep the other texts
-    assert "**Preserve rows** (third stage" in text and f"| {third[8]['text_kl']:.4f} | 1 |" in text
+    third = {v["preserve_strength"]: v for k, v in cache.items() if k.startswith("strength/")}  # third stage
+    assert set(third) == {0.0, 1.0} and third[1.0]["text_kl"] < third[0.0]["text_kl"]  # the penalty keeps the samples
+    assert "**Preserve strength** (third stage" in text and f"| {third[1.0]['text_kl']:.4f} | 1 |" in text
+    assert "By the rule: strength **" in text
     assert "**Answer-token rows**" in text and "| both+down, ridge 2, prefix '\\n', answer tokens 2 |" in text
 
 

@@ -12,7 +12,8 @@ from experiments.thought.cache import cache_path, cached, carry_over
 from experiments.thought.settings import (
     PAPER,
     PATCH_CONDITIONS,
-    PRESERVE_FIT,
+    COMPOSE_GROUPS,
+    PRESERVE_STRENGTHS,
     SCORE_ANSWER_TOKENS,
     SELECT_ANSWER_GRID,
     SELECT_EXTRA,
@@ -29,7 +30,7 @@ from icl_lens.thought.tasks import Task, load_task
 
 
 def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Path, run: str, *,
-              paper_tasks: list[str] | None = None, preserve_tasks: list[str] = (),
+              paper_tasks: list[str] | None = None, compose_groups=COMPOSE_GROUPS, strengths=PRESERVE_STRENGTHS,
               n_train: int | None = None, sizes=SIZES, select: bool = False, select_tasks=SELECT_TASKS,
               select_grid=SELECT_GRID, select_extra=SELECT_EXTRA, select_answer_grid=SELECT_ANSWER_GRID,
               select_fit: int = SELECT_FIT, select_validate: int = SELECT_VALIDATE,
@@ -40,12 +41,21 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
     from icl_lens.thought.diagnose import diagnose
     from icl_lens.thought.divergence import answer_kl, text_kl
     from icl_lens.thought.evaluate import evaluate_thought
-    from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE
+    from icl_lens.thought.defaults import (
+        DEFAULT_ANSWER_TOKENS,
+        DEFAULT_KIND,
+        DEFAULT_PRESERVE_STRENGTH,
+        DEFAULT_QUERY_PREFIX,
+        DEFAULT_RIDGE,
+    )
+    from icl_lens.thought.evaluate import evaluate_edit
     from icl_lens.thought.fit import thought_patch
-    from icl_lens.thought.locality import load_locality, locality_probe
+    from icl_lens.thought.locality import locality_probe
+    from icl_lens.thought.preserve import preserve_texts
+    from icl_lens.thought.result import ThoughtPatch
 
     default = {"kind": DEFAULT_KIND, "ridge": DEFAULT_RIDGE, "query_prefix": DEFAULT_QUERY_PREFIX,
-               "answer_tokens": DEFAULT_ANSWER_TOKENS}
+               "answer_tokens": DEFAULT_ANSWER_TOKENS, "preserve_strength": DEFAULT_PRESERVE_STRENGTH}
     stage_one = {**STAGE_ONE, "answer_tokens": 0}
     cache, results = cache_path(out, model_name), cached(out, model_name)
     model = load_model(model_name)
@@ -58,18 +68,18 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
         cache.write_text(json.dumps(results, indent=1))
 
     jobs = []
-    if table:  # the main table (with the paper's settings beside each task), then the curves
+    if table:  # composed patches first (the cheapest), the main table (with the paper's settings beside each task), curves
+        jobs += [("compose", None, group) for group in compose_groups]
         for name in tasks:  # each task's paper row right after its table row
             jobs += [("table", name, None)] + ([("paper", name, None)] if paper_tasks is None or name in paper_tasks
                                                else [])
         jobs += [("curve", name, n) for name in tasks if name in curve_tasks for n in sizes]
-        jobs += [("preserve", name, None) for name in tasks if name in preserve_tasks]
         jobs += [("tuned", name, None) for name in tasks]
     if select:
         jobs += [("select", name, i) for name in select_tasks for i in range(len(select_grid))]
         jobs += [("select", select_tasks[0], len(select_grid) + i) for i in range(len(select_extra))]
         jobs += [("answers", name, i) for name in select_tasks for i in range(len(select_answer_grid))]
-        jobs += [("preserve-select", name, keep) for name in select_tasks for keep in (False, True)]
+        jobs += [("strength", name, strength) for name in select_tasks for strength in strengths]
     if diagnose_task:
         jobs += [("diagnose", diagnose_task, None)]
 
@@ -105,11 +115,11 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
 
     start = time.perf_counter()
     for job, name, arg in tqdm(jobs, desc=model_name):
-        task = load_task(name)
-        if job == "table" and not (current(f"table/{name}") and "answers" in results[f"table/{name}"]):
+        task = load_task(name) if name is not None else None
+        if job == "table" and not (current(f"table/{name}") and "continuations" in results[f"table/{name}"]):
             probe = probe or locality_probe(model)
             old = results.get(f"table/{name}")
-            if old is None or "answers" not in old:  # new, or from before the answers were kept: every condition
+            if old is None or "continuations" not in old:  # new, or scored before issue 22's verdict: every condition
                 new = evaluate_thought(model, task, n_train=n_train, locality=probe).to_dict(outcomes=True)
             else:  # the default changed: recompute what depends on the patch, carry over the rest
                 new = carry_over(old, evaluate_thought(model, task, n_train=n_train, locality=probe,
@@ -121,11 +131,23 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
             probe = probe or locality_probe(model)
             res = evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("none", "patched"), **PAPER)
             store(f"paper/{name}", res.to_dict(outcomes=True))
-        elif job == "preserve" and not current(f"preserve/{name}"):
+        elif job == "compose" and not current(f"compose/{'+'.join(arg)}"):
             probe = probe or locality_probe(model)
-            res = evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("patched",),
-                                   preserve=load_locality().preserve_texts)
-            store(f"preserve/{name}", res.to_dict(outcomes=True))
+            group = [load_task(t) for t in arg]
+            fit = {k: v for k, v in default.items()}
+            fit["preserve"] = preserve_texts(model) if fit["preserve_strength"] else ()
+            t0 = time.perf_counter()
+            singles = [thought_patch(model, t.instruction, [q for q, _ in t.train[:n_train]], **fit) for t in group]
+            patch = ThoughtPatch.composed(singles)
+            seconds = time.perf_counter() - t0
+            prefix = default["query_prefix"]
+            store(f"compose/{'+'.join(arg)}", {
+                **default, "tasks": list(arg), "seconds": {"patched": seconds},
+                "locality": probe.measure(patch).to_dict(),
+                "per_task": {t.name: {**evaluate_edit(model, t, patch, query_prefix=prefix),
+                                      "single": {**evaluate_edit(model, t, p, query_prefix=prefix),
+                                                 "locality": probe.measure(p).to_dict()}}
+                             for t, p in zip(group, singles)}})
         elif job == "curve" and arg <= len(task.train) and not current(f"curve/{name}/{arg}"):
             res = evaluate_thought(model, task, n_train=arg, conditions=("patched",), locality=False)
             store(f"curve/{name}/{arg}", res.to_dict(outcomes=True))
@@ -144,19 +166,19 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
                             "seconds": time.perf_counter() - t0})
         elif job == "answers":
             answer_selection(task, stage_one | select_answer_grid[arg])
-        elif job == "preserve-select" and f"preserve-select/{setting_name(default)}/{arg}/{name}" not in results:
-            texts = load_locality().preserve_texts
+        elif job == "strength" and f"strength/{setting_name(default | {'preserve_strength': arg})}/{name}" not in results:
             fit, val = split(task)
+            setting = default | {"preserve_strength": arg}
             t0 = time.perf_counter()
-            patch = thought_patch(model, task.instruction, fit, **default,
-                                  preserve=texts[:PRESERVE_FIT] if arg else ())
-            held_out = [with_bos(model, text_ids(model, t)) for t in texts[PRESERVE_FIT:]]
+            patch = thought_patch(model, task.instruction, fit, **setting,
+                                  preserve=preserve_texts(model, "fit") if arg else ())
+            seconds = time.perf_counter() - t0
+            held_out = [with_bos(model, text_ids(model, t)) for t in preserve_texts(model, "held_out")]
             score = {"query_prefix": DEFAULT_QUERY_PREFIX, "answer_tokens": SCORE_ANSWER_TOKENS}
-            store(f"preserve-select/{setting_name(default)}/{arg}/{name}", {
-                **default, "task": name, "preserve": PRESERVE_FIT if arg else 0, "n_fit": len(fit),
-                "n_validate": len(val), "n_texts_scored": len(held_out),
+            store(f"strength/{setting_name(setting)}/{name}", {
+                **setting, "task": name, "n_fit": len(fit), "n_validate": len(val), "n_texts_scored": len(held_out),
                 "validation_kl": answer_kl(model, task.instruction, val, patch, **score),
-                "text_kl": text_kl(model, held_out, patch), "seconds": time.perf_counter() - t0})
+                "text_kl": text_kl(model, held_out, patch), "seconds": seconds})
         elif job == "tuned" and tune(name):
             if not current(f"tuned/{name}"):
                 scores = {setting_name(s): (s, answer_selection(task, s)["validation_kl"])

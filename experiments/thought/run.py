@@ -11,6 +11,7 @@ import torch
 from experiments.report import command, machine, write_fragment
 from experiments.thought.cache import cache_path, cached
 from experiments.thought.jobs import run_model
+from experiments.thought.targets import compose_lines, distill_lines, strength_lines, targets_lines
 from experiments.thought.sections import (
     acc_ci,
     agreement_lines,
@@ -19,13 +20,13 @@ from experiments.thought.sections import (
     diagnosis_lines,
     earlier_lines,
     fmt_ratio,
+    kept_of,
     paper_lines,
     pct,
-    preserve_lines,
-    preserve_selection_lines,
     ratio_ci,
     selection_lines,
     to_full,
+    total_seconds,
     tuned_lines,
 )
 from experiments.thought.settings import (
@@ -41,7 +42,9 @@ from experiments.thought.settings import (
     SELECT_VALIDATE,
     SIZES,
     TARGET,
+    COMPOSE_GROUPS,
     CURVE_TASKS,
+    PRESERVE_STRENGTHS,
     target_verdict,
 )
 from icl_lens.model.loading import EMBEDDED_MODELS
@@ -62,7 +65,8 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     runs += [f"- {m}: command and machine not recorded" for m in models
              if not caches[m].get("runs") and any(k != "runs" for k in caches[m])]
     lines = [
-        "## Thought patches: prompts turned into weights (issues 5, 14)",
+        "## Thought patches: prompts turned into weights (issues 5, 14, 22)",
+        *targets_lines(caches, models, tasks),
         "",
         f"Report written by `{report_command}` from the cached results `{cache_path(out, '<model>').name}`, "
         "computed (float32) by:",
@@ -111,13 +115,13 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
             verdict = target_verdict(r, r["correct"]["patched"])
             if verdict != NOT_ELIGIBLE:
                 verdicts.setdefault(model, []).append((name, verdict == "met"))
-            kl, kept = r["locality_kl"], r["locality_accuracy"]
+            kl, kept = r["locality_kl"], kept_of(r)
             lines.append(
-                f"| {model} | {name} | {acc_ci(r, 'none')} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
+                f"| {model} | {name}{'' if 'continuations' in r else ' †'} | {acc_ci(r, 'none')} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
                 f"{acc_ci(r, 'control')} | {acc_ci(r, 'steering')} ({r['steering_layer']}) | {fmt_ratio(ratio, ci)} | "
                 f"{verdict} | "
                 f"{kl['patched']:.3f} / {kl['control']:.3f} / {kl['steering']:.3f} | "
-                f"{pct(kept['patched'])} / {pct(kept['control'])} / {pct(kept['steering'])} | {r['seconds']:.0f} |")
+                f"{pct(kept['patched'])} / {pct(kept['control'])} / {pct(kept['steering'])} | {total_seconds(r):.0f} |")
             steering_wins.append(r["accuracy"]["patched"] >= r["accuracy"]["steering"])
             p = res.get(f"paper/{name}")
             if p is not None:
@@ -139,7 +143,7 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
            for c in ("patched", "control", "steering")}
     if kls["patched"]:
         med = {c: float(np.median(v)) for c, v in kls.items()}
-        kept = [caches[m][f"table/{t}"]["locality_accuracy"]["patched"] for m in models for t in tasks
+        kept = [kept_of(caches[m][f"table/{t}"])["patched"] for m in models for t in tasks
                 if f"table/{t}" in caches[m]]
         summary.append(f"- Locality: median KL on the unrelated texts {med['patched']:.3f} nats for the thought patch, "
                        f"{med['steering']:.3f} for the steering vector, {med['control']:.3f} for the random control; "
@@ -157,11 +161,15 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
         missing = [t for t in tasks if f"table/{t}" not in caches[model]]
         if missing:
             summary.append(f"- **Not evaluated** on {model} (no cached result): {', '.join(missing)}.")
-    lines += ["", "Read from the table (rules: target as stated; counts over the rows above):", "", *summary]
+    lines += ["", "† scored by the verdict before issue 22 (the continuation starts with the answer, whatever follows; "
+              "the row keeps only the answer up to where that rule settles it), and fitted without the preserve "
+              "penalty; rows without † are scored by the boundary verdict with the current default.", ""]
+    lines += ["Read from the table (rules: target as stated; counts over the rows above):", "", *summary]
     lines += agreement_lines(caches, models, tasks)
     lines += answer_length_lines(caches, models, tasks, answer_tokens or {})
     lines += earlier_lines(caches, models, tasks)
-    lines += preserve_lines(caches, models, tasks, len(loc.preserve_texts))
+    lines += distill_lines(caches, models, tasks)
+    lines += compose_lines(caches, models)
     lines += tuned_lines(caches, models, tasks)
     lines += paper_lines(caches, default)
     if paper_rows:
@@ -190,16 +198,16 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
                                                                for n in SIZES) + " |")
     lines += selection_lines(caches, default, select_tasks)
     lines += answer_selection_lines(caches, select_tasks, {**default, "answer_tokens": DEFAULT_ANSWER_TOKENS})
-    lines += preserve_selection_lines(caches, select_tasks)
+    lines += strength_lines(caches, select_tasks)
     lines += diagnosis_lines(caches)
     timing = []
     for model in models:
-        secs = [v["seconds"] for k, v in caches[model].items() if k.split("/", 1)[0] in ("table", "paper", "curve",
-                                                                                          "preserve")]
+        secs = [total_seconds(v) for k, v in caches[model].items() if k.split("/", 1)[0] in ("table", "paper", "curve",
+                                                                                              "compose")]
         if secs:
             timing.append(f"{model} {sum(secs) / 60:.0f} min")
     if timing:
-        lines += ["", "Compute, table + before/after + curves + preserve rows (sum of the per-result seconds; a "
+        lines += ["", "Compute, table + before/after + curves + composed patches (sum of the per-result seconds; a "
                   f"carried-over row counts its recomputed conditions only): {'; '.join(timing)}."]
     return "\n".join(lines) + "\n"
 
@@ -228,9 +236,10 @@ def main(argv=None) -> int:
                    help="tasks for the accuracy-against-calibration-size curve (none: no curve)")
     p.add_argument("--paper-tasks", nargs="*", default=None,
                    help="tasks on which the paper's settings are run beside the default (default: every task)")
-    p.add_argument("--preserve-tasks", nargs="*", default=None,
-                   help="tasks on which the default is also fitted with the locality file's preserve_texts "
-                        "(default: every task)")
+    p.add_argument("--compose", nargs="*", type=int, default=[2, 4],
+                   help="sizes of the composed groups to run (COMPOSE_GROUPS; none: no composition)")
+    p.add_argument("--tune-tasks", nargs="*", default=None,
+                   help="tasks tuned on their own (default: those where the default misses the target)")
     p.add_argument("--out", default="reports/eval_thought.md")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the cores are shared)")
     p.add_argument("--select", action="store_true", help="also run the selection of the default settings")
@@ -251,14 +260,15 @@ def main(argv=None) -> int:
         for model in models:
             run_model(model, tasks, curve_tasks, out, f"`{cmd}` on {machine()}", n_train=q.get("n_train"),
                       paper_tasks=None if args.quick else args.paper_tasks,
-                      preserve_tasks=tasks if args.preserve_tasks is None else args.preserve_tasks,
+                      compose_groups=[g for g in q.get("compose_groups", COMPOSE_GROUPS) if len(g) in args.compose],
+                      strengths=q.get("strengths", PRESERVE_STRENGTHS),
                       sizes=q.get("sizes", SIZES), select=args.select or args.select_only,
                       select_tasks=q.get("tasks", SELECT_TASKS), select_grid=q.get("select_grid", SELECT_GRID),
                       select_extra=() if args.quick else SELECT_EXTRA,
                       select_answer_grid=q.get("select_answer_grid", SELECT_ANSWER_GRID),
                       select_fit=q.get("select_fit", SELECT_FIT), select_validate=q.get("select_validate", SELECT_VALIDATE),
                       diagnose_task=args.diagnose, table=not args.select_only,
-                      tune_tasks=q.get("tasks") if args.quick else None)
+                      tune_tasks=q.get("tasks") if args.quick else args.tune_tasks)
     report_tasks = tasks if args.quick else list(SHIPPED_TASKS)
     text = write_report(out, models, report_tasks, cmd, select_tasks=q.get("tasks", SELECT_TASKS),
                         answer_tokens=_answer_tokens(out, models, report_tasks))

@@ -10,8 +10,6 @@ from experiments.thought.settings import (
     COMMAND,
     ELIGIBLE,
     PAPER,
-    PRESERVE_FIT,
-    PRESERVE_TOLERANCE,
     SCORE_ANSWER_TOKENS,
     SELECT_FIT,
     SELECT_TASKS,
@@ -25,6 +23,17 @@ from icl_lens.stats import bootstrap_ratio, wilson_interval
 
 def pct(x) -> str:
     return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def kept_of(r: dict) -> dict:
+    """Other-task answers kept per edit (``locality_kept``; rows from before issue 22: ``locality_accuracy``)."""
+    return r.get("locality_kept", r.get("locality_accuracy", {}))
+
+
+def total_seconds(r: dict) -> float:
+    """A row's wall time: ``seconds["total"]`` (else the sum of its parts; rows from before issue 22: a number)."""
+    s = r.get("seconds", 0.0)
+    return float(s.get("total", sum(s.values())) if isinstance(s, dict) else s)
 
 
 def acc_ci(r: dict, cond: str) -> str:
@@ -156,38 +165,6 @@ def earlier_lines(caches: dict, models, tasks) -> list[str]:
             "locality KL earlier / now |", "|---|---|---|---|---|---|---|---|---|", *rows]
 
 
-def preserve_lines(caches: dict, models, tasks, n_texts: int) -> list[str]:
-    """The default against the default fitted with preserve rows: accuracy bought against locality."""
-    rows, kl, meets = [], {"default": [], "preserve": []}, {"default": 0, "preserve": 0, "eligible": 0}
-    for model in models:
-        for name in tasks:
-            r, p = caches[model].get(f"table/{name}"), caches[model].get(f"preserve/{name}")
-            if r is None or p is None:
-                continue
-            if r["accuracy"]["full"] >= ELIGIBLE:
-                meets["eligible"] += 1
-                meets["default"] += target_verdict(r, r["correct"]["patched"]) == "met"
-                meets["preserve"] += target_verdict(r, p["correct"]["patched"]) == "met"
-            kl["default"].append(r["locality_kl"]["patched"])
-            kl["preserve"].append(p["locality_kl"]["patched"])
-            rows.append(f"| {model} | {name} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
-                        f"{to_full(r, r['correct']['patched'])} | {acc_ci(p, 'patched')} | "
-                        f"{to_full(r, p['correct']['patched'])} | {r['locality_kl']['patched']:.3f} / "
-                        f"{p['locality_kl']['patched']:.3f} | {pct(r['locality_accuracy']['patched'])} / "
-                        f"{pct(p['locality_accuracy']['patched'])} |")
-    if not rows:
-        return []
-    med = {k: float(np.median(v)) for k, v in kl.items()}
-    return ["", f"**Locality with preserve rows** (`thought_patch(preserve=...)`): the default fitted again with the "
-            f"{n_texts} `preserve_texts` of the locality file (unrelated texts, none of them measured) as rows whose "
-            "target is their own unpatched state, beside the default; the same test queries and locality measure.",
-            "", "| model | task | full | patched | ratio | patched + preserve | ratio | locality KL default / preserve | "
-            "other task kept default / preserve |", "|---|---|---|---|---|---|---|---|---|", *rows, "",
-            f"Median locality KL {med['default']:.3f} nats for the default, {med['preserve']:.3f} with preserve rows; "
-            f"target met on {meets['default']} (default) and {meets['preserve']} (preserve) of {meets['eligible']} "
-            "eligible (model, task) pairs."]
-
-
 def to_full(r: dict, correct: int) -> str:
     """``correct`` test answers as a ratio to the row's full-instruction count ("–" when full has none)."""
     full = r["correct"]["full"]
@@ -251,44 +228,6 @@ def answer_selection_lines(caches: dict, select_tasks, default: dict) -> list[st
     lines += ["", f"The defaults in `icl_lens/thought/fit.py` ({setting_name(default)}) "
               + ("are the lowest setting." if setting_name(default) == best else f"differ from the lowest ({best}).")]
     return lines
-
-
-def preserve_selection_lines(caches: dict, select_tasks) -> list[str]:
-    """Third stage of the choice: preserve rows or not, by held-out answer KL and held-out text KL."""
-    got: dict[tuple[str, bool], dict[str, list[float]]] = {}
-    for res in caches.values():
-        for key, v in res.items():
-            if key.startswith("preserve-select/") and v["task"] in select_tasks:
-                cell = got.setdefault((setting_name(v), bool(v["preserve"])), {"answer": [], "text": []})
-                cell["answer"].append(v["validation_kl"])
-                cell["text"].append(v["text_kl"])
-    pairs = sorted({s for s, _ in got if (s, False) in got and (s, True) in got})
-    if not pairs:
-        return []
-    lines = ["", f"**Preserve rows** (third stage of `{COMMAND} --select`): the second stage's setting fitted on the "
-             f"same {SELECT_FIT} train queries with and without the first {PRESERVE_FIT} `preserve_texts` of the "
-             "locality file as rows kept at their unpatched state; scored by the answer KL of the held-out train "
-             "queries (as the second stage) and by the next-token KL(unpatched ‖ patched) on the other preserve "
-             "texts (not the locality measure's texts); mean over models × selection tasks. Rule: preserve rows join "
-             f"the default when they lower the text KL and raise the answer KL by at most {PRESERVE_TOLERANCE:.0%}.",
-             "", "| setting | preserve rows | mean answer KL | mean held-out text KL | results |", "|---|---|---|---|---|"]
-    for s in pairs:
-        for keep in (False, True):
-            c = got[(s, keep)]
-            lines.append(f"| {s} | {PRESERVE_FIT if keep else 0} | {np.mean(c['answer']):.4f} | "
-                         f"{np.mean(c['text']):.4f} | {len(c['answer'])} |")
-        off, on = got[(s, False)], got[(s, True)]
-        joins = (np.mean(on["text"]) < np.mean(off["text"])
-                 and np.mean(on["answer"]) <= (1 + PRESERVE_TOLERANCE) * np.mean(off["answer"]))
-        change = np.mean(on["answer"]) / np.mean(off["answer"]) - 1
-        expected = len(caches) * len(select_tasks)
-        verdict = (("**join** the default." if joins else "do **not** join the default.")
-                   if len(on["answer"]) == len(off["answer"]) == expected else
-                   f"no verdict yet ({min(len(on['answer']), len(off['answer']))} of {expected} results).")
-        lines += ["", f"{s}: with preserve rows the answer KL changes by {change:+.1%} and the held-out text KL from "
-                  f"{np.mean(off['text']):.3f} to {np.mean(on['text']):.3f} nats: by the rule preserve rows "
-                  + verdict, ""]
-    return lines[:-1]
 
 
 def paper_lines(caches: dict, default: dict) -> list[str]:

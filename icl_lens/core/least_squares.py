@@ -24,6 +24,19 @@ returns ``M = Σ_k u[k] v[k]ᵀ`` as its ``n`` factor rows, never the dense
 ``d_model × d_mlp`` matrix (``u = (H Hᵀ + λI)⁻¹ R``, ``v = H``; for ``λ = 0``
 ``u = R``, ``v = (H⁺)ᵀ``). :func:`input_map` is its dense product ``uᵀ v``.
 
+Preserve penalty (locality; MEMIT, Meng et al. 2023, arXiv 2210.07229, eq. 14). An edit
+``M`` fitted to the calibration rows also acts on every other input; to keep it from
+changing what the model computes on general text, the fit may add the penalty
+``Σ_k ‖M k₀‖² = tr(M K₀K₀ᵀ Mᵀ)`` over *preserved keys* ``k₀`` (the same layer's inputs
+on texts the model reads as it is), weighted: the normal equations become
+``M (Σᵢ xᵢxᵢᵀ + P + λI) = Σᵢ tᵢxᵢᵀ`` with ``P = w · K₀K₀ᵀ`` (``d_in × d_in``), so
+``M = Tᵀ X (XᵀX + P + λI)⁻¹``: :func:`factored_least_squares` with ``penalty=P`` then
+solves in the ``d_in × d_in`` form and still returns ``n`` factor rows
+(``u = T``, ``v = X (XᵀX + P + λI)⁻¹``). :func:`preserve_weight` makes ``w`` scale-free:
+``strength · tr(XᵀX) / tr(K₀K₀ᵀ)`` (strength 1: the preserved keys weigh as much in all
+as the calibration rows). The gain form takes the diagonal ``Σ_k ŷ₀ ⊙ ŷ₀`` (a
+per-coordinate penalty) and the mean form the count of preserved tokens.
+
 Ridge scale. :func:`relative_ridge` turns a scale-free ``ridge`` into
 ``λ = ridge · tr(Σᵢ aᵢaᵢᵀ) / d_in`` (the mean eigenvalue of the ``d_in × d_in`` Gram
 matrix), so one value means the same shrinkage for every layer, model and fit (input
@@ -74,15 +87,26 @@ def relative_ridge(inputs: Float[Tensor, "n d_in"], ridge: float) -> float:
     return float(ridge) * float((inputs.double() ** 2).sum()) / inputs.shape[-1]
 
 
+def preserve_weight(inputs: Float[Tensor, "n d_in"], covariance: Float[Tensor, "d_in d_in"] | Float[Tensor, " d_in"],
+                    strength: float) -> float:
+    """Scale-free weight ``w = strength · tr(XᵀX) / tr(K₀K₀ᵀ)`` of a preserve penalty (a covariance, or its diagonal)."""
+    if not strength >= 0:
+        raise ValueError(f"preserve strength must be >= 0, got {strength}")
+    trace = float(covariance.diagonal().sum() if covariance.ndim == 2 else covariance.sum())
+    return 0.0 if trace == 0.0 else float(strength) * float((inputs.double() ** 2).sum()) / trace
+
+
 def factored_least_squares(
     targets: Float[Tensor, "n d_out"],
     inputs: Float[Tensor, "n d_in"],
     *,
     ridge: float = 0.0,
+    penalty: Float[Tensor, "d_in d_in"] | None = None,
 ) -> tuple[Float[Tensor, "n d_out"], Float[Tensor, "n d_in"]]:
-    """Factors ``(u, v)`` of ``M = uᵀ v`` minimising ``Σᵢ ‖tᵢ − M xᵢ‖² + λ‖M‖²_F`` (``λ = ridge``, absolute).
+    """Factors ``(u, v)`` of ``M = uᵀ v`` minimising ``Σᵢ ‖tᵢ − M xᵢ‖² + tr(M P Mᵀ) + λ‖M‖²_F`` (``λ = ridge``,
+    absolute; ``P = penalty``, the weighted covariance of preserved keys, or none).
 
-    ``M x = Σ_k u[k] (v[k]·x)``. ``λ = 0``: the minimum-norm solution ``T X⁺``.
+    ``M x = Σ_k u[k] (v[k]·x)``. ``λ = 0`` and no penalty: the minimum-norm solution ``T X⁺``.
     """
     if targets.ndim != 2 or inputs.ndim != 2 or targets.shape[0] != inputs.shape[0]:
         raise ValueError(f"targets and inputs must be [n, d_out] and [n, d_in]; got {tuple(targets.shape)}, "
@@ -92,7 +116,15 @@ def factored_least_squares(
     _check_finite(targets, "least-squares targets")
     _check_finite(inputs, "least-squares inputs")
     n = inputs.shape[0]
-    if ridge > 0:
+    if penalty is not None:  # the d_in × d_in form: v = X (XᵀX + P + λI)⁻¹ (the system is symmetric)
+        _check_finite(penalty, "preserve penalty")
+        gram = inputs.T @ inputs + penalty.to(inputs.dtype) + ridge * torch.eye(inputs.shape[1], dtype=inputs.dtype,
+                                                                                device=inputs.device)
+        if ridge > 0:
+            u, v = targets, torch.linalg.solve(gram, inputs.T).T
+        else:
+            u, v = targets, inputs @ torch.linalg.pinv(gram, rtol=pinv_rtol(*gram.shape, gram.dtype), hermitian=True)
+    elif ridge > 0:
         gram = inputs @ inputs.T + ridge * torch.eye(n, dtype=inputs.dtype, device=inputs.device)
         u, v = torch.linalg.solve(gram, targets), inputs  # M = Tᵀ (X Xᵀ + λI)⁻¹ X
     else:
@@ -107,25 +139,28 @@ def input_map(
     inputs: Float[Tensor, "n d_model"],
     *,
     ridge: float = 0.0,
+    penalty: Float[Tensor, "d_model d_model"] | None = None,
 ) -> Float[Tensor, "d_model d_model"]:
     """``M`` with ``Δ = W M`` the least-squares thought matrix: ``M aᵢ ≈ δᵢ`` for every row ``i``.
 
     Rows of ``delta`` are ``δᵢ = Aᵢ − aᵢ`` (or any residual to fit), rows of ``inputs``
     the context-free MLP inputs ``aᵢ``. ``ridge`` is ``λ`` (absolute, ``≥ 0``; see
-    :func:`relative_ridge`); ``λ = 0`` uses the minimum-norm pseudo-inverse.
+    :func:`relative_ridge`); ``λ = 0`` uses the minimum-norm pseudo-inverse. ``penalty``: the preserve
+    penalty ``P`` (see :func:`factored_least_squares`).
     """
     if delta.shape != inputs.shape or delta.ndim != 2:
         raise ValueError(f"delta and inputs must both be [n, d_model]; got {tuple(delta.shape)}, {tuple(inputs.shape)}")
-    u, v = factored_least_squares(delta, inputs, ridge=ridge)
+    u, v = factored_least_squares(delta, inputs, ridge=ridge, penalty=penalty)
     m = u.T @ v  # D (AᵀA+λI)⁻¹ Aᵀ, or D A⁺
     _check_finite(m, "thought matrix input map")
     return m
 
 
-def mean_vector(residuals: Float[Tensor, "n d_model"]) -> Float[Tensor, " d_model"]:
-    """Thought vector: the mean residual ``(1/n) Σ ρᵢ`` (least squares over a constant)."""
+def mean_vector(residuals: Float[Tensor, "n d_model"], *, penalty: float = 0.0) -> Float[Tensor, " d_model"]:
+    """Thought vector: ``Σ ρᵢ / (n + p)``, least squares over a constant with the preserve penalty ``p‖c‖²``
+    (``p``: the weighted count of preserved tokens, which a constant moves alike); ``p = 0``: the mean residual."""
     _check_finite(residuals, "vector residuals ρ")
-    return residuals.mean(0)
+    return residuals.sum(0) / (residuals.shape[0] + float(penalty))
 
 
 def gain_vector(
@@ -133,12 +168,14 @@ def gain_vector(
     normalized: Float[Tensor, "n d_model"],
     *,
     ridge: float = 0.0,
+    penalty: Float[Tensor, " d_model"] | None = None,
 ) -> Float[Tensor, " d_model"]:
-    """Gain update ``g`` minimising ``Σᵢ ‖ρᵢ − g ⊙ ŷᵢ‖²`` (+ ``λ‖g‖²``), coordinate by coordinate."""
+    """Gain update ``g`` minimising ``Σᵢ ‖ρᵢ − g ⊙ ŷᵢ‖²`` (+ ``λ‖g‖²`` + ``Σ_d penalty_d g_d²``, the preserve
+    penalty: the weighted ``Σ_k ŷ₀ ⊙ ŷ₀`` of preserved tokens), coordinate by coordinate."""
     _check_finite(residuals, "vector residuals ρ")
     _check_finite(normalized, "normalised MLP outputs ŷ")
     num = (residuals * normalized).sum(0)
-    den = (normalized * normalized).sum(0) + ridge
+    den = (normalized * normalized).sum(0) + ridge + (0.0 if penalty is None else penalty.to(num.dtype))
     tiny = zero_norm_threshold(den.dtype)
     return torch.where(den > tiny, num / torch.where(den > tiny, den, torch.ones_like(den)), torch.zeros_like(num))
 

@@ -5,6 +5,8 @@ layer by layer), :mod:`~icl_lens.thought.result` (the :class:`ThoughtPatch`, app
 weight edits through hooks), :mod:`~icl_lens.thought.hf_export` (a plain Hugging Face
 directory with the edited weights), :mod:`~icl_lens.thought.evaluate` (accuracy on a
 task), :mod:`~icl_lens.thought.steering` (the steering-vector baseline),
+:mod:`~icl_lens.thought.distill` (the context-distillation baseline),
+:mod:`~icl_lens.thought.preserve` (the model's own samples, whose keys the fit preserves),
 :mod:`~icl_lens.thought.locality` (what an edit changes outside its task),
 :mod:`~icl_lens.thought.divergence` (next-token KL to the full instruction),
 :mod:`~icl_lens.thought.diagnose` (where a patched forward departs from it, layer by
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 from icl_lens.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads this block)
+    from icl_lens.thought.distill import distill_patch
     from icl_lens.thought.evaluate import ThoughtEval, evaluate_thought
     from icl_lens.thought.hf_export import VectorNotExportableError
     from icl_lens.thought.fit import thought_patch

@@ -1,7 +1,12 @@
 """Evaluate a thought patch on a task: does the patched model answer without the prompt?
 
-Conditions on the task's held-out test queries (greedy decoding; an answer is correct
-when the continuation, leading spaces stripped, starts with it):
+Conditions on the task's held-out test queries (greedy decoding, the longest answer's
+token count plus one new tokens; an answer is correct when the continuation, leading
+spaces stripped, starts with it *and* the answer is followed by the end of the
+continuation or a character that cannot continue a word: not a letter, digit, ``_``,
+``-`` or ``'`` (:func:`answer_correct`; "six" does not accept "sixteen", "twenty" does
+not accept "twenty-one"). Every continuation is kept whole (``continuations``), so the
+result can be re-scored by another rule):
 
 - ``none``: the query alone, ``[BOS] + prefix + query`` (``prefix``: the patch's query
   prefix, the same in every query-alone condition);
@@ -10,13 +15,22 @@ when the continuation, leading spaces stripped, starts with it):
   task's train queries (Mazzawi, Dherin et al. 2025, arXiv 2510.08734);
 - ``control``: the query alone, with a patch of the same per-layer ``‖ΔW‖_F``, vector
   and ``‖ΔW_out‖_F`` norms but random directions (:meth:`ThoughtPatch.random_control`);
+- ``distilled``: the query alone, with the context-distillation baseline
+  (:func:`~icl_lens.thought.distill.distill_patch`: gradient descent on the same
+  parameters, calibration rows and answer positions);
 - ``steering``: the query alone, with the steering vector of the same train queries
   added at its best layer (:mod:`icl_lens.thought.steering`).
+
+``gain_recovered`` of a query-alone condition ``c``: the share of the instruction's gain it
+recovers, ``(acc_c − acc_none) / (acc_full − acc_none)`` (None when full = none).
+``seconds``: the wall time of each method's fit (``patched``, ``distilled``) and of the
+whole evaluation (``total``).
 
 The result keeps every test query's outcome (front ends turn them into intervals with
 :mod:`icl_lens.stats.intervals` and :mod:`icl_lens.stats.bootstrap`) and answer, so that a
 condition can be compared with ``full`` answer by answer (``agreement_with_full``: the
-share of queries answered as the instruction answers them, wrong answers included; the
+share of queries answered as the instruction answers them, wrong answers included (a correct
+answer counts as the answer itself, whatever follows it); the
 thought patch imitates the contextual model, so this, not accuracy alone, says how much
 of the instruction it carries), and for every edit (patched, control, steering) its
 locality (:mod:`icl_lens.thought.locality`): the mean next-token KL on fixed unrelated
@@ -25,8 +39,10 @@ edited model keeps.
 """
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -35,7 +51,13 @@ import pandas as pd
 from icl_lens.model.greedy import greedy_continuations
 from icl_lens.model.prompts import PromptError
 from icl_lens.thought.instruction_batches import prefix_ids, text_ids, with_bos
-from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE
+from icl_lens.thought.defaults import (
+    DEFAULT_ANSWER_TOKENS,
+    DEFAULT_KIND,
+    DEFAULT_PRESERVE_STRENGTH,
+    DEFAULT_QUERY_PREFIX,
+    DEFAULT_RIDGE,
+)
 from icl_lens.thought.fit import thought_patch
 from icl_lens.thought.locality import LocalityProbe, locality_probe
 from icl_lens.thought.steering import steering_vector
@@ -44,8 +66,9 @@ from icl_lens.thought.tasks import Task
 if TYPE_CHECKING:
     from icl_lens.model.types import Model
 
-CONDITIONS = ("none", "full", "patched", "control", "steering")
-EDITS = ("patched", "control", "steering")  # conditions that edit the model: locality is measured for these
+CONDITIONS = ("none", "full", "patched", "distilled", "steering", "control")
+EDITS = ("patched", "distilled", "steering", "control")  # conditions that edit the model: locality is measured for these
+WORD_CHARACTER = re.compile(r"[\w'-]")  # a character that continues a word: the answer must not be followed by one
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,12 +83,13 @@ class ThoughtEval:
     answers: dict[str, tuple[str, ...]]  # per condition, per test query: the answer given (see graded)
     locality: dict[str, dict]  # per edit condition: Locality.to_dict()
     steering_layer: int | None
-    seconds: float
+    seconds: dict[str, float]  # wall time: "patched" (the fit), "distilled", "total"
     kind: str
     eta: float
     ridge: float
     query_prefix: str
     answer_tokens: int = 0
+    continuations: dict[str, tuple[str, ...]] = field(default_factory=dict)  # per condition: every new token, decoded
     extra: dict = field(default_factory=dict)
 
     @property
@@ -80,32 +104,50 @@ class ThoughtEval:
             return {}
         return {c: agreement(a, self.answers["full"]) for c, a in self.answers.items() if c != "full"}
 
+    @property
+    def gain_recovered(self) -> dict[str, float | None]:
+        """Per query-alone condition ``c``: ``(acc_c − acc_none) / (acc_full − acc_none)`` (None when full = none)."""
+        return gain_recovered(self.accuracy)
+
     def to_dict(self, *, outcomes: bool = False) -> dict:
         out = {"task": self.task, "model": self.model, "kind": self.kind, "eta": self.eta, "ridge": self.ridge,
                "query_prefix": self.query_prefix, "answer_tokens": self.answer_tokens, "n_train": self.n_train,
                "n_test": self.n_test,
                "accuracy": self.accuracy, "correct": {c: sum(o) for c, o in self.outcomes.items()},
                "locality_kl": {c: v["kl"] for c, v in self.locality.items()},
-               "locality_accuracy": {c: v["accuracy"] for c, v in self.locality.items()},
+               "locality_kept": {c: v["accuracy"] for c, v in self.locality.items()},
+               "gain_recovered": self.gain_recovered,
                "agreement_with_full": self.agreement_with_full,
-               "steering_layer": self.steering_layer, "seconds": round(self.seconds, 3), **self.extra}
+               "steering_layer": self.steering_layer, "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+               "continuations": {c: list(t) for c, t in self.continuations.items()}, **self.extra}
         if outcomes:
             out["outcomes"] = {c: [int(x) for x in o] for c, o in self.outcomes.items()}
             out["answers"] = {c: list(a) for c, a in self.answers.items()}
         return out
 
     def to_frame(self) -> pd.DataFrame:
-        acc = self.accuracy
+        acc, gain = self.accuracy, self.gain_recovered
         return pd.DataFrame([{"task": self.task, "model": self.model, "n_train": self.n_train, "n_test": self.n_test,
                               "condition": c, "accuracy": acc[c], "correct": sum(self.outcomes[c]),
+                              "gain_recovered": gain.get(c),
                               "locality_kl": self.locality.get(c, {}).get("kl"),
-                              "locality_accuracy": self.locality.get(c, {}).get("accuracy")}
+                              "locality_kept": self.locality.get(c, {}).get("accuracy")}
                              for c in CONDITIONS if c in acc])
 
 
+def gain_recovered(accuracy: dict[str, float]) -> dict[str, float | None]:
+    """``(acc_c − acc_none) / (acc_full − acc_none)`` of every condition but none and full (None when full = none)."""
+    if "none" not in accuracy or "full" not in accuracy:
+        return {}
+    gap = accuracy["full"] - accuracy["none"]
+    return {c: (a - accuracy["none"]) / gap if gap else None for c, a in accuracy.items() if c not in ("none", "full")}
+
+
 def answer_correct(continuation: str, answer: str) -> bool:
-    """The task's rule: the continuation, leading spaces stripped, starts with the answer."""
-    return continuation.lstrip(" ").startswith(answer.strip())
+    """The rule: the continuation, leading spaces stripped, starts with the answer, and the answer is followed by
+    the end or by a character that cannot continue a word (``WORD_CHARACTER``: "six" is not right for "sixteen")."""
+    text, want = continuation.lstrip(" "), answer.strip()
+    return text.startswith(want) and not WORD_CHARACTER.match(text[len(want) : len(want) + 1])
 
 
 def _check_answers(model, task: Task) -> int:
@@ -122,17 +164,38 @@ def _check_answers(model, task: Task) -> int:
 
 
 def graded(model, prompts: list[list[int]], answers: list[str], max_new_tokens: int
-           ) -> tuple[tuple[bool, ...], tuple[str, ...]]:
-    """Per prompt: does its greedy continuation start with its answer, and that continuation up to the token
-    where right or wrong is settled (leading spaces stripped: what two conditions are compared by)."""
-    def decided(i: int, new_ids: list[int]) -> bool:  # right or wrong is settled already
-        text, want = model.tokenizer.decode(new_ids).lstrip(" "), answers[i].strip()
-        return len(text) >= len(want) or not want.startswith(text)
+           ) -> tuple[tuple[bool, ...], tuple[str, ...], tuple[str, ...]]:
+    """Per prompt: is its greedy continuation right (:func:`answer_correct`), the answer it gives, and the whole
+    continuation (``max_new_tokens`` new tokens, decoded). The answer given is the expected answer when right;
+    when wrong, the continuation (leading spaces stripped) up to the token where it leaves the expected answer, or
+    up to the token after the answer's length: what two conditions are compared by (:func:`agreement`)."""
+    outs = greedy_continuations(model, prompts, max_new_tokens)
+    right, given, whole = [], [], []
+    for o, a in zip(outs, answers):
+        text, want = model.tokenizer.decode(o), a.strip()
+        ok = answer_correct(text, a)
+        if not ok:  # the shortest head that shows it is wrong
+            k = next((k for k in range(1, len(o) + 1)
+                      if not answer_correct(model.tokenizer.decode(o[:k]), a)
+                      and (len(model.tokenizer.decode(o[:k]).lstrip(" ")) > len(want)
+                           or not want.startswith(model.tokenizer.decode(o[:k]).lstrip(" ")))), len(o))
+            answer = model.tokenizer.decode(o[:k]).lstrip(" ")
+        right.append(ok)
+        given.append(want if ok else answer)
+        whole.append(text)
+    return tuple(right), tuple(given), tuple(whole)
 
-    outs = greedy_continuations(model, prompts, max_new_tokens, finished=decided)
-    settled = [next((k for k in range(1, len(o)) if decided(i, o[:k])), len(o)) for i, o in enumerate(outs)]
-    return (tuple(answer_correct(model.tokenizer.decode(o), a) for o, a in zip(outs, answers)),
-            tuple(model.tokenizer.decode(o[:k]).lstrip(" ") for o, k in zip(outs, settled)))
+
+def evaluate_edit(model, task: Task, edit, *, query_prefix: str = DEFAULT_QUERY_PREFIX) -> dict:
+    """One edit (anything with ``.applied(model)``: e.g. a composed patch) on ``task``'s test queries read alone:
+    ``{"accuracy", "correct", "n_test", "outcomes", "answers", "continuations"}`` (:func:`graded`)."""
+    max_new = _check_answers(model, task)
+    pre = prefix_ids(model, query_prefix)
+    plain = [with_bos(model, pre + text_ids(model, q, what=f"test query {i}")) for i, (q, _) in enumerate(task.test)]
+    with edit.applied(model):
+        right, given, whole = graded(model, plain, [a for _, a in task.test], max_new)
+    return {"accuracy": sum(right) / len(right), "correct": sum(right), "n_test": len(right),
+            "outcomes": [int(x) for x in right], "answers": list(given), "continuations": list(whole)}
 
 
 def agreement(a: Sequence[str], b: Sequence[str]) -> float:
@@ -146,14 +209,20 @@ def evaluate_thought(
     model: Model, task: Task, *, kind: str = DEFAULT_KIND, eta: float = 1.0, ridge: float = DEFAULT_RIDGE,
     query_prefix: str = DEFAULT_QUERY_PREFIX, answer_tokens: int = DEFAULT_ANSWER_TOKENS, n_train: int | None = None,
     conditions: tuple[str, ...] = CONDITIONS,
-    seed: int = 0, locality: LocalityProbe | bool = True, preserve: tuple[str, ...] = (),
+    seed: int = 0, locality: LocalityProbe | bool = True, preserve: Sequence[str] | None = None,
+    preserve_strength: float = DEFAULT_PRESERVE_STRENGTH, distill: dict | None = None, progress: bool = False,
 ) -> ThoughtEval:
     """Fit on the first ``n_train`` train queries (default all), score the test queries.
 
-    ``preserve``: texts the fit keeps unchanged (:func:`~icl_lens.thought.fit.thought_patch`).
+    ``preserve``, ``preserve_strength``: the fit's locality term (:func:`~icl_lens.thought.fit.thought_patch`;
+    ``None``: the model's shipped preserve texts, :func:`~icl_lens.thought.preserve.preserve_texts`).
+    ``distill``: keyword arguments of :func:`~icl_lens.thought.distill.distill_patch` (steps, lr, ...).
     ``locality``: a probe built once per model (:func:`~icl_lens.thought.locality.locality_probe`),
     ``True`` to build one here, ``False`` to skip the locality measures.
     """
+    from icl_lens.thought.distill import distill_patch
+    from icl_lens.thought.preserve import preserve_texts
+
     start = time.perf_counter()
     unknown = [c for c in conditions if c not in CONDITIONS]
     if unknown:
@@ -168,39 +237,51 @@ def evaluate_thought(
     pre = prefix_ids(model, query_prefix)
     plain = [with_bos(model, pre + q) for q in q_ids]
     calibration = [q for q, _ in task.train[:n]]
+    if preserve is None:
+        preserve = preserve_texts(model) if preserve_strength else ()
     if locality is True and any(c in EDITS for c in conditions):
         locality = locality_probe(model)
     res: dict[str, tuple[bool, ...]] = {}
     given: dict[str, tuple[str, ...]] = {}
+    whole: dict[str, tuple[str, ...]] = {}
     loc: dict[str, dict] = {}
+    seconds: dict[str, float] = {}
 
-    def score(condition: str, edit=None) -> None:
-        if edit is None:
-            res[condition], given[condition] = graded(model, plain, answers, max_new)
-        else:
-            with edit.applied():
-                res[condition], given[condition] = graded(model, plain, answers, max_new)
-            if locality:
-                loc[condition] = locality.measure(edit).to_dict()
+    def score(condition: str, edit=None, prompts=plain) -> None:
+        with (nullcontext() if edit is None else edit.applied()):
+            res[condition], given[condition], whole[condition] = graded(model, prompts, answers, max_new)
+        if edit is not None and locality:
+            loc[condition] = locality.measure(edit).to_dict()
 
     if "none" in conditions:
         score("none")
     if "full" in conditions:
-        res["full"], given["full"] = graded(model, [with_bos(model, instr + q) for q in q_ids], answers, max_new)
+        score("full", prompts=[with_bos(model, instr + q) for q in q_ids])
+    fit = dict(kind=kind, query_prefix=query_prefix, answer_tokens=answer_tokens)
     if "patched" in conditions or "control" in conditions:
-        patch = thought_patch(model, task.instruction, calibration, kind=kind, eta=eta, ridge=ridge,
-                              query_prefix=query_prefix, answer_tokens=answer_tokens, preserve=preserve)
+        t0 = time.perf_counter()
+        patch = thought_patch(model, task.instruction, calibration, eta=eta, ridge=ridge, preserve=preserve,
+                              preserve_strength=preserve_strength, **fit)
+        seconds["patched"] = time.perf_counter() - t0
         if "patched" in conditions:
             score("patched", patch)
-        if "control" in conditions:
-            score("control", patch.random_control(seed))
+    if "distilled" in conditions:
+        t0 = time.perf_counter()
+        distilled = distill_patch(model, task.instruction, calibration, progress=progress, **{**fit, **(distill or {})})
+        seconds["distilled"] = time.perf_counter() - t0
+        score("distilled", distilled)
     steer_layer = None
     if "steering" in conditions:
         steer = steering_vector(model, task.instruction, calibration, query_prefix=query_prefix)
         steer_layer = steer.layer
         score("steering", steer)
+    if "control" in conditions:
+        score("control", patch.random_control(seed))
+    seconds["total"] = time.perf_counter() - start
+    extra = {"preserve": len(preserve), "preserve_strength": float(preserve_strength)}
+    if "distilled" in conditions:
+        extra["distill"] = distilled.settings
     return ThoughtEval(task=task.name, model=model.cfg.model_name, n_train=n,
                        n_test=len(task.test), outcomes=res, answers=given, locality=loc, steering_layer=steer_layer,
-                       seconds=time.perf_counter() - start, kind=kind, eta=float(eta), ridge=float(ridge),
-                       query_prefix=query_prefix, answer_tokens=answer_tokens,
-                       extra={"preserve": len(preserve)} if preserve else {})
+                       seconds=seconds, kind=kind, eta=float(eta), ridge=float(ridge),
+                       query_prefix=query_prefix, answer_tokens=answer_tokens, continuations=whole, extra=extra)

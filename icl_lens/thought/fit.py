@@ -38,6 +38,15 @@ queries ``x₁…x_q`` (``n`` query tokens in all, every token of every query), 
    The patch is in place before layer ``l+1`` is measured, so later layers correct what
    earlier ones left over.
 
+*Preserve penalty* (issue 22; MEMIT, Meng et al. 2023, arXiv 2210.07229): with
+``preserve`` texts and ``preserve_strength = s > 0``, the unpatched model reads the
+texts once and every fit gets the penalty of changing its output on their keys: the
+matrix fit ``w·Σ a₀a₀ᵀ`` over their MLP inputs, the down fit ``w·Σ h₀h₀ᵀ`` over their
+hidden activations, the gain ``w·Σ ŷ₀⊙ŷ₀`` (diagonal), the bias ``s·n`` (a constant moves
+every token alike), with ``w = s · tr(Σ xxᵀ)/tr(Σ k₀k₀ᵀ)`` of each fit's own rows
+(:func:`icl_lens.core.least_squares.preserve_weight`). The keys are the unpatched
+model's, as in MEMIT (not re-read after earlier layers are patched).
+
 ``ridge`` is scale-free: each fit uses ``λ = ridge · tr(Σ xxᵀ)/d`` of its own inputs
 (:func:`icl_lens.core.least_squares.relative_ridge`).
 
@@ -98,6 +107,7 @@ from icl_lens.core.least_squares import (
     gain_vector,
     input_map,
     mean_vector,
+    preserve_weight,
     relative_residual,
     relative_ridge,
 )
@@ -107,7 +117,15 @@ from icl_lens.model.capture import NonFiniteActivationError, patch_dtype
 from icl_lens.model.prompts import PromptError, bos_id
 from icl_lens.model.weight_edits import edit_hooks
 from icl_lens.thought.instruction_batches import calibration_ids, continuation_ids, query_batch, read_query_tokens, text_ids
-from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE, KIND_PARTS, KINDS
+from icl_lens.thought.defaults import (
+    DEFAULT_ANSWER_TOKENS,
+    DEFAULT_KIND,
+    DEFAULT_PRESERVE_STRENGTH,
+    DEFAULT_QUERY_PREFIX,
+    DEFAULT_RIDGE,
+    KIND_PARTS,
+    KINDS,
+)
 from icl_lens.thought.result import ThoughtPatch, thought_edits
 
 if TYPE_CHECKING:
@@ -155,6 +173,33 @@ def _post_norm_gain(model, layer: int, dtype) -> Tensor:
         return (norm(ones) * math.sqrt(1.0 + post_norm_eps(model, layer))).to(dtype)
 
 
+def _preserved_keys(model, family, keep_ids, layers, parts, batch_size, dtype) -> dict[str, dict[int, Tensor]]:
+    """Covariances ``K₀K₀ᵀ`` of the preserved texts' keys (every token after BOS), read once from the unpatched
+    model: ``"a"`` MLP inputs (matrix fit), ``"h"`` MLP hidden activations (down fit), ``"y"`` the diagonal
+    ``Σ ŷ₀ ⊙ ŷ₀`` of the RMS-normalised MLP outputs (gain fit)."""
+    names = {}
+    for l in layers:
+        if "matrix" in parts:
+            names[f"a{l}"] = family.mlp_input(l)
+        if "down" in parts:
+            names[f"h{l}"] = family.dense_out_input(l)
+        if "vector" in parts and family.vector_site == "gain":
+            names[f"y{l}"] = family.post_norm_input(l)
+    if not names:
+        return {}
+    stop = list(names.values())[-1]  # the deepest hook read (layers increase, each layer's hooks in forward order)
+    got = read_query_tokens(model, query_batch(model, keep_ids), names, stop=stop, batch_size=batch_size, dtype=dtype)
+    keys: dict[str, dict[int, Tensor]] = {}
+    for key, x in got.items():
+        kind, layer = key[0], int(key[1:])
+        if kind == "y":
+            yhat = rms_normalize(x, post_norm_eps(model, layer)).to(dtype)
+            keys.setdefault(kind, {})[layer] = (yhat * yhat).sum(0)
+        else:
+            keys.setdefault(kind, {})[layer] = x.T @ x
+    return keys
+
+
 def thought_patch(
     model: Model,
     instruction: str,
@@ -168,6 +213,7 @@ def thought_patch(
     query_prefix: str = DEFAULT_QUERY_PREFIX,
     answer_tokens: int = DEFAULT_ANSWER_TOKENS,
     preserve: Sequence[str] = (),
+    preserve_strength: float = DEFAULT_PRESERVE_STRENGTH,
     batch_size: int = 16,
 ) -> ThoughtPatch:
     """Turn ``instruction`` into a weight edit fitted on the calibration ``queries`` (Algorithm 1).
@@ -182,9 +228,10 @@ def thought_patch(
     ``answer_tokens`` tokens of the model's own greedy answer under the instruction, read
     after the query (teacher forcing; each answer ends after its first newline), so the
     positions where the patched model writes its answer are calibration rows too.
-    ``preserve``: texts whose every token is fitted to stay as the unpatched model
-    computes it (rows of the matrix and down fits, like the anchor rows), to keep the
-    edit local.
+    ``preserve``: general texts the model reads as it is (by default none here; the
+    evaluation passes the model's own samples, :mod:`icl_lens.thought.preserve`), whose
+    keys at every layer enter each fit as the MEMIT-style penalty ``w · K₀K₀ᵀ``, weighted
+    by the scale-free ``preserve_strength`` (0: off; see the module docstring).
     """
     instr_ids, query_ids, pre_ids, chosen = _validate(model, instruction, queries, kind, eta, ridge, layers,
                                                       iterations, query_prefix, answer_tokens)
@@ -193,14 +240,15 @@ def thought_patch(
         query_ids = [q + a for q, a in zip(query_ids, answers)]
     if isinstance(preserve, str):
         raise PromptError("preserve must be a list of strings, not one string")
-    keep_ids = [text_ids(model, t, what=f"preserve text {i}") for i, t in enumerate(preserve)]
+    if not (isinstance(preserve_strength, (int, float)) and math.isfinite(preserve_strength) and preserve_strength >= 0):
+        raise ValueError(f"preserve_strength must be a finite number >= 0, got {preserve_strength!r}")
+    keep_ids = [text_ids(model, t, what=f"preserve text {i}") for i, t in enumerate(preserve)] if preserve_strength else []
     family = block_family(model)
     site = family.vector_site
     dtype = patch_dtype(model)
     cfg = model.cfg
     ctx = query_batch(model, query_ids, prefix=instr_ids)
     plain = query_batch(model, query_ids, prefix=pre_ids)
-    keep = query_batch(model, keep_ids) if keep_ids else None  # every token after BOS is a row
     n_layers = cfg.n_layers
     reads = {f"A{l}": family.mlp_input(l) for l in range(n_layers)}
     reads.update({f"O{l}": family.resid_post(l) for l in range(n_layers)})
@@ -212,19 +260,15 @@ def thought_patch(
         _check(A[layer], "contextual MLP input", layer)
         _check(O[layer], "contextual block output", layer)
     # Rows whose target is their own unpatched state: the anchor positions before the query
-    # (BOS, prefix; for BOS that is also its contextual state) and every token of the
-    # preserved texts.
+    # (BOS, prefix; for BOS that is also its contextual state).
     anchor = bos_id(model) is not None or bool(pre_ids)
     A_keep, O_keep = [torch.zeros(0, cfg.d_model, dtype=dtype, device=cfg.device)] * n_layers, [None] * n_layers
     if anchor:
         got = read_query_tokens(model, plain, reads, stop=last, anchors=True, batch_size=batch_size, dtype=dtype)
         A_keep = [got[f"A{l}_anchor"] for l in range(n_layers)]
         O_keep = [got[f"O{l}_anchor"] for l in range(n_layers)]
-    if keep is not None:
-        got = read_query_tokens(model, keep, reads, stop=last, batch_size=batch_size, dtype=dtype)
-        A_keep = [torch.cat([A_keep[l], got[f"A{l}"]]) for l in range(n_layers)]
-        O_keep = [torch.cat([O_keep[l], got[f"O{l}"]]) if anchor else got[f"O{l}"] for l in range(n_layers)]
-    has_keep = anchor or keep is not None
+    has_keep = anchor
+    keys = _preserved_keys(model, family, keep_ids, chosen, KIND_PARTS[kind], batch_size, dtype) if keep_ids else {}
 
     d = cfg.d_model
     maps = torch.zeros(n_layers, d, d, dtype=dtype, device=cfg.device)
@@ -242,18 +286,20 @@ def thought_patch(
         return edit_hooks(model, thought_edits(model, patched_maps, patched_vecs, site, joined), family)
 
     def read(names: dict[str, str], stop: str) -> dict[str, Tensor]:
-        """Query rows under the current patch, and the kept rows (anchors, then preserved tokens) as ``key_keep``."""
-        hooks = current_hooks()
-        got = read_query_tokens(model, plain, names, hooks=hooks, stop=stop, anchors=anchor,
+        """Query rows under the current patch, and the anchor rows as ``key_keep``."""
+        got = read_query_tokens(model, plain, names, hooks=current_hooks(), stop=stop, anchors=anchor,
                                 batch_size=batch_size, dtype=dtype)
         out = {k: got[k] for k in names}
         if has_keep:
-            parts_keep = [{k: got[f"{k}_anchor"] for k in names}] if anchor else []
-            if keep is not None:
-                parts_keep.append(read_query_tokens(model, keep, names, hooks=hooks, stop=stop,
-                                                    batch_size=batch_size, dtype=dtype))
-            out.update({f"{k}_keep": torch.cat([p[k] for p in parts_keep]) for k in names})
+            out.update({f"{k}_keep": got[f"{k}_anchor"] for k in names})
         return out
+
+    def penalty(name: str, layer: int, rows: Tensor):
+        """The preserve penalty of one fit: ``w · K₀K₀ᵀ`` of the preserved keys (None without preserve texts)."""
+        if name not in keys:
+            return None
+        cov = keys[name][layer]
+        return preserve_weight(rows, cov, preserve_strength) * cov
 
     for _ in range(iterations):
         for layer in chosen:
@@ -267,7 +313,7 @@ def thought_patch(
                     a0 = got["a_keep"]
                     rows_a = torch.cat([a0, a])
                     rows_t = torch.cat([A_keep[layer] - a0 - a0 @ maps[layer].T, target])
-                step = input_map(rows_t, rows_a, ridge=relative_ridge(rows_a, ridge))
+                step = input_map(rows_t, rows_a, ridge=relative_ridge(rows_a, ridge), penalty=penalty("a", layer, rows_a))
                 maps[layer] += eta * step
                 m_res[layer] = relative_residual(A[layer] - a, a @ maps[layer].T)
                 patched_maps[layer] = maps[layer]
@@ -292,11 +338,11 @@ def thought_patch(
                 yhat_keep = rms_normalize(got["y_keep"], eps).to(dtype) if has_keep else None
             if "vector" in parts:  # fitted on the query rows only
                 if site == "gain":
-                    step = gain_vector(rho, yhat, ridge=relative_ridge(yhat, ridge))
+                    step = gain_vector(rho, yhat, ridge=relative_ridge(yhat, ridge), penalty=penalty("y", layer, yhat))
                     fitted = eta * step * yhat
                     fitted_keep = eta * step * yhat_keep if has_keep else None
                 else:
-                    step = mean_vector(rho)
+                    step = mean_vector(rho, penalty=preserve_strength * rho.shape[0] if keys else 0.0)
                     fitted = (eta * step).expand_as(rho)
                     fitted_keep = (eta * step).expand_as(rho_keep) if has_keep else None
                 vecs[layer] += eta * step
@@ -312,7 +358,7 @@ def thought_patch(
                     damp = GAIN_DAMPING * float((scale * scale).mean())
                     r = rms * r * scale / (scale * scale + damp)  # argmin ‖scale⊙Δŷ − r‖² + damp‖Δŷ‖²
                 _check(r, "down-projection target", layer)
-                u, v = factored_least_squares(r, h, ridge=relative_ridge(h, ridge))
+                u, v = factored_least_squares(r, h, ridge=relative_ridge(h, ridge), penalty=penalty("h", layer, h))
                 downs.setdefault(layer, []).append((eta * u, v))
                 d_res[layer] = relative_residual(r, (h @ v.T) @ (eta * u))
     if not (torch.isfinite(maps).all() and torch.isfinite(vecs).all()):

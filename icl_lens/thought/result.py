@@ -78,6 +78,8 @@ class ThoughtPatch:
     n_tokens: int  # calibration rows of the query-only pass (query tokens, plus answer tokens)
     answer_tokens: int = 0  # the fit's answer_tokens (0: query tokens only, as in the paper)
     model: object = field(repr=False, compare=False, default=None)
+    method: str = "fit"  # "fit" (Algorithm 1, closed form), "distill" (gradient steps) or "composed"
+    settings: dict = field(default_factory=dict)  # the method's own settings (distillation: steps, lr, losses)
 
     @property
     def has_matrix(self) -> bool:
@@ -188,6 +190,29 @@ class ThoughtPatch:
                 down_v[l, :k] = v
         return replace(self, maps=maps, vectors=vecs, down_u=down_u, down_v=down_v,
                        instruction=f"random control (seed {seed})")
+
+    @classmethod
+    def composed(cls, patches: "list[ThoughtPatch]") -> "ThoughtPatch":
+        """Several patches applied at once: their edits added (input maps and vectors summed, down-projection
+        factors stacked, so ``ΔW_out`` is the sum). They must share the model, kind and query prefix."""
+        patches = list(patches)
+        if not patches:
+            raise ValueError("composed needs at least one patch")
+        first = patches[0]
+        for p in patches[1:]:
+            for name in ("model_name", "kind", "query_prefix", "vector_site"):
+                if getattr(p, name) != getattr(first, name):
+                    raise ValueError(f"patches differ in {name}: {getattr(first, name)!r} vs {getattr(p, name)!r}")
+        down_u = torch.cat([p.down_u for p in patches], dim=1)
+        down_v = torch.cat([p.down_v for p in patches], dim=1)
+        zeros = torch.zeros_like(first.matrix_residual)
+        return replace(first, instruction=" + ".join(p.instruction for p in patches),
+                       queries=tuple(q for p in patches for q in p.queries),
+                       layers=tuple(sorted({l for p in patches for l in p.layers})),
+                       maps=sum(p.maps for p in patches), vectors=sum(p.vectors for p in patches),
+                       down_u=down_u, down_v=down_v, matrix_residual=zeros, vector_residual=zeros.clone(),
+                       down_residual=zeros.clone(), n_tokens=sum(p.n_tokens for p in patches), method="composed",
+                       settings={"parts": [p.method for p in patches]})
 
     def to(self, device: torch.device | str) -> "ThoughtPatch":
         return replace(self, maps=self.maps.to(device), vectors=self.vectors.to(device),

@@ -1,0 +1,105 @@
+"""Issue 22's faithful verdict: answers end at a word boundary, whole continuations kept, gain recovered."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from icl_lens.model.greedy import greedy_continuations
+from icl_lens.thought.evaluate import answer_correct, gain_recovered, graded
+from icl_lens.thought.instruction_batches import text_ids, with_bos
+
+
+@pytest.mark.parametrize("continuation, answer, right", [
+    (" six\n", "six", True), (" sixteen", "six", False), ("six", "six", True), (" Paris, France", "Paris", True),
+    (" twenty-one", "twenty", False), (" twenty", "twenty", True), (" 12", "1", False), (" 1 +", "1", True),
+    (" New Delhi.", "New Delhi", True), (" New", "New Delhi", False), ("  Rome", "Rome", True),
+    (" dont", "don", False), (" don't", "don", False), (" cats_", "cats", False), (" Tokyo", " Tokyo ", True),
+])
+def test_an_answer_must_end_where_a_word_ends(continuation, answer, right):
+    assert answer_correct(continuation, answer) is right
+
+
+def test_gain_recovered_is_the_share_of_the_instructions_gain():
+    acc = {"none": 0.2, "full": 0.8, "patched": 0.65, "control": 0.2, "steering": 0.1}
+    assert gain_recovered(acc) == pytest.approx({"patched": 0.75, "control": 0.0, "steering": -1 / 6})
+    assert gain_recovered({"none": 0.5, "full": 0.5, "patched": 0.5}) == {"patched": None}
+    assert gain_recovered({"patched": 0.5}) == {}
+
+
+def test_graded_keeps_every_new_token_and_scores_by_the_boundary_rule(load):
+    """Answers built from the model's own greedy text: its first character (followed by more word characters, so
+    wrong by the boundary rule unless a non-word character follows) and the whole first token."""
+    model = load("tiny-llama")
+    prompts = [with_bos(model, text_ids(model, q)) for q in ("ab:", "cd:", "efg:")]
+    outs = greedy_continuations(model, prompts, 3)
+    texts = [model.tokenizer.decode(o) for o in outs]
+    answers = [t.lstrip(" ")[:1] or "x" for t in texts]
+    right, given, whole = graded(model, prompts, answers, 3)
+    assert list(whole) == texts  # every new token, decoded: anyone can re-score
+    assert list(right) == [answer_correct(t, a) for t, a in zip(texts, answers)]
+    for t, a, ok, g in zip(texts, answers, right, given):
+        stripped = t.lstrip(" ")
+        assert ok == (stripped.startswith(a) and not (stripped[1:2].isalnum() or stripped[1:2] in "_-'"))
+        assert (g == a) if ok else (stripped.startswith(g) and g != a)
+
+
+def _row(correct_patched: int, kl: float = 0.05, kept: float = 0.95, distilled: int = 20, seconds=(1.0, 30.0)) -> dict:
+    n = 24
+    correct = {"none": 0, "full": 20, "patched": correct_patched, "distilled": distilled, "steering": 3, "control": 0}
+    return {"n_test": n, "correct": correct, "accuracy": {c: k / n for c, k in correct.items()},
+            "outcomes": {c: [1] * k + [0] * (n - k) for c, k in correct.items()}, "continuations": {},
+            "locality_kl": {"patched": kl, "distilled": 0.2, "steering": 0.3, "control": 0.5},
+            "locality_kept": {"patched": kept, "distilled": 0.5, "steering": 0.5, "control": 0.5},
+            "gain_recovered": {}, "seconds": {"patched": seconds[0], "distilled": seconds[1], "total": 40.0}}
+
+
+def test_the_four_targets_are_read_from_the_rows():
+    """Ten tasks at full strength meet every target; one task's locality KL above 0.1, a distillation only 10×
+    slower, an old-verdict row and a composed task at 0.75 of its single accuracy each flip one verdict."""
+    from experiments.thought.settings import choose_strength
+    from experiments.thought.targets import targets_lines
+
+    tasks = [f"t{i}" for i in range(10)]
+    good = {f"table/{t}": _row(20) for t in tasks}
+    single = {"accuracy": 20 / 24, "correct": 20, "n_test": 24, "locality": {"kl": 0.04, "accuracy": 0.97}}
+    good["compose/t0+t1"] = {"tasks": ["t0", "t1"], "locality": {"kl": 0.05, "accuracy": 0.95},
+                             "per_task": {"t0": {"accuracy": 18 / 24, "correct": 18, "n_test": 24, "single": single},
+                                          "t1": {"accuracy": 20 / 24, "correct": 20, "n_test": 24, "single": single}}}
+    verdicts = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": good}, ["m"], tasks)
+                if line.startswith("| ") and "| m |" in line]
+    assert verdicts == ["met"] * 4
+    bad = {**good, "table/t3": _row(20, kl=0.2), "table/t4": _row(20, seconds=(3.0, 30.0))}
+    bad["compose/t0+t1"] = {**good["compose/t0+t1"], "per_task": {**good["compose/t0+t1"]["per_task"],
+                                                                  "t0": {"accuracy": 15 / 24, "correct": 15,
+                                                                         "n_test": 24, "single": single}}}
+    old = dict(bad["table/t5"])
+    del old["continuations"]  # scored before the boundary verdict: not counted
+    bad["table/t5"] = old
+    verdicts = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": bad}, ["m"], tasks)
+                if line.startswith("| ") and "| m |" in line]
+    assert verdicts == ["missed", "missed", "missed", "missed"]  # 9 of 9 tasks < 10 needed; KL; 10×; 0.75
+    assert choose_strength({0.0: (1.0, 0.5), 1.0: (1.05, 0.2), 10.0: (1.5, 0.01)}) == 1.0
+    assert choose_strength({0.0: (1.0, 0.5), 1.0: (1.2, 0.2)}) == 0.0
+
+
+def test_the_default_preserve_strength_is_the_rules_choice_on_the_committed_selection():
+    """Wherever the committed caches hold the third selection stage for every strength, the default strength is
+    what the rule picks from them (the mean over the models and selection tasks that hold it)."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from experiments.thought.settings import PRESERVE_STRENGTHS, SELECT_TASKS, choose_strength
+    from icl_lens.thought.defaults import DEFAULT_PRESERVE_STRENGTH
+
+    got: dict[float, list[tuple[float, float]]] = {}
+    for path in sorted(Path("reports").glob("eval_thought.*.json")):
+        for key, v in json.loads(path.read_text()).items():
+            if key.startswith("strength/") and v["task"] in SELECT_TASKS:
+                got.setdefault(float(v["preserve_strength"]), []).append((v["validation_kl"], v["text_kl"]))
+    if set(got) != set(PRESERVE_STRENGTHS) or len({len(x) for x in got.values()}) != 1:
+        assert DEFAULT_PRESERVE_STRENGTH == 0.0  # no complete selection: the penalty stays off
+        return
+    scores = {s: (float(np.mean([a for a, _ in x])), float(np.mean([t for _, t in x]))) for s, x in got.items()}
+    assert DEFAULT_PRESERVE_STRENGTH == choose_strength(scores)
