@@ -146,7 +146,8 @@ def _alignment_rows(fa: dict | None) -> list[dict]:
                   + f"{'best cell above its control' if above else 'no cell above its control; highest'}: {best[0]} "
                   f"{_ci(best[1])} (control {best[2]['mean']:+.3f}); {len(above)} of {len(cs)} model × order × kind "
                   f"cells above their control, means {low:+.3f}…{high:+.3f}"
-                  + (f"; {'/'.join(map(str, seeds))} seed(s) per model" if models is fa["lab"] else ""))
+                  + (f"; {'–'.join(map(str, (seeds[0], seeds[-1]) if len(seeds) > 1 else seeds))} seed(s) per model"
+                     if models is fa["lab"] else ""))
         out.append(_row(label, paper_, grade(cs), number, SECTIONS["alignment"]))
     return out
 
@@ -183,7 +184,7 @@ def _lab_rows(lab: dict | None) -> list[dict]:
                         f"relative drift of W over pairs {n_max // 2}→{n_max}: softmax "
                         f"{_ci(s, key='drift_half_to_max', sign='')}, GRU {_ci(g, key='drift_half_to_max', sign='')} "
                         f"(settled: interval below {rules['settled']}; partly: softmax's interval below the GRU's; "
-                        f"{int(s.get('seeds', 1))}/{int(g.get('seeds', 1))} seed(s))", sec))
+                        f"seeds: softmax {int(s.get('seeds', 1))}, GRU {int(g.get('seeds', 1))})", sec))
     else:
         out.append(_row(*names[1], NOT_TESTED, "–", sec))
     mem = {(r["arch"], r["context_length"]): r["state_bytes"] for r in lab["memory_cost"]}
@@ -215,24 +216,29 @@ def _lab_rows(lab: dict | None) -> list[dict]:
 
 
 def _thought_rows(root: Path) -> list[dict]:
+    """Counted only where a row is scored by the boundary verdict (it keeps whole continuations); rows of
+    the earlier starts-with verdict are named apart and never counted. *reproduced* needs every task of
+    every model measured and met; *not*: measured and none met; otherwise *partly*."""
     claim = "A thought patch fitted from an instruction reproduces its effect on the language models"
     paper = "Mazzawi, Dherin et al. 2025"
-    met, total, parts = 0, 0, []
+    met, total, tasks, parts = 0, 0, 0, []
     for path in sorted(Path(root).glob("eval_thought.*.json")):
         data = _read(root, path.name) or {}
         model = path.name[len("eval_thought."):-len(".json")]
         rows = [r for k, r in data.items() if k.startswith("table/") and isinstance(r, dict)
                 and isinstance(r.get("accuracy"), dict) and {"full", "patched"} <= set(r["accuracy"])]
-        rows = [r for r in rows if r["accuracy"]["full"] >= 0.5]
-        k = sum(r["accuracy"]["patched"] >= 0.9 * r["accuracy"]["full"] for r in rows)
-        met, total = met + k, total + len(rows)
-        if rows:
-            parts.append(f"{model}: {k} of {len(rows)}")
+        tasks += len(rows)
+        new = [r for r in rows if "continuations" in r]
+        eligible = [r for r in new if r["accuracy"]["full"] >= 0.5]
+        k = sum(r["accuracy"]["patched"] >= 0.9 * r["accuracy"]["full"] for r in eligible)
+        met, total = met + k, total + len(eligible)
+        parts.append(f"{model}: {k} of {len(eligible)} measured ({len(rows) - len(new)} of {len(rows)} tasks "
+                     f"only under the earlier starts-with verdict, not counted)")
     if not total:
         return [_row(claim, paper, NOT_TESTED, "–", SECTIONS["thought"])]
-    verdict = "reproduced" if met == total else "partly" if met else "not"
-    return [_row(claim, paper, verdict, "patched accuracy ≥ 0.9 × full instruction on " + "; ".join(parts)
-                 + " tasks where the full instruction reaches 50%", SECTIONS["thought"])]
+    verdict = ("reproduced" if met == total == tasks else "not" if met == 0 else "partly")
+    return [_row(claim, paper, verdict, "patched accuracy ≥ 0.9 × full instruction (boundary verdict, tasks where "
+                 "the full instruction reaches 50%), " + "; ".join(parts), SECTIONS["thought"])]
 
 
 def _spike_rows(spikes: dict | None) -> list[dict]:

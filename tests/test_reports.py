@@ -182,3 +182,23 @@ def test_summary_is_computed_from_the_reports_json_and_flips_with_it(tmp_path):
     text = write_summary(tmp_path)
     assert QUANTISATION in text and "4-bit GGUF" in text and (tmp_path / "eval_summary.json").exists()
     assert text.count("\n| ") == len(rows) + 1
+
+
+def test_summary_counts_thought_rows_only_under_the_boundary_verdict(tmp_path):
+    """A row scored by the earlier starts-with verdict ("six" accepted "sixteen") is named, never counted."""
+    from experiments.report import NOT_TESTED, claims_summary
+
+    def row(full, patched, new):
+        r = {"accuracy": {"none": 0.0, "full": full, "patched": patched}}
+        return {**r, "continuations": {"patched": ["x"]}} if new else r
+
+    def verdict(cache):
+        (tmp_path / "eval_thought.m.json").write_text(json.dumps(cache))
+        return next(r for r in claims_summary(tmp_path) if r["claim"].startswith("A thought patch fitted"))
+
+    assert verdict({"table/a": row(0.9, 0.9, False), "table/b": row(0.9, 0.9, False)})["verdict"] == NOT_TESTED
+    part = verdict({"table/a": row(0.9, 0.9, True), "table/b": row(0.9, 0.9, False)})
+    assert part["verdict"] == "partly" and "1 of 1 measured (1 of 2 tasks only under the earlier" in part["number"]
+    assert verdict({"table/a": row(0.9, 0.9, True), "table/b": row(0.9, 0.85, True)})["verdict"] == "reproduced"
+    assert verdict({"table/a": row(0.9, 0.1, True), "table/b": row(0.9, 0.85, True)})["verdict"] == "partly"
+    assert verdict({"table/a": row(0.9, 0.1, True), "table/b": row(0.9, 0.2, True)})["verdict"] == "not"
