@@ -23,7 +23,7 @@ HEADERS = {
               "each section names its command and machine. Ratios are against a baseline measured in the "
               "same run. Rebuild this file with `python tools/assemble_reports.py`.\n"),
 }
-ORDER = ["summary", "patches", "gpu", "trajectory", "dashboard", "thought", "spikes", "finetune_alignment", "lab"]
+ORDER = ["summary", "patches", "patches_4096", "gpu", "trajectory", "dashboard", "thought", "spikes", "finetune_alignment", "lab"]
 
 
 def _key(path: Path) -> tuple[int, str]:
