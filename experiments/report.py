@@ -81,7 +81,7 @@ QUANTISATION = ("Both embedded language models (gemma-3-270m, smollm2-135m) are 
                 "to float32.")
 SECTIONS = {"lab": "#icl-lab-linear-regression-experiments-attention-vs-parametric-and-recurrent-layers",
             "alignment": "#implicit-vs-explicit-finetuning-the-papers-protocol",
-            "thought": "#thought-patches-prompts-turned-into-weights-issues-5-14",
+            "thought": "#thought-patches-prompts-turned-into-weights-issues-5-14-22",
             "spikes": "#spike-flags-do-token-patches-tell-correct-answers-from-wrong-ones"}
 
 
@@ -99,8 +99,10 @@ def _ci(d: dict, digits: int = 3, key: str = "mean", sign: str = "+") -> str:
     return f"{d[key]:{f}} [{low:{f}}, {high:{f}}]"
 
 
-def _row(claim: str, paper: str, verdict: str, number: str, section: str) -> dict:
-    return {"claim": claim, "paper": paper, "verdict": verdict, "number": number, "section": section}
+def _row(claim: str, paper: str, verdict: str, number: str, topic: str) -> dict:
+    """One summary row; ``topic`` (a key of :data:`SECTIONS`) names the EVAL.md section it links to."""
+    return {"claim": claim, "paper": paper, "verdict": verdict, "number": number, "topic": topic,
+            "section": SECTIONS[topic]}
 
 
 def _alignment_rows(fa: dict | None) -> list[dict]:
@@ -108,7 +110,7 @@ def _alignment_rows(fa: dict | None) -> list[dict]:
     ext = ("… the same protocol on the two language models (this project's extension; the paper ran regression only)",
            "extension of Dherin et al. 2025")
     if not fa or not fa.get("lab"):
-        return [_row(claim, paper, NOT_TESTED, "–", SECTIONS["alignment"]), _row(*ext, NOT_TESTED, "–", SECTIONS["alignment"])]
+        return [_row(claim, paper, NOT_TESTED, "–", "alignment"), _row(*ext, NOT_TESTED, "–", "alignment")]
     aligned, weak = fa.get("aligned_threshold", 0.5), fa.get("weak_threshold", 0.1)
 
     def cells(models: dict) -> list[tuple[str, dict, dict]]:
@@ -134,7 +136,7 @@ def _alignment_rows(fa: dict | None) -> list[dict]:
     for label, paper_, models in ((claim, paper, fa["lab"]), (ext[0], ext[1], fa.get("lm", {}))):
         cs = cells(models)
         if not cs:
-            out.append(_row(label, paper_, NOT_TESTED, "–", SECTIONS["alignment"]))
+            out.append(_row(label, paper_, NOT_TESTED, "–", "alignment"))
             continue
         above = [c for c in cs if c[1]["low"] > max(c[2]["high"], 0.0)]
         best = max(above or cs, key=lambda c: c[1]["mean"])
@@ -148,12 +150,12 @@ def _alignment_rows(fa: dict | None) -> list[dict]:
                   f"cells above their control, means {low:+.3f}…{high:+.3f}"
                   + (f"; {'–'.join(map(str, (seeds[0], seeds[-1]) if len(seeds) > 1 else seeds))} seed(s) per model"
                      if models is fa["lab"] else ""))
-        out.append(_row(label, paper_, grade(cs), number, SECTIONS["alignment"]))
+        out.append(_row(label, paper_, grade(cs), number, "alignment"))
     return out
 
 
 def _lab_rows(lab: dict | None) -> list[dict]:
-    sec = SECTIONS["lab"]
+    sec = "lab"
     names = [("A context acts on the MLP as a rank-1 update of its first matrix (plus the skip correction)",
               "Dherin et al. 2025, §3"),
              ("Attention's implicit weights settle as the context grows, a recurrent layer's do not",
@@ -235,10 +237,10 @@ def _thought_rows(root: Path) -> list[dict]:
         parts.append(f"{model}: {k} of {len(eligible)} measured ({len(rows) - len(new)} of {len(rows)} tasks "
                      f"only under the earlier starts-with verdict, not counted)")
     if not total:
-        return [_row(claim, paper, NOT_TESTED, "–", SECTIONS["thought"])]
+        return [_row(claim, paper, NOT_TESTED, "–", "thought")]
     verdict = ("reproduced" if met == total == tasks else "not" if met == 0 else "partly")
     return [_row(claim, paper, verdict, "patched accuracy ≥ 0.9 × full instruction (boundary verdict, tasks where "
-                 "the full instruction reaches 50%), " + "; ".join(parts), SECTIONS["thought"])]
+                 "the full instruction reaches 50%), " + "; ".join(parts), "thought")]
 
 
 def _spike_rows(spikes: dict | None) -> list[dict]:
@@ -251,9 +253,9 @@ def _spike_rows(spikes: dict | None) -> list[dict]:
             verdicts.append("reproduced" if d["low"] > 0 else "not")
             parts.append(f"{model} AUROC difference {_ci(d, key='difference')}")
     if not parts:
-        return [_row(claim, paper, NOT_TESTED, "–", SECTIONS["spikes"])]
+        return [_row(claim, paper, NOT_TESTED, "–", "spikes")]
     verdict = verdicts[0] if len(set(verdicts)) == 1 else "partly"
-    return [_row(claim, paper, verdict, "; ".join(parts), SECTIONS["spikes"])]
+    return [_row(claim, paper, verdict, "; ".join(parts), "spikes")]
 
 
 def claims_summary(root: str | Path = "reports") -> list[dict]:

@@ -3,6 +3,7 @@ accuracies with their Wilson intervals, exercise checks (right passes, wrong say
 strict only with the solutions on; predictions graded on overlapping intervals),
 and the figure helpers for log axes and many layers."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -216,3 +217,32 @@ def test_new_readers_read_only_the_json(tmp_path):
     assert capacity_row("m", "W0", root=tmp_path)["low"] == 0.9 and capacity_row("m", "ridge", root=tmp_path) is None
     _write(tmp_path, "summary", {"rows": [{"claim": "c", "verdict": "partly"}]})
     assert summary_verdicts(root=tmp_path) == [{"claim": "c", "verdict": "partly"}]
+
+
+def test_summary_claims_carry_the_summary_verdicts_of_their_topics(tmp_path):
+    """The notebooks' claims tables show EVAL.md's verdicts (read from eval_summary.json), never their own."""
+    from experiments.report import write_summary
+    from workshop.claims import summary_claims
+
+    assert [c.reproduced for c in summary_claims("lab", root=tmp_path)] == ["not measured"]
+    write_summary(tmp_path)  # no reports: every claim "not tested here"
+    rows = json.loads((tmp_path / "eval_summary.json").read_text())["rows"]
+    rows[0] = {**rows[0], "verdict": "partly", "number": "drift 0.2"}
+    (tmp_path / "eval_summary.json").write_text(json.dumps({"rows": rows}))
+    lab = summary_claims("lab", root=tmp_path)
+    assert len(lab) == sum(r["topic"] == "lab" for r in rows) > 0 and rows[0]["topic"] == "lab"
+    assert (lab[0].reproduced, lab[0].measured) == ("partly", "drift 0.2")
+    assert {c.reproduced for c in lab[1:]} == {"not measured"}
+    assert not summary_claims("nothing", root=tmp_path)
+
+
+def test_summary_links_point_at_eval_md_headings():
+    """Each summary row links to a section of EVAL.md: the anchor of one of its headings (GitHub's slug)."""
+    import re
+
+    from experiments.report import SECTIONS
+
+    text = (Path(__file__).resolve().parents[1] / "EVAL.md").read_text(encoding="utf-8")
+    slugs = {"#" + re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+             for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+    assert set(SECTIONS.values()) <= slugs, set(SECTIONS.values()) - slugs

@@ -236,3 +236,17 @@ def summary_verdicts(*, root: str | Path | None = None) -> list[dict] | None:
     """The rows of ``eval_summary.json`` (claim, paper, verdict, number, section), or None."""
     rows = lookup(read_report("summary", root), "rows")
     return rows if isinstance(rows, list) else None
+
+
+SUMMARY_VERDICTS = {"reproduced": "yes", "partly": "partly", "not": "no", "not tested here": "not measured"}
+
+
+def summary_claims(*topics: str, root: str | Path | None = None) -> list[Claim]:
+    """EVAL.md's summary rows of the given topics (``"lab"``, ``"alignment"``, ``"thought"``, ``"spikes"``) as
+    claims-table rows, verdicts as the evaluation commands computed them (``eval_summary.json``); one
+    "not measured" row when the summary is missing."""
+    rows = summary_verdicts(root=root)
+    if rows is None:
+        return [claim("EVAL.md's summary", "–", None, "run python tools/assemble_reports.py", None)]
+    return [Claim(r["claim"], r["paper"], _text(r["number"]), "see EVAL.md, section linked in its summary",
+                  SUMMARY_VERDICTS[r["verdict"]]) for r in rows if r.get("topic") in topics]
