@@ -244,18 +244,43 @@ def _thought_rows(root: Path) -> list[dict]:
 
 
 def _spike_rows(spikes: dict | None) -> list[dict]:
-    claim = "Token-patch spikes flag wrong answers better than the answer's log-probability"
-    paper = "this project's hypothesis"
-    parts, verdicts = [], []
-    for model, entry in (spikes or {}).get("models", {}).items():
+    """Three claims per model, read from ``eval_spikes.json``: the patch detector against −log p (paired
+    within-kind AUROC difference, cluster interval), the shipped detector against every baseline (the
+    report's ``beats_baseline``), and the shipped flag's held-out rates against its target."""
+    models = (spikes or {}).get("models", {})
+    vs_logp = ("Token-patch spikes flag wrong answers better than the answer's log-probability",
+               "this project's hypothesis (after Dherin et al. 2025)")
+    vs_all = ("… and better than every baseline within kind (answer length, bag of answer tokens, −log p, "
+              "hidden-state probe)", "this project's hypothesis")
+    flag = ("The shipped flag, on held-out subjects, flags ≤ 5% of correct answers and wrong ones at a rate whose "
+            "interval lies above that", "icl_lens's target (issue 24)")
+    rows = {vs_logp: [], vs_all: [], flag: []}
+    for model, entry in models.items():
         d = (entry.get("comparisons", {}).get("patch vs baseline", {}) or {}).get("within_grouped")
         if isinstance(d, dict) and "difference" in d:
-            verdicts.append("reproduced" if d["low"] > 0 else "not")
-            parts.append(f"{model} AUROC difference {_ci(d, key='difference')}")
-    if not parts:
-        return [_row(claim, paper, NOT_TESTED, "–", "spikes")]
-    verdict = verdicts[0] if len(set(verdicts)) == 1 else "partly"
-    return [_row(claim, paper, verdict, "; ".join(parts), "spikes")]
+            rows[vs_logp].append((d["low"] > 0, f"{model} AUROC difference {_ci(d, key='difference')}"))
+        det = (entry.get("shipped") or {}).get("detector") or {}
+        if det.get("auroc_within_kind") is not None:
+            lo, hi = det["auroc_within_kind_interval"]
+            rows[vs_all].append((bool(det["beats_baseline"]),
+                                 f"{model}: {det['name']} {det['auroc_within_kind']:.3f} [{lo:.3f}, {hi:.3f}], best "
+                                 f"baseline {det['baseline']} {det['baseline_auroc_within_kind']:.3f}"))
+        held = (entry.get("shipped") or {}).get("held_out") or {}
+        if "correct_flagged" in held:
+            (cl, ch), (wl, wh) = held["correct_flagged_interval"], held["wrong_flagged_interval"]
+            rows[flag].append((bool(held["meets_target"]),
+                               f"{model}: correct {held['correct_flagged']:.1%} [{cl:.1%}, {ch:.1%}], wrong "
+                               f"{held['wrong_flagged']:.1%} [{wl:.1%}, {wh:.1%}], precision {held['precision']:.1%} "
+                               f"vs base rate {held['base_rate']:.1%} wrong"))
+    out = []
+    for (claim, paper), found in rows.items():
+        if not found:
+            out.append(_row(claim, paper, NOT_TESTED, "–", "spikes"))
+            continue
+        met = [ok for ok, _ in found]
+        verdict = "reproduced" if all(met) else "not" if not any(met) else "partly"
+        out.append(_row(claim, paper, verdict, "; ".join(text for _, text in found), "spikes"))
+    return out
 
 
 def claims_summary(root: str | Path = "reports") -> list[dict]:

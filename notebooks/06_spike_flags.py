@@ -38,8 +38,8 @@ import pandas as pd
 import torch
 
 import icl_lens
-from workshop.claims import (auroc_ci, claim, claims_view, spike_auroc, spike_difference, spike_flag,
-                             spike_without_copied_answers)
+from workshop.claims import (auroc_ci, claims_view, percent_ci, spike_auroc, spike_shipped, spike_without_copied_answers,
+                             summary_claims)
 from workshop.exercise_checks import check_answer, missing, no_answer, solutions_on
 
 torch.set_num_threads(1)
@@ -167,32 +167,38 @@ else:
 # %% [markdown]
 # ## What the flag is worth: the evaluation's numbers
 #
-# `python -m experiments.spikes` (`reports/eval_spikes.json`) generated answers to 893 factual questions of 17 kinds
-# per model and asked: does the flag single out the wrong answers? Read the rows in this order:
+# `python -m experiments.spikes` (`reports/eval_spikes.json`) generated answers to 893 factual questions per model
+# and asked: does a flag single out the wrong answers? Read the rows in this order:
 #
-# - **the flag itself** (the calibrated threshold, `statistic="mean"`, `window=16`, on held-out questions): of the
-#   answers it flags, how many are wrong (precision), and how many of the wrong answers it flags (recall);
-# - **the unsupervised spike score** (max over the answer) as a ranking of wrong vs right answers, *within* a kind of
-#   question (AUROC 0.5 = chance);
-# - the **log-probability** baseline, and a **supervised** detector (logistic regression on patch features, trained
-#   on labelled answers: not the flag);
-# - a **confound**: whether the answer's first word repeats a word of the question (a wrong answer that copies the
-#   question). That one-bit feature alone ranks wrong answers about as well as the log-probability; leaving those
-#   answers out, the supervised patch detector no longer beats the log-probability.
+# - **the shipped flag** (`generate_with_patches(...).answer_flag`, `icl-lens spikes`): the detector a rule fixed in
+#   code picked on the calibration half of the subjects, its probability `p_wrong` calibrated there, and the
+#   threshold that flags at most 5% of that half's correct answers; measured on the other, held-out subjects: the
+#   share of correct and of wrong answers it flags, and its precision beside the base rate of wrong answers;
+# - its **within-kind AUROC** beside the best **baseline** (answer length, a bag of the answer's tokens, −log p, a
+#   hidden-state probe); "beats every baseline" says whether each paired interval lies above zero;
+# - the **unsupervised spike score** (max over the answer, the token marks above) as a ranking of wrong vs right
+#   answers *within* a kind of question (AUROC 0.5 = chance), beside the **log-probability**;
+# - a **confound**: whether the answer repeats a word of the question (a wrong answer that copies the question);
+#   the last row leaves those answers out and compares the patch detector with the log-probability again.
 
 # %%
 evaluation = []
 for name in ("gemma-3-270m", "smollm2-135m"):
-    flag = spike_flag(name)
+    shipped = spike_shipped(name)
+    det, held = (None, None) if shipped is None else (shipped["detector"], shipped["held_out"])
     without = spike_without_copied_answers(name)
     evaluation.append({
         "model": name,
-        "flag precision": None if flag is None else f"{flag['answer_precision']:.1%}",
-        "flag recall": None if flag is None else f"{flag['answer_recall']:.1%} of {flag['incorrect_answers']} wrong",
+        "shipped detector": None if det is None else det["name"],
+        "correct answers flagged (held out)": None if held is None else percent_ci(held, "correct_flagged"),
+        "wrong answers flagged (held out)": None if held is None else percent_ci(held, "wrong_flagged"),
+        "precision / base rate of wrong answers": None if held is None else
+        f"{held['precision']:.1%} / {held['base_rate']:.1%}",
+        "detector AUROC": None if det is None else auroc_ci(spike_auroc(name, det["name"])),
+        "best baseline AUROC": None if det is None else f"{det['baseline']}: {det['baseline_auroc_within_kind']:.3f}",
+        "beats every baseline": None if det is None else det["beats_baseline"],
         "spike score AUROC": auroc_ci(spike_auroc(name, "spike score, max over answer")),
         "log-prob AUROC": auroc_ci(spike_auroc(name, "−mean log p, answer")),
-        "repeats a question word AUROC": auroc_ci(spike_auroc(name, "answer repeats a question word")),
-        "supervised patch AUROC": auroc_ci(spike_auroc(name, "patch, answer + last prompt token")),
         "patch − log-prob, no copied answers": None if without is None else
         f"{without['difference']:+.3f} [{without['low']:+.3f}, {without['high']:+.3f}]"})
 pd.DataFrame(evaluation).set_index("model").T.fillna("not measured in this checkout")
@@ -200,35 +206,11 @@ pd.DataFrame(evaluation).set_index("model").T.fillna("not measured in this check
 # %% [markdown]
 # ## Paper says / we measure
 #
-# The idea is Dherin et al.'s suggestion; the flag and its test are icl_lens's. AUROCs are within a kind of
-# question, grouped (`reports/eval_spikes.json`; a checkout without that report says "not measured in this
-# checkout").
+# The idea is Dherin et al.'s suggestion; the flag and its test are icl_lens's. The verdicts are EVAL.md's, read
+# from `reports/eval_summary.json`; AUROCs are within a kind of question, intervals resample subjects.
 
 # %%
-rows = []
-for name in ("gemma-3-270m", "smollm2-135m"):
-    score, base = spike_auroc(name, "spike score, max over answer"), spike_auroc(name, "−mean log p, answer")
-    flag = spike_flag(name)
-    rows.append(claim(f"Meta-gradient spikes can detect hallucinations ({name}: the flag)",
-                      "Dherin et al. 2025 (a suggestion, not tested there)",
-                      None if score is None or flag is None else
-                      f"spike score AUROC {auroc_ci(score)}; flag recall {flag['answer_recall']:.1%}, "
-                      f"precision {flag['answer_precision']:.1%}",
-                      None if base is None else f"log-prob baseline {auroc_ci(base)}",
-                      None if score is None or base is None else bool(score["low"] > base["high"]),
-                      "Barely above chance and below the log-probability; the flag catches few wrong answers."))
-    patch_row, diff = spike_auroc(name, "patch, answer + last prompt token"), spike_difference(name)
-    without = spike_without_copied_answers(name)
-    beats = None if diff is None else diff["low"] > 0
-    rows.append(claim(f"… with a supervised detector on patch features ({name})", "icl_lens (trained on labels)",
-                      None if diff is None else f"AUROC {auroc_ci(patch_row)}; paired difference "
-                                                f"{diff['difference']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]",
-                      None if base is None else f"log-prob baseline {auroc_ci(base)}",
-                      beats if beats is None or not beats or without is None else "partly",
-                      "" if without is None else
-                      f"Without answers that repeat a question word: {without['difference']:+.3f} "
-                      f"[{without['low']:+.3f}, {without['high']:+.3f}]."))
-claims_view(rows)
+claims_view(summary_claims("spikes"))
 
 # %% [markdown]
 # **Before you switch notebooks**: the last cell frees the model; then shut this kernel down (*Kernel → Shut Down

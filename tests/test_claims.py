@@ -246,3 +246,14 @@ def test_summary_links_point_at_eval_md_headings():
     slugs = {"#" + re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
              for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
     assert set(SECTIONS.values()) <= slugs, set(SECTIONS.values()) - slugs
+
+
+def test_spike_shipped_reads_the_shipped_detector_and_its_held_out_flag(tmp_path):
+    from workshop.claims import percent_ci, spike_shipped
+
+    assert spike_shipped("m", root=tmp_path) is None
+    held = {"correct_flagged": 0.016, "correct_flagged_interval": [0.0, 0.042]}
+    report = {"models": {"m": {"shipped": {"detector": {"name": "patch"}, "held_out": held}}, "n": {"shipped": {}}}}
+    (tmp_path / "eval_spikes.json").write_text(json.dumps(report))
+    assert spike_shipped("m", root=tmp_path)["detector"]["name"] == "patch" and spike_shipped("n", root=tmp_path) is None
+    assert percent_ci(held, "correct_flagged") == "1.6% [0.0%, 4.2%]"

@@ -202,3 +202,24 @@ def test_summary_counts_thought_rows_only_under_the_boundary_verdict(tmp_path):
     assert verdict({"table/a": row(0.9, 0.9, True), "table/b": row(0.9, 0.85, True)})["verdict"] == "reproduced"
     assert verdict({"table/a": row(0.9, 0.1, True), "table/b": row(0.9, 0.85, True)})["verdict"] == "partly"
     assert verdict({"table/a": row(0.9, 0.1, True), "table/b": row(0.9, 0.2, True)})["verdict"] == "not"
+
+
+def test_summary_spike_rows_follow_the_shipped_entries(tmp_path):
+    from experiments.report import claims_summary
+
+    def entry(beats, meets):
+        return {"shipped": {"detector": {"name": "patch", "auroc_within_kind": 0.8, "auroc_within_kind_interval": [0.7, 0.9],
+                                         "baseline": "hidden", "baseline_auroc_within_kind": 0.85, "beats_baseline": beats},
+                            "held_out": {"correct_flagged": 0.02, "correct_flagged_interval": [0.0, 0.04],
+                                         "wrong_flagged": 0.3, "wrong_flagged_interval": [0.2, 0.4], "precision": 0.9,
+                                         "base_rate": 0.6, "meets_target": meets}}}
+
+    def rows(a, b):
+        (tmp_path / "eval_spikes.json").write_text(json.dumps({"models": {"a": entry(*a), "b": entry(*b)}}))
+        got = [r for r in claims_summary(tmp_path) if r["topic"] == "spikes"]
+        return [r["verdict"] for r in got[1:]], got
+
+    assert rows((False, True), (False, True))[0] == ["not", "reproduced"]
+    verdicts, got = rows((True, False), (False, True))
+    assert verdicts == ["partly", "partly"] and "a: patch 0.800 [0.700, 0.900], best baseline hidden 0.850" in got[1]["number"]
+    assert rows((True, True), (True, False))[0] == ["reproduced", "partly"]

@@ -210,6 +210,19 @@ def spike_flag(model: str, statistic: str = "mean", window: int = 16, *, root: s
     return None
 
 
+def spike_shipped(model: str, *, root: str | Path | None = None) -> dict | None:
+    """The shipped detector's entry of ``eval_spikes.json``: ``detector`` (name, AUROCs, baselines, ``beats_baseline``)
+    and ``held_out`` (its flag's rates on the held-out subjects, with intervals)."""
+    entry = lookup(read_report("spikes", root), "models", model, "shipped")
+    return entry if isinstance(entry, dict) and {"detector", "held_out"} <= set(entry) else None
+
+
+def percent_ci(row: Mapping[str, Any], key: str) -> str:
+    """``"1.6% [0.0%, 4.2%]"`` from ``row[key]`` and ``row[key + "_interval"]``."""
+    low, high = row[f"{key}_interval"]
+    return f"{row[key]:.1%} [{low:.1%}, {high:.1%}]"
+
+
 def spike_without_copied_answers(model: str, *, root: str | Path | None = None) -> dict | None:
     """The paired patch-vs-log-probability AUROC difference on answers that do not repeat a question word
     (``{difference, low, high}``; None if absent)."""
