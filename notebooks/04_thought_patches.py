@@ -46,7 +46,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from icl_lens import Task, evaluate_thought, load_model, load_task, thought_patch
 from icl_lens.stats import wilson_interval
-from workshop.claims import claim, claims_view, rate, thought_counts, thought_locality
+from workshop.claims import claims_view, rate, summary_claims, thought_locality
 from workshop.exercise_checks import check_answer, check_compare, missing, no_answer, solutions_on
 
 torch.set_num_threads(1)
@@ -253,7 +253,6 @@ tok = AutoTokenizer.from_pretrained(export_dir)
 ids = torch.tensor([patch.prompt_ids(queries[0])])  # the prompt the patch was fitted for
 with torch.no_grad(), patch.applied():
     bridge_logits = model(ids)[0, -1]
-vector_site, vector_max = patch.vector_site, float(patch.vector_norms().max())
 del patch, model  # the patch holds the model: both go before the export is loaded
 gc.collect()
 
@@ -269,39 +268,13 @@ print("max |logit difference| / max |logit|:", export_error)
 # %% [markdown]
 # ## Paper says / we measure
 #
-# This notebook's numbers (8 calibration queries, 24 test queries, 95% Wilson intervals) beside the evaluation
-# reports (`python -m experiments.thought`, `reports/eval_thought.<model>.json`: 32 calibration and 32 test queries
-# per task; a checkout without them says "not measured in this checkout").
+# The verdicts are EVAL.md's, read from `reports/eval_summary.json` (`python -m experiments.thought` on both
+# embedded models: 32 calibration queries per task, test queries scored once, the answer counted only when a
+# character that cannot continue a word follows it). This notebook's 8 calibration and 24 test queries above are
+# for exploring; they decide no verdict.
 
 # %%
-def row(counts_or_none, what):  # one claims row from {condition: (correct, n)}
-    c = counts_or_none
-    holds = None if c is None else c["patched"][0] > c["none"][0] and c["patched"][0] > c["control"][0]
-    return claim(f"A thought patch makes the model answer without the prompt ({what})", "Mazzawi, Dherin et al. 2025",
-                 None if c is None else f"patched {rate(*c['patched'])}",
-                 None if c is None else f"none {rate(*c['none'])}, full prompt {rate(*c['full'])}, "
-                                        f"random control {rate(*c['control'])}",
-                 "partly" if holds else holds,
-                 "Above no prompt and the random control; compare its interval with the full prompt's."
-                 if holds else "Not above no prompt or the random control.")
-
-
-here = {c: (k, result.n_test) for c, k in counts.items()}
-median_kept = None if kept is None else float(pd.Series(kept).median())
-claims_view([row(here, f"capitals, {MODEL}, this notebook"),
-             row(thought_counts(MODEL, "capitals"), f"capitals, {MODEL}, eval report"),
-             row(thought_counts(MODEL, "en_fr"), f"en_fr, {MODEL}, eval report"),
-             claim("The edit encodes the instruction (the paper does not measure other inputs)",
-                   "Mazzawi, Dherin et al. 2025",
-                   None if median_kept is None else f"another task's answers kept: median {median_kept:.0%} over "
-                                                    f"{len(kept)} (model, task) pairs",
-                   "an edit that stays on its task keeps ≥ 90%", False if median_kept is not None else None,
-                   "The patch changes what the model does on unrelated inputs too; preserve rows (EVAL.md) "
-                   "recover most of it."),
-             claim("The thought vector is a steering vector (bias)", "Mazzawi, Dherin et al. 2025",
-                   f"{MODEL}: {vector_site}, max norm {vector_max:.0f}",
-                   "the paper: Gemma's vector absorbed into W_down", "partly",
-                   "A bias on GPT-2 / Llama; on Gemma icl_lens edits the post-FFN norm's gain instead.")])
+claims_view(summary_claims("thought"))
 
 # %% [markdown]
 # **Before you switch notebooks**: the last cell frees the exported model; then shut this kernel down (*Kernel →

@@ -14,10 +14,10 @@ from icl_lens.ui.panels import layer_lines, vertical_marker
 from workshop import claims
 from workshop.claims import (
     NOT_MEASURED, alignment_row, auroc_ci, claim, claims_table, count_where, mean_ci, rate, read_report,
-    spike_auroc, spike_difference, thought_counts, verdict_above,
+    spike_auroc, verdict_above,
 )
 from icl_lens.stats.bootstrap import bootstrap_mean
-from workshop.claims import spike_flag, spike_without_copied_answers, thought_locality
+from workshop.claims import spike_shipped, spike_without_copied_answers, thought_locality
 from workshop.exercise_checks import (
     NO_ANSWER, NOT_DISTINGUISHABLE, RIGHT, WRONG, ExerciseCheckFailed, check_answer, check_below, check_choice,
     check_compare, compare_intervals, missing, no_answer, solutions_on,
@@ -68,22 +68,12 @@ def test_readers_on_reports_written_here(tmp_path):
     assert alignment_row("gemma-3-270m", "sgd", "absorb", "step", root=tmp_path)["low"] == 0.2
     assert alignment_row("gemma-3-270m", "control", "absorb", "step", root=tmp_path) is None
     assert alignment_row("smollm2-135m", "sgd", "absorb", "step", root=tmp_path) is None
-    # the thought report without "correct" (older schema) and with it (counts are kept as written)
-    _write(tmp_path, "thought.m", {"table/capitals": {"n_test": 24, "accuracy": {"none": 0.0, "patched": 0.75}},
-                                   "table/en_fr": {"n_test": 24, "accuracy": {"patched": 0.5},
-                                                   "correct": {"patched": 12}}})
-    assert thought_counts("m", "capitals", root=tmp_path) == {"none": (0, 24), "patched": (18, 24)}
-    assert thought_counts("m", "en_fr", root=tmp_path) == {"patched": (12, 24)}
-    assert thought_counts("m", "kv4", root=tmp_path) is None
-    assert thought_counts("other", "capitals", root=tmp_path) is None
     row = {"auroc": 0.77, "low": 0.71, "high": 0.82}
     _write(tmp_path, "spikes", {"models": {"m": {
         "aurocs": {"d": {"aurocs": {"within kind, grouped": row}}},
         "comparisons": {"patch vs baseline": {"within_grouped": {"difference": 0.07, "low": -0.02, "high": 0.17}}}}}})
     assert spike_auroc("m", "d", root=tmp_path) == row
     assert spike_auroc("m", "missing", root=tmp_path) is None
-    assert spike_difference("m", root=tmp_path)["low"] == -0.02
-    assert spike_difference("other", root=tmp_path) is None
 
 
 def test_missing_or_broken_reports_read_as_not_measured(tmp_path):
@@ -163,11 +153,11 @@ def test_evaluation_failures_are_read_from_the_reports(tmp_path):
     kept = thought_locality()
     assert kept and all(0.0 <= share <= 1.0 for share in kept.values())
     assert {model for model, _ in kept} == {"gemma-3-270m", "smollm2-135m"}
-    flag = spike_flag("gemma-3-270m")
-    assert flag["statistic"] == "mean" and flag["window"] == 16 and 0 <= flag["answer_recall"] <= 1
+    shipped = spike_shipped("gemma-3-270m")
+    assert 0 <= shipped["held_out"]["correct_flagged"] <= 1 and shipped["detector"]["name"]
     without = spike_without_copied_answers("smollm2-135m")
     assert without["low"] <= without["difference"] <= without["high"]
-    assert thought_locality(root=tmp_path) is None and spike_flag("gemma-3-270m", root=tmp_path) is None
+    assert thought_locality(root=tmp_path) is None and spike_shipped("gemma-3-270m", root=tmp_path) is None
     assert spike_without_copied_answers("gemma-3-270m", root=tmp_path) is None
     _write(tmp_path, "thought.m", {"table/a": {"locality_accuracy": {"patched": 0.25}}, "preserve/a": {}})
     assert thought_locality(("m",), root=tmp_path) == {("m", "a"): 0.25}
@@ -203,18 +193,11 @@ def test_claims_view_shows_whole_sentences():
 
 
 def test_new_readers_read_only_the_json(tmp_path):
-    from workshop.claims import capacity_row, lab_convergence, summary_verdicts
+    from workshop.claims import summary_verdicts
 
-    assert lab_convergence("softmax", root=tmp_path) is None and capacity_row("m", "W0", root=tmp_path) is None
     assert summary_verdicts(root=tmp_path) is None
-    (tmp_path / "eval_lab.md").write_text("| softmax | 0.5 |")  # Markdown is never read
-    assert lab_convergence("softmax", root=tmp_path) is None
-    _write(tmp_path, "lab", {"convergence": {"summary": [{"arch": "softmax", "drift_half_to_max": 0.2},
-                                                         {"arch": "gru", "drift_half_to_max": 0.6}]}})
-    assert lab_convergence("gru", root=tmp_path)["drift_half_to_max"] == 0.6
-    assert lab_convergence("delta", root=tmp_path) is None
-    _write(tmp_path, "finetune_alignment", {"lab": {"m": {"capacity": {"W0": {"mean": 1.0, "low": 0.9, "high": 1.1}}}}})
-    assert capacity_row("m", "W0", root=tmp_path)["low"] == 0.9 and capacity_row("m", "ridge", root=tmp_path) is None
+    (tmp_path / "eval_summary.md").write_text("| c | partly |")  # Markdown is never read
+    assert summary_verdicts(root=tmp_path) is None
     _write(tmp_path, "summary", {"rows": [{"claim": "c", "verdict": "partly"}]})
     assert summary_verdicts(root=tmp_path) == [{"claim": "c", "verdict": "partly"}]
 

@@ -144,33 +144,11 @@ def alignment_row(model: str, comparison: str, order: str, kind: str, *, root: s
     return None
 
 
-def thought_counts(model: str, task: str, *, root: str | Path | None = None) -> dict[str, tuple[int, int]] | None:
-    """``{condition: (correct, n)}`` of ``eval_thought.<model>.json``'s table row for ``task`` (None if absent).
-
-    Conditions are whatever the report measured (``none``, ``full``, ``patched``, ``control``,
-    and ``steering`` where the evaluation has it).
-    """
-    row = lookup(read_report(f"thought.{model}", root), f"table/{task}")
-    n = lookup(row, "n_test")
-    accuracy = lookup(row, "accuracy")
-    if not isinstance(n, int) or not isinstance(accuracy, dict):
-        return None
-    correct = lookup(row, "correct") or {}
-    return {c: (int(correct.get(c, round(a * n))), n) for c, a in accuracy.items()}
-
-
 def spike_auroc(model: str, detector: str, split: str = "within kind, grouped", *, root: str | Path | None = None
                 ) -> dict | None:
     """``{auroc, low, high, …}`` of one detector in ``eval_spikes.json`` (None if the report lacks it)."""
     row = lookup(read_report("spikes", root), "models", model, "aurocs", detector, "aurocs", split)
     return row if isinstance(row, dict) and "auroc" in row else None
-
-
-def spike_difference(model: str, comparison: str = "patch vs baseline", split: str = "within_grouped", *,
-                     root: str | Path | None = None) -> dict | None:
-    """``{difference, low, high}`` of a paired AUROC comparison in ``eval_spikes.json`` (None if absent)."""
-    row = lookup(read_report("spikes", root), "models", model, "comparisons", comparison, split)
-    return row if isinstance(row, dict) and "difference" in row else None
 
 
 def auroc_ci(row: Mapping[str, float] | None) -> str | None:
@@ -201,15 +179,6 @@ def thought_locality(models: Sequence[str] = ("gemma-3-270m", "smollm2-135m"), *
     return shares or None
 
 
-def spike_flag(model: str, statistic: str = "mean", window: int = 16, *, root: str | Path | None = None
-               ) -> dict | None:
-    """The calibrated spike flag's held-out row of ``eval_spikes.json`` (threshold, answer precision and recall, …)."""
-    for row in lookup(read_report("spikes", root), "models", model, "flags") or ():
-        if isinstance(row, dict) and (row.get("statistic"), row.get("window")) == (statistic, window):
-            return row
-    return None
-
-
 def spike_shipped(model: str, *, root: str | Path | None = None) -> dict | None:
     """The shipped detector's entry of ``eval_spikes.json``: ``detector`` (name, AUROCs, baselines, ``beats_baseline``)
     and ``held_out`` (its flag's rates on the held-out subjects, with intervals)."""
@@ -228,21 +197,6 @@ def spike_without_copied_answers(model: str, *, root: str | Path | None = None) 
     (``{difference, low, high}``; None if absent)."""
     row = lookup(read_report("spikes", root), "models", model, "without_copied_answers", "patch_vs_baseline")
     return row if isinstance(row, dict) and "difference" in row else None
-
-
-def lab_convergence(arch: str, *, root: str | Path | None = None) -> dict | None:
-    """The convergence summary row of ``arch`` in ``eval_lab.json`` (drifts with intervals, α, in-context errors)."""
-    for row in lookup(read_report("lab", root), "convergence", "summary") or ():
-        if isinstance(row, dict) and row.get("arch") == arch:
-            return row
-    return None
-
-
-def capacity_row(model: str, method: str, *, root: str | Path | None = None) -> dict | None:
-    """``{mean, low, high, n, train_mse}``: the test MSE of one fit of ``W_in`` (``"W0"``, ``"in context"``,
-    ``"SGD one pass"``, ``"SGD small steps"``, ``"ridge least squares"``) in ``eval_finetune_alignment.json``."""
-    row = lookup(read_report("finetune_alignment", root), "lab", model, "capacity", method)
-    return row if isinstance(row, dict) and "mean" in row else None
 
 
 def summary_verdicts(*, root: str | Path | None = None) -> list[dict] | None:
