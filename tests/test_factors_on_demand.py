@@ -82,3 +82,18 @@ def test_version_1_file_still_loads_equal(load):
         assert torch.allclose(getattr(old, field), getattr(new, field), rtol=1e-5, atol=1e-6), field
     assert torch.allclose(old.norms(), new.norms(), rtol=1e-5, atol=1e-6)
     assert torch.equal(old.zero_input, new.zero_input) and torch.equal(old.kept, new.kept)
+
+
+def test_dense_weights_follow_a_swapped_weight_tensor():
+    """``functional_call`` (explicit SGD) swaps a module's weight for another tensor for a while; weights
+    cached meanwhile must not outlive the swap (they were the model's only then)."""
+    from icl_lens.model.block_family import first_dense_modules, original
+    from icl_lens.model.capture import dense_weights
+
+    model = icl_lens.load_model("tiny-llama", dtype=torch.float64)
+    module = original(first_dense_modules(model, 0)["in"])
+    real = module.weight
+    module.weight = torch.nn.Parameter(real.detach() * 2)  # the swap
+    assert dense_weights(model).layer(0)["in"].data_ptr() == module.weight.data_ptr()
+    module.weight = real  # restored, as functional_call does
+    assert dense_weights(model).layer(0)["in"].data_ptr() == real.data_ptr()

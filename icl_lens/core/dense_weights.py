@@ -75,6 +75,15 @@ class DenseWeights:
         """Whether every tensor is still the one (and holds the values) seen at creation."""
         return all(_stamp(w) == s[k] for ws, s in zip(self._layers, self._stamps) for k, w in ws.items())
 
+    def same_tensors(self, layers: Sequence[Mapping[str, Tensor]]) -> bool:
+        """Whether ``layers`` (the model's weights now) are the tensors held here: a module whose weight was
+        swapped for another tensor (``torch.func.functional_call``, ``module.weight = ...``) leaves these
+        references valid yet no longer the model's."""
+        return len(layers) == self.n_layers and all(
+            set(now) == set(held) and all(now[k].data_ptr() == held[k].data_ptr() and now[k].shape == held[k].shape
+                                          for k in now)
+            for now, held in zip(layers, self._layers))
+
     def check(self) -> None:
         if not self.valid():
             raise StaleWeightsError("the model's dense weights changed in place since these patches were made; "

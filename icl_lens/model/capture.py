@@ -267,6 +267,10 @@ def dense_weights(model: Model) -> DenseWeights:
     cache = model_cache(model, "dense_weights")
     dtype = patch_dtype(model)
     hit = cache.get(dtype)
+    offloaded = any(hasattr(original(m), "_hf_hook") for m in first_dense_modules(model, 0).values())
+    if hit is not None and not offloaded and not hit.same_tensors(
+            [first_dense_weights(model, layer) for layer in range(model.cfg.n_layers)]):
+        hit = None  # a weight was swapped for another tensor since (the cached references are not the model's)
     if hit is None or not hit.valid():
         hit = DenseWeights([materialised_dense_weights(model, layer) for layer in range(model.cfg.n_layers)], dtype)
         cache[dtype] = hit
