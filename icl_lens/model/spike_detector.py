@@ -27,12 +27,12 @@ with that caveat and the dashboard shows patch norms as exploration only.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+from icl_lens.model.spike_thresholds import cached_json
 
 DETECTORS_FILE = Path(__file__).resolve().parent.parent / "data" / "spike_detectors.json"
 PROMPT_TAIL = 4
@@ -155,15 +155,9 @@ class AnswerFlag:
         return {"answer": self.answer, "p_wrong": p, "flagged": self.flagged, "detector": self.detector.summary()}
 
 
-@lru_cache(maxsize=8)
-def _load(path: str, mtime_ns: int) -> dict:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
 def shipped_detectors(path: Path | str | None = None) -> dict:
     """The detectors file's content (default :data:`DETECTORS_FILE`; empty if there is none)."""
-    p = Path(DETECTORS_FILE if path is None else path)
-    return _load(str(p), p.stat().st_mtime_ns) if p.exists() else {}
+    return cached_json(DETECTORS_FILE if path is None else path)
 
 
 def spike_detector(model_name: str, *, path: Path | str | None = None) -> SpikeDetector | None:

@@ -44,10 +44,15 @@ def _load(path: str, mtime_ns: int) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+def cached_json(path: Path | str) -> dict:
+    """A shipped JSON file's content, read once per modification time (empty if there is none)."""
+    p = Path(path)
+    return _load(str(p), p.stat().st_mtime_ns) if p.exists() else {}
+
+
 def calibrated_thresholds(path: Path | str | None = None) -> dict:
     """The thresholds file's content (default :data:`THRESHOLDS_FILE`; empty if there is none)."""
-    p = Path(THRESHOLDS_FILE if path is None else path)
-    return _load(str(p), p.stat().st_mtime_ns) if p.exists() else {}
+    return cached_json(THRESHOLDS_FILE if path is None else path)
 
 
 def spike_threshold(model_name: str, *, statistic: str = "mean", window: int = 16, layers=None,
