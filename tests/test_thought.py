@@ -319,6 +319,41 @@ def test_preserve_penalty_keeps_the_preserved_text_and_fades_with_its_strength(l
         thought_patch(model, INSTRUCTION, ["q"], preserve=kept, preserve_strength=-1.0)
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
+def test_preserved_keys_read_a_group_of_layers_at_a_time(load, name, monkeypatch):
+    """The preserve covariances are read a group of layers per pass and the previous group is dropped (all layers at
+    once held n_layers·d_mlp² floats for the whole fit): a budget of one layer gives one pass per fitted layer, never
+    more than one layer held, and the same patch as one pass over every layer."""
+    import icl_lens.thought.preserved_keys as pk
+
+    model = load(name, torch.float64)
+    kept = ["The quiet river bends past the mill.", "Seven green boxes sat on a shelf by the door."]
+    setting = dict(kind="both+down", ridge=1.0, query_prefix="\n", answer_tokens=0, preserve=kept, preserve_strength=3.0)
+    made, held = [], []
+
+    class Watched(pk.PreservedKeys):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+        def get(self, kind, layer):
+            out = super().get(kind, layer)
+            held.append(max(len(v) for v in self._held.values()))
+            return out
+
+    monkeypatch.setattr("icl_lens.thought.fit.PreservedKeys", Watched)
+    monkeypatch.setattr(pk, "KEY_BUDGET_BYTES", 2**60)
+    whole = thought_patch(model, INSTRUCTION, ["q", "ab"], **setting)
+    assert made[-1].passes == 1 and max(held) == model.cfg.n_layers
+    monkeypatch.setattr(pk, "KEY_BUDGET_BYTES", 1)
+    held.clear()
+    grouped = thought_patch(model, INSTRUCTION, ["q", "ab"], **setting)
+    assert made[-1].per_group == 1 and made[-1].passes == model.cfg.n_layers and max(held) == 1
+    for a, b in [(whole.maps, grouped.maps), (whole.vectors, grouped.vectors), (whole.down_u, grouped.down_u),
+                 (whole.down_v, grouped.down_v)]:
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize(
     "kwargs, error",
     [

@@ -40,7 +40,9 @@ queries ``x₁…x_q`` (``n`` query tokens in all, every token of every query), 
 
 *Preserve penalty* (issue 22; MEMIT, Meng et al. 2023, arXiv 2210.07229): with
 ``preserve`` texts and ``preserve_strength = s > 0``, the unpatched model reads the
-texts once and every fit gets the penalty of changing its output on their keys: the
+texts (a group of layers per pass, :mod:`icl_lens.thought.preserved_keys`, so the
+covariances held stay small) and every fit gets the penalty of changing its output on
+their keys: the
 matrix fit ``w·Σ a₀a₀ᵀ`` over their MLP inputs, the down fit ``w·Σ h₀h₀ᵀ`` over their
 hidden activations, the gain ``w·Σ ŷ₀⊙ŷ₀`` (diagonal), the bias ``s·n`` (a constant moves
 every token alike), with ``w = s · tr(Σ xxᵀ)/tr(Σ k₀k₀ᵀ)`` of each fit's own rows
@@ -91,7 +93,8 @@ error 0.09 after one sweep at η = 0.5, 0.9 after three). Use ``η = 1``, one sw
 
 Cost: one contextual forward over the batch, plus ``2·iterations`` truncated
 non-contextual forwards per layer over the short query batch; never one forward per
-query per layer.
+query per layer. With preserve texts, one truncated forward over them per group of
+layers (a 2048-token read of SmolLM2's 64 shipped texts: 3 groups).
 """
 from __future__ import annotations
 
@@ -126,6 +129,7 @@ from icl_lens.thought.defaults import (
     KIND_PARTS,
     KINDS,
 )
+from icl_lens.thought.preserved_keys import PreservedKeys
 from icl_lens.thought.result import ThoughtPatch, thought_edits
 
 if TYPE_CHECKING:
@@ -171,33 +175,6 @@ def _post_norm_gain(model, layer: int, dtype) -> Tensor:
     ones = torch.ones(model.cfg.d_model, dtype=next(norm.parameters()).dtype, device=model.cfg.device)
     with torch.no_grad():
         return (norm(ones) * math.sqrt(1.0 + post_norm_eps(model, layer))).to(dtype)
-
-
-def _preserved_keys(model, family, keep_ids, layers, parts, batch_size, dtype) -> dict[str, dict[int, Tensor]]:
-    """Covariances ``K₀K₀ᵀ`` of the preserved texts' keys (every token after BOS), read once from the unpatched
-    model: ``"a"`` MLP inputs (matrix fit), ``"h"`` MLP hidden activations (down fit), ``"y"`` the diagonal
-    ``Σ ŷ₀ ⊙ ŷ₀`` of the RMS-normalised MLP outputs (gain fit)."""
-    names = {}
-    for l in layers:
-        if "matrix" in parts:
-            names[f"a{l}"] = family.mlp_input(l)
-        if "down" in parts:
-            names[f"h{l}"] = family.dense_out_input(l)
-        if "vector" in parts and family.vector_site == "gain":
-            names[f"y{l}"] = family.post_norm_input(l)
-    if not names:
-        return {}
-    stop = list(names.values())[-1]  # the deepest hook read (layers increase, each layer's hooks in forward order)
-    got = read_query_tokens(model, query_batch(model, keep_ids), names, stop=stop, batch_size=batch_size, dtype=dtype)
-    keys: dict[str, dict[int, Tensor]] = {}
-    for key, x in got.items():
-        kind, layer = key[0], int(key[1:])
-        if kind == "y":
-            yhat = rms_normalize(x, post_norm_eps(model, layer)).to(dtype)
-            keys.setdefault(kind, {})[layer] = (yhat * yhat).sum(0)
-        else:
-            keys.setdefault(kind, {})[layer] = x.T @ x
-    return keys
 
 
 def thought_patch(
@@ -268,7 +245,7 @@ def thought_patch(
         A_keep = [got[f"A{l}_anchor"] for l in range(n_layers)]
         O_keep = [got[f"O{l}_anchor"] for l in range(n_layers)]
     has_keep = anchor
-    keys = _preserved_keys(model, family, keep_ids, chosen, KIND_PARTS[kind], batch_size, dtype) if keep_ids else {}
+    keys = PreservedKeys(model, family, keep_ids, chosen, KIND_PARTS[kind], dtype)
 
     d = cfg.d_model
     maps = torch.zeros(n_layers, d, d, dtype=dtype, device=cfg.device)
@@ -296,10 +273,8 @@ def thought_patch(
 
     def penalty(name: str, layer: int, rows: Tensor):
         """The preserve penalty of one fit: ``w · K₀K₀ᵀ`` of the preserved keys (None without preserve texts)."""
-        if name not in keys:
-            return None
-        cov = keys[name][layer]
-        return preserve_weight(rows, cov, preserve_strength) * cov
+        cov = keys.get(name, layer)
+        return None if cov is None else preserve_weight(rows, cov, preserve_strength) * cov
 
     for _ in range(iterations):
         for layer in chosen:
@@ -342,7 +317,7 @@ def thought_patch(
                     fitted = eta * step * yhat
                     fitted_keep = eta * step * yhat_keep if has_keep else None
                 else:
-                    step = mean_vector(rho, penalty=preserve_strength * rho.shape[0] if keys else 0.0)
+                    step = mean_vector(rho, penalty=preserve_strength * rho.shape[0] if keep_ids else 0.0)
                     fitted = (eta * step).expand_as(rho)
                     fitted_keep = (eta * step).expand_as(rho_keep) if has_keep else None
                 vecs[layer] += eta * step
