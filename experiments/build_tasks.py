@@ -5,7 +5,7 @@ Each task is one JSON object on one line (``<name>.jsonl``): ``{"name", "kind",
 few-shot prompt (a header line and ``N_DEMOS`` solved examples, one per line); the
 remaining examples are shuffled with the task's own seed and split into ``N_TRAIN``
 calibration queries (train) and up to ``N_TEST`` held-out queries (test, at least
-``MIN_TEST``). No query string is in two of the three parts. Every query is written
+``MIN_TEST``). No query string is in two of the parts (fresh included). Every query is written
 exactly as the demonstrations write it, without its answer (``"France:"``,
 ``"3 + 4 ="``); the answer follows after one space.
 
