@@ -1,11 +1,11 @@
 """Regenerate the shipped thought-patch tasks: ``python -m experiments.build_tasks``.
 
 Each task is one JSON object on one line (``<name>.jsonl``): ``{"name", "kind",
-"instruction", "train": [{"query", "answer"}], "test": [...]}``. The instruction is a
+"instruction", "train": [{"query", "answer"}], "test": [...], "fresh": [...]}``. The instruction is a
 few-shot prompt (a header line and ``N_DEMOS`` solved examples, one per line); the
 remaining examples are shuffled with the task's own seed and split into ``N_TRAIN``
 calibration queries (train) and up to ``N_TEST`` held-out queries (test, at least
-``MIN_TEST``). No query string is in two of the three parts. Every query is written
+``MIN_TEST``). No query string is in two of the parts (fresh included). Every query is written
 exactly as the demonstrations write it, without its answer (``"France:"``,
 ``"3 + 4 ="``); the answer follows after one space.
 
@@ -17,6 +17,33 @@ formats (``uppercase``, ``number_words``). Shipped tasks must be answerable with
 instruction in context by at least one embedded model (``reports/eval_thought.md``
 lists the full-instruction accuracy of each). The fixed texts of the locality measure
 are in ``locality.json`` beside the tasks, written by hand (not generated here).
+
+``fresh``: held out from every selection and tuning stage; scored once by the frozen
+default (issue 22). Up to ``N_FRESH`` pairs per shipped task, built after the other
+splits from their own lists and generators (``FRESH_*``, shuffled with ``seed +
+FRESH_SEED``), so the instruction, train and test above are what they were before the
+split existed. They are, in this order: the task's own pairs that the other splits leave
+unused (same list, never in a file before; less the doubtful ``FRESH_DROP``), then new
+pairs. No fresh query is a demonstration, train or test query; for the word
+transformations no word of a fresh pair is in a pair of the other parts (no ``cold ->
+hot`` beside ``hot -> cold``); for capitals no capital is either. Per task:
+
+- ``add``: the 9 one-digit sums the other splits leave out, then sums of a number from
+  10 to 19 and a one-digit number (either order; answers 11-28): the one-digit range
+  holds 81 sums in all, so fresh ``add`` reaches past it.
+- ``plus_one``: the 17 unused two-digit numbers, then ``n`` from 99 to 998.
+- ``number_words``: the 27 unused numbers below 100, then 0, the hundreds (100-900) and
+  the thousands 1000-99000 (``"21000" -> "twenty-one thousand"``): no number whose words
+  take an optional "and" (``one hundred (and) five``).
+- ``uppercase``: ``FRESH_WORDS``. Translations: ``FRESH_TRANSLATIONS`` (a word is left
+  out for a language where it has two common translations). Antonyms, plurals, past
+  tenses: ``FRESH_ANTONYMS``, ``FRESH_PLURALS``, ``FRESH_PAST`` (one clear answer each).
+- ``capitals``: fewer than ``N_FRESH`` (``FEWER_FRESH``): the countries left after the
+  shipped list, less those whose capital is disputed, split, moved lately, written two
+  ways in English (diacritics, an apostrophe, "Kyiv"/"Kiev", "Washington, D.C."), named
+  like the country, or whose own name is ambiguous ("Micronesia").
+- ``languages``: fewer than ``N_FRESH`` (``FEWER_FRESH``): most countries left after the
+  shipped list have two or more official or main languages and are left out.
 """
 from __future__ import annotations
 
@@ -118,6 +145,135 @@ parrot rocket saddle temple tunnel valley wallet anchor basket bridge cherry des
 jungle lemon mirror nature office pepper puzzle rubber shadow spider tiger violin wizard zebra camera circle dinner
 flower honey letter monkey paper sugar tomato village"""
 
+# --- the fresh split (issue 22): new pairs, never in a demonstration, train or test query ---------------------
+
+N_FRESH, FRESH_SEED = 96, 1000
+FEWER_FRESH = {  # tasks whose clean pairs do not reach N_FRESH, and why (the module docstring says more)
+    "capitals": "the countries left after CAPITALS less disputed, split, moved, diacritic or same-name capitals",
+    "languages": "the countries left after LANGUAGES less those with two or more official or main languages",
+}
+FRESH_DROP = {  # the task's own unused pairs kept out of fresh as doubtful: two official languages in common use
+    "languages": ("Kenya", "Ethiopia"),
+}
+
+FRESH_CAPITALS = """Albania=Tirana|Andorra=Andorra la Vella|Bahamas=Nassau|Bahrain=Manama|Barbados=Bridgetown
+Belize=Belmopan|Bhutan=Thimphu|Bosnia and Herzegovina=Sarajevo|Botswana=Gaborone|Brunei=Bandar Seri Begawan
+Burkina Faso=Ouagadougou|Cape Verde=Praia|Central African Republic=Bangui|Comoros=Moroni|Cyprus=Nicosia
+Democratic Republic of the Congo=Kinshasa|Republic of the Congo=Brazzaville|Dominica=Roseau
+Dominican Republic=Santo Domingo|East Timor=Dili|El Salvador=San Salvador|Eritrea=Asmara|Fiji=Suva|Gabon=Libreville
+Gambia=Banjul|Guatemala=Guatemala City|Guinea=Conakry|Guinea-Bissau=Bissau|Guyana=Georgetown|Haiti=Port-au-Prince
+Honduras=Tegucigalpa|Kuwait=Kuwait City|Kyrgyzstan=Bishkek|Lesotho=Maseru|Liberia=Monrovia|Liechtenstein=Vaduz
+Madagascar=Antananarivo|Malawi=Lilongwe|Mali=Bamako|Malta=Valletta|Marshall Islands=Majuro|Mauritania=Nouakchott
+Mauritius=Port Louis|Mexico=Mexico City|Montenegro=Podgorica|Mozambique=Maputo|Namibia=Windhoek|Niger=Niamey
+Nigeria=Abuja|North Macedonia=Skopje|Panama=Panama City|Papua New Guinea=Port Moresby|Rwanda=Kigali
+Saint Kitts and Nevis=Basseterre|Saint Lucia=Castries|Saint Vincent and the Grenadines=Kingstown|Samoa=Apia
+Seychelles=Victoria|Sierra Leone=Freetown|Slovakia=Bratislava|Slovenia=Ljubljana|Solomon Islands=Honiara
+Somalia=Mogadishu|South Sudan=Juba|Suriname=Paramaribo|Switzerland=Bern|Tajikistan=Dushanbe|Turkmenistan=Ashgabat
+Tuvalu=Funafuti|United Arab Emirates=Abu Dhabi|United Kingdom=London|Uzbekistan=Tashkent|Vanuatu=Port Vila"""
+
+FRESH_LANGUAGES = """Honduras=Spanish|Guatemala=Spanish|El Salvador=Spanish|Nicaragua=Spanish|Costa Rica=Spanish
+Panama=Spanish|Dominican Republic=Spanish|Oman=Arabic|Qatar=Arabic|Bahrain=Arabic|United Arab Emirates=Arabic
+Yemen=Arabic|Sudan=Arabic|Mauritania=Arabic|United States=English|United Kingdom=English|Scotland=English
+Bahamas=English|Barbados=English|Trinidad and Tobago=English|Guyana=English|Liberia=English|Grenada=English
+Antigua and Barbuda=English|Saint Kitts and Nevis=English|Saint Vincent and the Grenadines=English|Monaco=French
+Liechtenstein=German|San Marino=Italian|Andorra=Catalan|Suriname=Dutch|Uzbekistan=Uzbek|Turkmenistan=Turkmen
+Tajikistan=Tajik|Bhutan=Dzongkha|Brunei=Malay|Madagascar=Malagasy|Samoa=Samoan|Tonga=Tongan
+North Macedonia=Macedonian"""
+
+# English, French, Spanish, German; "-": two common translations in that language (left out there)
+FRESH_TRANSLATIONS = """table table mesa Tisch|bottle bouteille botella Flasche|cup tasse taza Tasse
+plate assiette plato Teller|fork fourchette tenedor Gabel|spoon cuillère - -|bridge pont puente Brücke
+ear oreille oreja Ohr|nose nez nariz Nase|tooth dent diente Zahn|arm bras brazo Arm|leg jambe pierna Bein
+foot pied pie Fuß|finger doigt dedo Finger|knee genou rodilla Knie|shoulder épaule hombro Schulter
+blood sang sangre Blut|bone os hueso Knochen|skin peau piel Haut|tongue langue lengua Zunge|lion lion león Löwe
+bear ours oso Bär|wolf loup lobo Wolf|pig - cerdo Schwein|sheep mouton oveja Schaf|goat chèvre cabra Ziege
+mouse souris ratón Maus|rabbit lapin conejo -|snake serpent serpiente Schlange|duck canard pato Ente
+frog grenouille rana Frosch|bee abeille abeja Biene|ant fourmi hormiga Ameise
+butterfly papillon mariposa Schmetterling|spider araignée araña Spinne|elephant éléphant elefante Elefant
+monkey singe mono Affe|onion oignon cebolla Zwiebel|potato - - Kartoffel|carrot carotte zanahoria -
+lemon citron limón Zitrone|grape raisin uva -|pear poire pera Birne|cherry cerise cereza Kirsche
+strawberry fraise fresa Erdbeere|rice riz arroz Reis|meat viande carne Fleisch|soup soupe sopa Suppe
+honey miel miel Honig|oil huile aceite Öl|coffee café café Kaffee|tea thé té Tee|beer bière cerveza Bier
+cake gâteau - Kuchen|lamp lampe lámpara Lampe|mirror miroir espejo Spiegel|clock horloge reloj Uhr
+bell cloche campana Glocke|candle bougie vela Kerze|pencil crayon lápiz Bleistift|paper papier papel Papier
+newspaper journal periódico Zeitung|map carte mapa -|train train tren Zug|airplane avion avión Flugzeug
+airport aéroport aeropuerto Flughafen|hospital hôpital hospital Krankenhaus|library bibliothèque biblioteca -
+farm ferme granja Bauernhof|beach plage playa Strand|lake lac lago See|stone pierre piedra Stein|sand sable arena Sand
+cloud nuage nube Wolke|ice glace hielo Eis|grass herbe - Gras|leaf feuille hoja Blatt|gold or oro Gold
+week semaine semana Woche|month mois mes Monat|hour heure hora Stunde|autumn automne otoño Herbst
+yellow jaune amarillo gelb|pink rose - -|cold froid frío kalt|long long largo lang|strong fort fuerte stark
+heavy lourd pesado schwer|empty vide vacío leer|full plein lleno voll|rich riche rico reich|poor pauvre pobre arm
+young jeune joven jung|slow lent lento langsam|dry sec seco trocken|two deux dos zwei|three trois tres drei
+four quatre cuatro vier|five cinq cinco fünf|six six seis sechs|seven sept siete sieben|eight huit ocho acht
+nine neuf nueve neun|ten dix diez zehn|Monday lundi lunes Montag|Tuesday mardi martes Dienstag
+Wednesday mercredi miércoles Mittwoch|Thursday jeudi jueves Donnerstag|Friday vendredi viernes Freitag
+Sunday dimanche domingo Sonntag|January janvier enero Januar|February février febrero Februar|March mars marzo März
+April avril abril April|June juin junio Juni|July juillet julio Juli|August août agosto August
+October octobre octubre Oktober|November novembre noviembre November|December décembre diciembre Dezember
+son fils hijo Sohn|daughter fille hija Tochter|uncle oncle tío Onkel|aunt tante tía Tante
+telephone téléphone teléfono Telefon|music musique música Musik|police police policía Polizei|war guerre guerra Krieg
+peace paix paz Frieden|death mort muerte Tod|life vie vida Leben|word mot palabra Wort|name nom nombre Name
+question question pregunta Frage|answer réponse respuesta Antwort|color couleur color Farbe|game jeu juego Spiel
+dream rêve sueño Traum|voice voix voz Stimme|smoke fumée humo Rauch|shadow ombre sombra Schatten
+dress robe vestido Kleid|coat manteau abrigo Mantel|glove gant guante Handschuh|price prix precio Preis
+flour farine harina Mehl|hammer marteau martillo Hammer|needle aiguille aguja Nadel|pillow oreiller almohada -
+soap savon jabón Seife|prince prince príncipe Prinz|princess princesse princesa Prinzessin
+soldier soldat soldado Soldat|angel ange ángel Engel|island île - -|school école - -|shoe chaussure - -"""
+
+FRESH_ANTONYMS = """heavy light|black white|male female|boy girl|husband wife|brother sister|father mother
+son daughter|uncle aunt|nephew niece|king queen|yes no|on off|in out|over under|top bottom|front back|forward backward
+come go|send receive|lend borrow|teach learn|attack defend|laugh cry|sit stand|build destroy|add subtract
+multiply divide|plus minus|odd even|sunrise sunset|summer winter|war peace|life death|heaven hell|truth lie
+pleasure pain|more less|most least|many few|everything nothing|everywhere nowhere|best worst|better worse|here there
+near far|tight loose|raw cooked|married single|beautiful ugly|careful careless|honest dishonest|patient impatient
+complete incomplete|able unable|known unknown|fair unfair|lucky unlucky|likely unlikely|usual unusual
+logical illogical|regular irregular|responsible irresponsible|relevant irrelevant|mature immature|perfect imperfect
+moral immoral|mortal immortal|formal informal|direct indirect|dependent independent|appear disappear|like dislike
+connect disconnect|lock unlock|tie untie|pack unpack|load unload|fold unfold|employed unemployed|obey disobey
+approve disapprove|inhale exhale|input output|internal external|interior exterior|upstairs downstairs|uphill downhill
+upper lower|ascend descend|horizontal vertical|optimist pessimist|synonym antonym|singular plural|employer employee
+host guest|predator prey|cause effect|problem solution|floor ceiling|profit loss|credit debit|permanent temporary
+artificial natural|rural urban|superior inferior|majority minority|junior senior|dawn dusk|noon midnight
+wealth poverty|strength weakness|lead follow|same different|pass fail|arrival departure|lengthen shorten|hire fire
+presence absence|masculine feminine"""
+
+FRESH_PLURALS = """door doors|floor floors|wall walls|room rooms|bed beds|lamp lamps|clock clocks|phone phones
+desk desks|bag bags|coat coats|shoe shoes|sock socks|ring rings|coin coins|card cards|boat boats|train trains
+plane planes|road roads|bridge bridges|tower towers|castle castles|village villages|town towns|farm farms|field fields
+hill hills|lake lakes|cloud clouds|stone stones|rock rocks|plant plants|seed seeds|bone bones|hand hands
+finger fingers|eye eyes|ear ears|nose noses|arm arms|leg legs|face faces|friend friends|sister sisters
+brother brothers|uncle uncles|aunt aunts|cousin cousins|king kings|queen queens|student students|nurse nurses
+driver drivers|singer singers|egg eggs|cake cakes|cookie cookies|lemon lemons|melon melons|carrot carrots|onion onions
+bean beans|pear pears|grape grapes|snake snakes|frog frogs|duck ducks|pig pigs|goat goats|lion lions|tiger tigers
+bear bears|rabbit rabbits|camel camels|whale whales|bee bees|spider spiders|bush bushes|wish wishes|match matches
+beach beaches|peach peaches|lunch lunches|coach coaches|torch torches|dress dresses|boss bosses|tax taxes|inch inches
+branch branches|couch couches|princess princesses|address addresses|sky skies|spy spies|cherry cherries|pony ponies
+diary diaries|enemy enemies|library libraries|factory factories|memory memories|battery batteries|hobby hobbies
+body bodies|copy copies|monkey monkeys|valley valleys|donkey donkeys|chimney chimneys|journey journeys|tray trays
+holiday holidays|birthday birthdays|piano pianos|photo photos|radio radios|video videos|zoo zoos|kangaroo kangaroos
+echo echoes|calf calves|loaf loaves|ox oxen"""
+
+FRESH_PAST = """help helped|want wanted|look looked|ask asked|work worked|live lived|love loved|like liked|move moved
+use used|need needed|start started|turn turned|show showed|happen happened|answer answered|wait waited|stay stayed
+follow followed|visit visited|push pushed|pull pulled|kiss kissed|laugh laughed|climb climbed|paint painted
+count counted|fill filled|kick kicked|pick picked|touch touched|wash washed|hope hoped|close closed|agree agreed
+arrive arrived|believe believed|change changed|enjoy enjoyed|finish finished|kill killed|miss missed|pass passed
+rest rested|return returned|explain explained|remember remembered|invite invited|decide decided|prefer preferred
+admit admitted|drop dropped|shop shopped|hug hugged|rob robbed|beg begged|nod nodded|grab grabbed|rub rubbed
+clap clapped|hurry hurried|worry worried|marry married|copy copied|reply replied|fry fried|bend bent|bleed bled
+blow blew|breed bred|cling clung|creep crept|deal dealt|dig dug|draw drew|forgive forgave|grind ground|lay laid
+lend lent|mean meant|rise rose|seek sought|shoot shot|slide slid|spin spun|stick stuck|sting stung|strike struck
+swear swore|sweep swept|swing swung|weep wept|become became|bind bound|flee fled|get got|arise arose
+understand understood|withdraw withdrew|sink sank"""
+
+FRESH_WORDS = """blanket button cabbage carpet chicken cookie cousin curtain dolphin donkey eagle farmer finger
+fountain garlic giraffe goblet hammock helmet jelly kettle kingdom lantern lizard magnet meadow medal muffin napkin
+noodle orchard oyster paddle palace peanut pillow pirate pocket potato pumpkin quilt rainbow ribbon saucer scarf
+season shovel sister soldier spoon squirrel statue sunset sweater table teapot thunder ticket toast towel turtle
+umbrella unicorn velvet wagon walnut whistle yogurt bucket diamond elbow falcon garage igloo kitchen lobster marble
+olive panda pebble salmon tablet tulip violet walrus banana biscuit canyon cereal compass crayon dentist glacier
+lettuce necklace parcel sailor slipper spinach sponge stable tractor trumpet volcano waffle wheel zipper"""
+
 ONES = ["", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
         "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
 TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
@@ -134,17 +290,39 @@ def _pairs(text: str) -> list[tuple[str, str]]:
     return out
 
 
+def _keyed(text: str) -> list[tuple[str, str]]:
+    """``"key=value|key=value …"`` (newlines count as ``|``): keys and values of several words."""
+    return [tuple(part.strip() for part in item.split("=", 1)) for item in text.replace("\n", "|").split("|")]
+
+
+def _translations(column: int) -> list[tuple[str, str]]:
+    """English word and its translation in ``FRESH_TRANSLATIONS``' ``column`` (1 French, 2 Spanish, 3 German)."""
+    rows = [item.split() for item in FRESH_TRANSLATIONS.replace("\n", "|").split("|")]
+    return [(row[0], row[column]) for row in rows if row[column] != "-"]
+
+
 def _number_word(n: int) -> str:
+    """Words for ``0 ≤ n < 100``, for the hundreds up to 900 and for ``k × 1000`` with ``k < 100``."""
+    if n == 0:
+        return "zero"
+    if n >= 1000 and n % 1000 == 0:
+        return _number_word(n // 1000) + " thousand"
+    if n >= 100 and n % 100 == 0 and n < 1000:
+        return ONES[n // 100] + " hundred"
+    if not 0 < n < 100:
+        raise ValueError(f"no words for {n} here (only 0-99, the hundreds and the thousands up to 99000)")
     return ONES[n] if n < 20 else TENS[n // 10] + ("-" + ONES[n % 10] if n % 10 else "")
 
 
 def _task(name: str, kind: str, header: str, pairs: list[tuple[str, str]], seed: int, query: str = "{}:",
-          balance=None) -> dict:
+          balance=None, fresh: list[tuple[str, str]] = ()) -> dict:
     """Shuffle ``pairs`` with ``seed``; demonstrations in the instruction, then train and test queries.
 
     ``balance(answer)``: a key whose values the demonstrations hold in equal numbers (the first pairs of each
     value in shuffled order), so that the prompt does not teach a bias: ``add`` balances the answer's first
     digit being "1" (a two-digit sum) or not (issue 22: 7 of its 8 demonstrations began with "1").
+    ``fresh``: new pairs for the fresh split (:func:`_fresh`), which comes after the other splits and leaves
+    them as they are.
     """
     keys = [q for q, _ in pairs]
     if len(set(keys)) != len(keys):
@@ -163,8 +341,37 @@ def _task(name: str, kind: str, header: str, pairs: list[tuple[str, str]], seed:
         raise ValueError(f"task {name}: {len(pairs)} pairs leave {len(test)} test queries (< {MIN_TEST})")
     instruction = header + "".join(f"{query.format(q)} {a}\n" for q, a in demos)
     item = lambda q, a: {"query": query.format(q), "answer": a}  # noqa: E731
-    return {"name": name, "kind": kind, "instruction": instruction, "train": [item(*p) for p in train],
-            "test": [item(*p) for p in test]}
+    out = {"name": name, "kind": kind, "instruction": instruction, "train": [item(*p) for p in train],
+           "test": [item(*p) for p in test]}
+    if fresh:
+        left = pairs[N_DEMOS + N_TRAIN + N_TEST :]
+        out["fresh"] = [item(*p) for p in _fresh(name, kind, demos + train + test, left, list(fresh), seed)]
+    return out
+
+
+def _fresh(name: str, kind: str, used: list, left: list, new: list, seed: int) -> list[tuple[str, str]]:
+    """The fresh split: ``left`` (the task's pairs no other split took, less ``FRESH_DROP``), then ``new``
+    shuffled with ``seed + FRESH_SEED``, the first ``N_FRESH``. A ``new`` pair must share no query with the
+    task's own pairs (and, for the word transformations, no word; for capitals, no answer): the lists are
+    written to be apart."""
+    own = used + left
+    left = [p for p in left if p[0] not in FRESH_DROP.get(name, ())]
+    if len({q for q, _ in new}) != len(new):
+        raise ValueError(f"task {name}: repeated fresh queries")
+    words = lambda ps: {w for p in ps for w in " ".join(p).split()}  # noqa: E731
+    for q, a in new:
+        if q in {k for k, _ in own}:
+            raise ValueError(f"task {name}: fresh query {q!r} is one of the task's own pairs")
+        if kind == "word transformation" and words([(q, a)]) & words(own):
+            raise ValueError(f"task {name}: fresh pair {q!r} -> {a!r} shares a word with the task's own pairs")
+        if name == "capitals" and a in {v for _, v in own}:
+            raise ValueError(f"task {name}: fresh answer {a!r} is an answer of the task's own pairs")
+    random.Random(seed + FRESH_SEED).shuffle(new)
+    fresh = (left + new)[:N_FRESH]
+    if (len(fresh) < N_FRESH) != (name in FEWER_FRESH):
+        raise ValueError(f"task {name}: {len(fresh)} fresh pairs, and FEWER_FRESH "
+                         f"{'does not list' if len(fresh) < N_FRESH else 'lists'} the task")
+    return fresh
 
 
 def _sums() -> list[tuple[str, str]]:
@@ -177,24 +384,45 @@ def _successors() -> list[tuple[str, str]]:
     return [(str(n), str(n + 1)) for n in range(10, 99)]
 
 
+def _fresh_sums() -> list[tuple[str, str]]:
+    """Fresh ``add`` past the one-digit range: a number from 10 to 19 and a one-digit number, either order."""
+    return [(f"{a} + {b}", str(a + b)) for t in range(10, 20) for d in range(1, 10) for a, b in ((t, d), (d, t))]
+
+
+def _fresh_numbers() -> list[int]:
+    """Fresh ``number_words`` past 1-99: zero, the hundreds and the thousands (no optional "and" in their words)."""
+    return [0, *range(100, 1000, 100), *range(1000, 100_000, 1000)]
+
+
 def tasks() -> list[dict]:
     """Every shipped task, deterministically (fixed seeds)."""
     words = WORDS.split()
     return [
-        _task("add", "arithmetic", "Add the two numbers.\n", _sums(), 21, "{} =", balance=lambda a: a.startswith("1")),
-        _task("plus_one", "arithmetic", "Each number is followed by the next number.\n", _successors(), 22),
-        _task("antonyms", "word transformation", "Each word is followed by its opposite.\n", _pairs(ANTONYMS), 31),
-        _task("plural", "word transformation", "Each noun is followed by its plural.\n", _pairs(PLURALS), 32),
-        _task("past_tense", "word transformation", "Each verb is followed by its past tense.\n", _pairs(PAST), 33),
-        _task("en_fr", "translation", "English words and their French translations.\n", _pairs(FRENCH), 2),
-        _task("en_es", "translation", "English words and their Spanish translations.\n", _pairs(SPANISH), 3),
-        _task("en_de", "translation", "English words and their German translations.\n", _pairs(GERMAN), 4),
-        _task("capitals", "factual lookup", "Each country is followed by its capital city.\n", _pairs(CAPITALS), 1),
-        _task("languages", "factual lookup", "Each country is followed by its main language.\n", _pairs(LANGUAGES), 41),
+        _task("add", "arithmetic", "Add the two numbers.\n", _sums(), 21, "{} =", balance=lambda a: a.startswith("1"),
+              fresh=_fresh_sums()),
+        _task("plus_one", "arithmetic", "Each number is followed by the next number.\n", _successors(), 22,
+              fresh=[(str(n), str(n + 1)) for n in range(99, 999)]),
+        _task("antonyms", "word transformation", "Each word is followed by its opposite.\n", _pairs(ANTONYMS), 31,
+              fresh=_pairs(FRESH_ANTONYMS)),
+        _task("plural", "word transformation", "Each noun is followed by its plural.\n", _pairs(PLURALS), 32,
+              fresh=_pairs(FRESH_PLURALS)),
+        _task("past_tense", "word transformation", "Each verb is followed by its past tense.\n", _pairs(PAST), 33,
+              fresh=_pairs(FRESH_PAST)),
+        _task("en_fr", "translation", "English words and their French translations.\n", _pairs(FRENCH), 2,
+              fresh=_translations(1)),
+        _task("en_es", "translation", "English words and their Spanish translations.\n", _pairs(SPANISH), 3,
+              fresh=_translations(2)),
+        _task("en_de", "translation", "English words and their German translations.\n", _pairs(GERMAN), 4,
+              fresh=_translations(3)),
+        _task("capitals", "factual lookup", "Each country is followed by its capital city.\n", _pairs(CAPITALS), 1,
+              fresh=_keyed(FRESH_CAPITALS)),
+        _task("languages", "factual lookup", "Each country is followed by its main language.\n", _pairs(LANGUAGES), 41,
+              fresh=_keyed(FRESH_LANGUAGES)),
         _task("uppercase", "format", "Each word is written again in capital letters.\n",
-              [(w, w.upper()) for w in words], 51),
+              [(w, w.upper()) for w in words], 51, fresh=[(w, w.upper()) for w in FRESH_WORDS.split()]),
         _task("number_words", "format", "Each number is written out in words.\n",
-              [(str(n), _number_word(n)) for n in range(1, 100)], 52),
+              [(str(n), _number_word(n)) for n in range(1, 100)], 52,
+              fresh=[(str(n), _number_word(n)) for n in _fresh_numbers()]),
     ]
 
 

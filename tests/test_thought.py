@@ -393,6 +393,13 @@ def test_task_files_are_validated(tmp_path):
         load_task(_write_task(tmp_path / "c.jsonl", test=[{"query": "b:", "answer": "  "}]))
     with pytest.raises(FileNotFoundError):
         load_task(tmp_path / "missing.jsonl")
+    assert load_task(_write_task(tmp_path / "d.jsonl")).fresh == ()  # optional: files without it still load
+    fresh = [{"query": "d:", "answer": "4"}]
+    assert load_task(_write_task(tmp_path / "e.jsonl", fresh=fresh)).fresh == (("d:", "4"),)
+    with pytest.raises(TaskFormatError, match=r"fresh\[0\]: missing field 'answer'"):
+        load_task(_write_task(tmp_path / "f.jsonl", fresh=[{"query": "d:"}]))
+    with pytest.raises(TaskFormatError, match=r"field 'fresh' has no examples"):
+        load_task(_write_task(tmp_path / "g.jsonl", fresh=[]))
     for path in shipped_task_paths():
         task = load_task(path)
         assert task.train and task.test and not set(task.train) & set(task.test)

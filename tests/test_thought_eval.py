@@ -52,6 +52,98 @@ def test_shipped_suite_has_ten_tasks_of_several_kinds_with_disjoint_splits():
             assert f"{q} {a}\n" not in t.instruction
 
 
+# Digests of each shipped task's instruction, train and test as they were when the fresh split came (issue 22):
+# the reports were computed on them, so a rebuild must leave them as they are.
+SPLIT_DIGESTS = {
+    "add": "c6a516c8029d13a9", "plus_one": "b0e81a45be75bbff", "antonyms": "060b30bd79ef4cb0",
+    "plural": "819ce5af19715079", "past_tense": "f9c55511e83487d2", "en_fr": "ba46669346cc14db",
+    "en_es": "96293a20455e77d6", "en_de": "85f96d96eb7b0541", "capitals": "22393b6fc86a3968",
+    "languages": "78cf6df2f3d53478", "uppercase": "8860534f9d85c822", "number_words": "8ce99bc914cc6a3b",
+}
+
+
+def _split_digest(task: dict) -> str:
+    import hashlib
+
+    parts = [task["instruction"], task["train"], task["test"]]
+    return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def _number_from_words(words: str) -> int:
+    """An independent reading of number words (to check the builder's): "twenty-one thousand" -> 21000."""
+    units = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+             "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+    tens = {w: 10 * i for i, w in enumerate(["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty",
+                                             "ninety"], 2)}
+    total = 0
+    for word in words.split():
+        if word == "hundred":
+            total *= 100
+        elif word == "thousand":
+            total *= 1000
+        else:
+            total += sum(units.index(w) if w in units else tens[w] for w in word.split("-"))
+    return total
+
+
+def test_fresh_splits_leave_the_other_splits_and_are_disjoint_and_right():
+    """Issue 22: every shipped task has a fresh split of N_FRESH pairs (FEWER_FRESH names the tasks where fewer
+    clean pairs exist), built without touching instruction, train or test; no fresh query (for word
+    transformations no word, for capitals no capital) is in another part; generated answers are right."""
+    from experiments.build_tasks import FEWER_FRESH, N_FRESH, tasks
+
+    built = {t["name"]: t for t in tasks()}
+    assert {name: _split_digest(built[name]) for name in SHIPPED_TASKS} == SPLIT_DIGESTS
+    assert set(FEWER_FRESH) <= set(SHIPPED_TASKS)
+    for name in SHIPPED_TASKS:
+        t = load_task(name)
+        assert t.fresh == tuple((d["query"], d["answer"]) for d in built[name]["fresh"])
+        n = len(t.fresh)
+        assert (n == N_FRESH) if name not in FEWER_FRESH else (0 < n < N_FRESH), (name, n)
+        lines = t.instruction.splitlines()[1:]  # "query: answer" (answers of several words) or "a + b = c"
+        demos = [(line.split(": ", 1)[0] + ":", line.split(": ", 1)[1]) if ": " in line
+                 else tuple(line.rsplit(" ", 1)) for line in lines]
+        others = demos + list(t.train) + list(t.test)
+        fresh_queries = [q for q, _ in t.fresh]
+        assert len(set(fresh_queries)) == n, name
+        assert not set(fresh_queries) & {q for q, _ in others}, name
+        ending = t.train[0][0][-1]  # ":" or "=": fresh queries are written as the others are
+        assert all(q.endswith(ending) and a == a.strip() and a for q, a in t.fresh), name
+        if t.kind == "word transformation":
+            words = lambda pairs: {w for q, a in pairs for w in (q.rstrip(":") + " " + a).split()}  # noqa: E731
+            assert not words(t.fresh) & words(others), name
+        if name == "capitals":
+            assert not {a for _, a in t.fresh} & {a for _, a in others}
+        for q, a in t.fresh:
+            key = q.rstrip(":=").strip()
+            if name == "add":
+                x, y = (int(v) for v in key.split(" + "))
+                assert a == str(x + y) and min(x, y) <= 9
+            elif name == "plus_one":
+                assert a == str(int(key) + 1)
+            elif name == "uppercase":
+                assert a == key.upper() and key.islower()
+            elif name == "number_words":
+                assert _number_from_words(a) == int(key), (q, a)
+
+
+def test_selection_reads_neither_test_nor_fresh():
+    """Every selection stage (--select's grids, answer tokens, preserve strength; per-task tuning) reads its
+    queries through selection_split: the same with or without a fresh split, and none of test or fresh."""
+    from dataclasses import replace
+
+    from experiments.thought.jobs import selection_split
+    from experiments.thought.settings import SELECT_FIT, SELECT_VALIDATE
+
+    for name in SHIPPED_TASKS:
+        task = load_task(name)
+        bare = replace(task, fresh=(), test=task.test[:1])
+        fit, val = selection_split(task, SELECT_FIT, SELECT_VALIDATE)
+        assert (fit, val) == selection_split(bare, SELECT_FIT, SELECT_VALIDATE), name
+        assert len(fit) == SELECT_FIT and val
+        assert not set(fit + val) & {q for q, _ in task.test + task.fresh}, name
+
+
 # --- the down-projection edit --------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", "tiny-gemma3"])

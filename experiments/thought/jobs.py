@@ -29,6 +29,12 @@ from experiments.thought.settings import (
 from icl_lens.thought.tasks import Task, load_task
 
 
+def selection_split(task: Task, n_fit: int, n_validate: int) -> tuple[list[str], list[str]]:
+    """The queries every selection stage reads: fit on the first ``n_fit`` train queries, score the next
+    ``n_validate`` (never ``test``, never ``fresh``)."""
+    return [q for q, _ in task.train[:n_fit]], [q for q, _ in task.train[n_fit:n_fit + n_validate]]
+
+
 def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Path, run: str, *,
               paper_tasks: list[str] | None = None, compose_groups=COMPOSE_GROUPS, strengths=PRESERVE_STRENGTHS,
               n_train: int | None = None, sizes=SIZES, select: bool = False, select_tasks=SELECT_TASKS,
@@ -90,7 +96,7 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
         """Fit on the first train queries, score the next ones at the answer's positions (cached)."""
         key = f"answers/{setting_name(setting)}/{task.name}"
         if key not in results:
-            fit, val = split(task)
+            fit, val = selection_split(task, select_fit, select_validate)
             t0 = time.perf_counter()
             patch = thought_patch(model, task.instruction, fit, **setting)
             score = {"query_prefix": DEFAULT_QUERY_PREFIX, "answer_tokens": SCORE_ANSWER_TOKENS}
@@ -108,10 +114,6 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
             return name in tune_tasks
         r = results.get(f"table/{name}")
         return r is not None and target_verdict(r, r["correct"]["patched"]) == "missed"
-
-    def split(task):  # selection: fit on the first train queries, score the next ones (never test)
-        return ([q for q, _ in task.train[:select_fit]],
-                [q for q, _ in task.train[select_fit:select_fit + select_validate]])
 
     start = time.perf_counter()
     for job, name, arg in tqdm(jobs, desc=model_name):
@@ -155,7 +157,7 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
             setting = (*select_grid, *select_extra)[arg]
             key = f"select/{setting_name(setting)}/{name}"
             if key not in results:
-                fit, val = split(task)
+                fit, val = selection_split(task, select_fit, select_validate)
                 t0 = time.perf_counter()
                 patch = thought_patch(model, task.instruction, fit, **{"answer_tokens": 0, **setting})
                 store(key, {**setting, "task": name, "n_fit": len(fit), "n_validate": len(val),
@@ -167,7 +169,7 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
         elif job == "answers":
             answer_selection(task, stage_one | select_answer_grid[arg])
         elif job == "strength" and f"strength/{setting_name(default | {'preserve_strength': arg})}/{name}" not in results:
-            fit, val = split(task)
+            fit, val = selection_split(task, select_fit, select_validate)
             setting = default | {"preserve_strength": arg}
             t0 = time.perf_counter()
             patch = thought_patch(model, task.instruction, fit, **setting,

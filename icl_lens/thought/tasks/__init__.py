@@ -1,10 +1,12 @@
 """Tasks for thought-patch evaluations (arXiv 2510.08734), one JSON object per ``.jsonl`` file.
 
 Format: ``{"name": str, "kind": str (optional), "instruction": str, "train": [{"query",
-"answer"}, ...], "test": [...]}`` (other fields, such as the ``generated_by`` command of the
-shipped files, are ignored). ``train`` queries calibrate the thought patch; ``test``
-queries are held out. An answer is correct when the greedy continuation of the query
-starts with it (leading spaces stripped). Shipped (``SHIPPED_TASKS``, written by
+"answer"}, ...], "test": [...], "fresh": [...] (optional)}`` (other fields, such as the
+``generated_by`` command of the shipped files, are ignored). ``train`` queries calibrate the
+thought patch; ``test`` queries are held out. ``fresh``: held out from every selection and
+tuning stage; scored once by the frozen default (issue 22; absent: ``Task.fresh == ()``).
+An answer is correct when the greedy continuation of the query starts with it (leading
+spaces stripped). Shipped (``SHIPPED_TASKS``, written by
 ``python -m experiments.build_tasks``, which documents them): arithmetic,
 word transformations, translations, factual lookups and formats. ``locality.json`` holds
 the fixed inputs of the locality measure (:mod:`icl_lens.thought.locality`).
@@ -31,6 +33,7 @@ class Task:
     train: tuple[tuple[str, str], ...]
     test: tuple[tuple[str, str], ...]
     kind: str = ""
+    fresh: tuple[tuple[str, str], ...] = ()
 
 
 def _require(obj, key: str, kind, where: str):
@@ -84,7 +87,8 @@ def load_task(path: str | Path) -> Task:
     kind = task.get("kind", "")
     if not isinstance(kind, str):
         raise TaskFormatError(f"{where}: field 'kind' must be str, got {type(kind).__name__}")
-    return Task(name, instruction, _examples(task, "train", where), _examples(task, "test", where), kind)
+    fresh = _examples(task, "fresh", where) if "fresh" in task else ()
+    return Task(name, instruction, _examples(task, "train", where), _examples(task, "test", where), kind, fresh)
 
 
 def shipped_task_paths() -> list[Path]:
