@@ -4,9 +4,9 @@ Format: ``{"name": str, "kind": str (optional), "instruction": str, "train": [{"
 "answer"}, ...], "test": [...], "fresh": [...] (optional)}`` (other fields, such as the
 ``generated_by`` command of the shipped files, are ignored). ``train`` queries calibrate the
 thought patch; ``test`` queries are held out. ``fresh``: held out from every selection and
-tuning stage; scored once by the frozen default (issue 22; absent: ``Task.fresh == ()``).
-An answer is correct when the greedy continuation of the query starts with it (leading
-spaces stripped). Shipped (``SHIPPED_TASKS``, written by
+tuning stage; scored once by the frozen default (absent: ``Task.fresh == ()``). An answer
+is correct when the greedy continuation of the query starts with it and the answer ends at
+a word boundary (:func:`icl_lens.thought.evaluate.answer_correct`). Shipped (``SHIPPED_TASKS``, written by
 ``python -m experiments.build_tasks``, which documents them): arithmetic,
 word transformations, translations, factual lookups and formats. ``locality.json`` holds
 the fixed inputs of the locality measure (:mod:`icl_lens.thought.locality`).
