@@ -45,9 +45,9 @@ app: models
 # Before the workshop, on each participant's machine (under two minutes once set up): the system Python,
 # free RAM and disk first (standard library only), then setup and the models, then the model and a widget.
 preflight:
-	@$(PY) tools/preflight.py --stage system
+	@$(PY) notebooks/workshop/preflight.py --stage system
 	@$(MAKE) --no-print-directory models
-	@$(BIN)/python tools/preflight.py
+	@$(BIN)/python notebooks/workshop/preflight.py
 
 test: models browser
 	$(BIN)/python -m pytest -q --durations=25
@@ -56,7 +56,7 @@ bench: models
 	$(BIN)/python benchmarks/bench_patches.py
 
 reports:
-	$(BIN)/python tools/assemble_reports.py
+	$(BIN)/python -m experiments.assemble_reports
 
 # Each notebook is a jupytext pair (jupytext.toml): bring the .ipynb and .py twins back in step after an edit.
 notebooks: setup

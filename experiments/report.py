@@ -297,7 +297,7 @@ def write_summary(root: str | Path = "reports") -> str:
     rows = claims_summary(root)
     lines = ["## Summary: every claim, its verdict and its number", "",
              "Generated from the reports' JSON by `experiments.report.write_summary` (run by "
-             "`python tools/assemble_reports.py`). Verdicts: reproduced / partly / not / not tested here, by the rule "
+             "`python -m experiments.assemble_reports`). Verdicts: reproduced / partly / not / not tested here, by the rule "
              f"of each section. {QUANTISATION}", "",
              "| claim | paper | verdict | key number [95% interval] | section |", "|---|---|---|---|---|"]
     lines += [f"| {r['claim']} | {r['paper']} | **{r['verdict']}** | {r['number']} | [link]({r['section']}) |" for r in rows]

@@ -14,7 +14,7 @@ from icl_lens.model.weight_edits import MLPEdit, edits_applied
 PACKAGE = pathlib.Path(__file__).parents[1] / "icl_lens"
 # What each layer must never import (prefix match on module names). Nothing in the package imports the
 # experiments, benchmarks or workshop helpers that live beside it in the checkout.
-_OUTSIDE = ("experiments", "benchmarks", "workshop", "tools")
+_OUTSIDE = ("experiments", "benchmarks", "workshop")
 _FRONT = ("ipywidgets", "plotly", "icl_lens.ui", "icl_lens.cli", *_OUTSIDE)
 FORBIDDEN = {
     "stats": ("transformer_lens", "transformers", "icl_lens.core", "icl_lens.model", "icl_lens.dynamics",
@@ -277,3 +277,17 @@ def test_hook_plumbing_is_found(tmp_path):
         "    capture.hooks(3)\n")
     assert hook_plumbing(loop) == ["loop.py:1: class StopForward", "loop.py:5: model.hooks(…)",
                                    "loop.py:10: model.blocks[0].hook_resid_pre.add_hook(…)"]
+
+
+def test_top_level_layout():
+    """The checkout's top level: the package, its front-end source, notebooks, tests, Binder, experiments,
+    benchmarks, docs, the reports they write, and the files that describe and build them; nothing else."""
+    import subprocess
+
+    root = pathlib.Path(__file__).parents[1]
+    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    top = {path.split("/", 1)[0] for path in tracked}
+    folders = {"icl_lens", "widgets", "notebooks", "tests", "binder", "experiments", "benchmarks", "docs", "reports",
+               ".ci"}
+    files = {"pyproject.toml", "README.md", "EVAL.md", "BENCHMARKS.md", "Makefile", "jupytext.toml", ".gitignore"}
+    assert top <= folders | files, f"unexpected at the top level: {sorted(top - folders - files)}"

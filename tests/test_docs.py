@@ -31,7 +31,7 @@ CLI_LINES = [line.split("#")[0].strip() for _, block in [(0, b.values[0]) for b 
 
 @pytest.mark.parametrize("line", CLI_LINES)
 def test_cli_sample_runs(line, tmp_path):
-    shutil.copytree(ROOT / "examples", tmp_path / "examples")  # the samples' input files, as in a checkout
+    shutil.copytree(ROOT / "docs" / "examples", tmp_path / "docs" / "examples")  # the samples' input files, as in a checkout
     args = shlex.split(line)[1:]
     proc = subprocess.run([sys.executable, "-m", "icl_lens.cli", *args], cwd=tmp_path, capture_output=True,
                           text=True, timeout=600)

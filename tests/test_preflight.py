@@ -1,4 +1,4 @@
-"""tools/preflight.py: one PASS/FAIL line per item with what to do, exit status 1 on any failure, a real
+"""notebooks/workshop/preflight.py: one PASS/FAIL line per item with what to do, exit status 1 on any failure, a real
 (tiny) model for the model item, and the whole check well under two minutes."""
 import importlib.util
 import pathlib
@@ -7,7 +7,7 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).parents[1]
-SCRIPT = ROOT / "tools" / "preflight.py"
+SCRIPT = ROOT / "notebooks" / "workshop" / "preflight.py"
 spec = importlib.util.spec_from_file_location("preflight", SCRIPT)
 preflight = importlib.util.module_from_spec(spec)
 sys.modules["preflight"] = preflight  # dataclasses look their module up

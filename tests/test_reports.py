@@ -12,8 +12,7 @@ from experiments import lab
 from experiments.report import machine, write_fragment
 from experiments.thought import run as thought
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
-import assemble_reports  # noqa: E402
+from experiments import assemble_reports  # noqa: E402
 
 
 def test_machine_line_is_read_from_the_machine():

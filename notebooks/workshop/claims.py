@@ -214,6 +214,6 @@ def summary_claims(*topics: str, root: str | Path | None = None) -> list[Claim]:
     "not measured" row when the summary is missing."""
     rows = summary_verdicts(root=root)
     if rows is None:
-        return [claim("EVAL.md's summary", "–", None, "run python tools/assemble_reports.py", None)]
+        return [claim("EVAL.md's summary", "–", None, "run python -m experiments.assemble_reports", None)]
     return [Claim(r["claim"], r["paper"], _text(r["number"]), "see EVAL.md, section linked in its summary",
                   SUMMARY_VERDICTS[r["verdict"]]) for r in rows if r.get("topic") in topics]

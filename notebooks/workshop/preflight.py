@@ -1,7 +1,7 @@
 """Preflight for a workshop participant's machine: one PASS/FAIL line per item, with what to do on a FAIL.
 
-    python tools/preflight.py --stage system   # before setup, any Python: version, free RAM, free disk
-    python tools/preflight.py                  # after setup (the venv's Python): also the model and a widget
+    python notebooks/workshop/preflight.py --stage system   # before setup, any Python: version, free RAM, free disk
+    python notebooks/workshop/preflight.py                  # after setup (the venv's Python): also the model and a widget
 
 ``make preflight`` runs both (the first with the system Python, then ``make models``, then the
 second with the venv's). Items:
@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GB = 2**30
 
 

@@ -5,7 +5,7 @@ numbers, the command that produced them, the machine). This script only concaten
 them in a fixed order under a short header, so the two top-level files never drift
 from what the commands printed.
 
-    python tools/assemble_reports.py
+    python -m experiments.assemble_reports
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ REPORTS = ROOT / "reports"
 HEADERS = {
     "eval": ("EVAL.md", "# Evaluations\n\nProduced by the commands named in each section (`python -m experiments.<name>`, "
              "run from the repository root); "
-             "rebuild this file with `python tools/assemble_reports.py` after re-running them. "
+             "rebuild this file with `python -m experiments.assemble_reports` after re-running them. "
              "Numbers are what the commands printed on the machine stated, whatever they were.\n"),
     "bench": ("BENCHMARKS.md", "# Benchmarks\n\nSpeed and memory, measured by the scripts in `benchmarks/`; "
               "each section names its command and machine. Ratios are against a baseline measured in the "
-              "same run. Rebuild this file with `python tools/assemble_reports.py`.\n"),
+              "same run. Rebuild this file with `python -m experiments.assemble_reports`.\n"),
 }
 ORDER = ["summary", "patches", "patches_4096", "gpu", "trajectory", "dashboard", "thought", "spikes", "finetune_alignment", "lab"]
 
