@@ -222,3 +222,14 @@ def test_summary_spike_rows_follow_the_shipped_entries(tmp_path):
     verdicts, got = rows((True, False), (False, True))
     assert verdicts == ["partly", "partly"] and "a: patch 0.800 [0.700, 0.900], best baseline hidden 0.850" in got[1]["number"]
     assert rows((True, True), (True, False))[0] == ["reproduced", "partly"]
+
+
+def test_every_report_has_its_json_beside_it():
+    """Every section of EVAL.md and BENCHMARKS.md (a reports/*.md fragment) has the JSON its numbers come from:
+    ``<name>.json``, or one ``<name>.<model>.json`` per model."""
+    reports = Path(__file__).parents[1] / "reports"
+    fragments = sorted(reports.glob("*.md"))
+    assert fragments
+    missing = [f.name for f in fragments
+               if not (f.with_suffix(".json").exists() or list(reports.glob(f"{f.stem}.*.json")))]
+    assert not missing, f"reports without their JSON: {missing}"
