@@ -83,3 +83,23 @@ def test_attention_rows_from_the_sessions_cache_equal_the_full_pattern(load):
         rows = attention_pattern(model, ids, layer, past=cache)
         assert rows.shape == (full.shape[0], ids.numel() - 30, ids.numel())
         torch.testing.assert_close(rows, full[:, 30:], rtol=1e-10, atol=1e-12)
+
+
+def test_logits_at_a_query_from_the_sessions_cache_equal_a_full_forward(load):
+    """``logits_at``: the next-token logits at a query from one token's forward over the session's cached prefix
+    (the dashboard's predictions) equal a forward over the whole prefix; a session holding another prompt falls
+    back to that forward."""
+    from icl_lens.model.greedy import last_logits
+
+    for name in ("tiny-gemma3", "tiny-llama", "tiny-gpt2"):
+        model = load(name, torch.float64)
+        session = PatchSession(model, logits=False)
+        ids = model.to_tokens(TEXT)[0]
+        session.update(ids)
+        for query in (ids.numel() - 1, 25, 0):
+            full = last_logits(model, [ids[: query + 1].tolist()])[0]
+            torch.testing.assert_close(session.logits_at(ids, query), full, rtol=1e-10, atol=1e-10)
+        other = model.to_tokens("Something else entirely, of another length.")[0]
+        torch.testing.assert_close(session.logits_at(other, 5), last_logits(model, [other[:6].tolist()])[0],
+                                   rtol=1e-10, atol=1e-10)
+        assert session.prefix_cache(ids, 10) is not None  # the session's own cache is left as it was

@@ -23,6 +23,7 @@ from icl_lens.core.kept_attention import default_kept_mask
 from icl_lens.core.patch_set import TokenPatches
 from icl_lens.model.block_family import block_family
 from icl_lens.model.capture import LayerCapture, dense_weights, empty_factors, is_bos_kept, warn_zero_inputs
+from icl_lens.model.greedy import last_logits
 from icl_lens.model.prompts import encode_prompt, str_tokens
 from icl_lens.model.reading import activations_captured
 
@@ -85,6 +86,21 @@ class PatchSession:
         for layer_idx, layer in enumerate(self._cache.layers):
             view.update(layer.keys[:, :, :n], layer.values[:, :, :n], layer_idx)
         return view, dict(self._bos_values)
+
+    @torch.no_grad()
+    def logits_at(self, ids: Tensor, query: int) -> Float[Tensor, " vocab"]:
+        """Next-token logits after ``ids[: query + 1]``: one token's forward over this session's cached keys and
+        values of the positions before ``query`` when it holds them (the dashboard's predictions after a
+        keystroke), else a forward over the whole prefix."""
+        ids = ids.reshape(-1)
+        if not 0 <= query < len(ids):
+            raise ValueError(f"query {query} is outside the prompt's {len(ids)} positions")
+        past = self.prefix_cache(ids, query) if query > 0 else None
+        if past is None:
+            return last_logits(self.model, [ids[: query + 1].tolist()])[0]
+        logits, _ = self.model(ids[None, query:query + 1], past_key_values=past[0], return_type="logits_and_cache",
+                               logits_to_keep=1)
+        return logits[0, -1]
 
     def _common_prefix(self, ids: Tensor) -> int:
         if self._ids is None:

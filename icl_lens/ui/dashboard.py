@@ -414,7 +414,7 @@ class Dashboard:
             return
         self.timeline[generation]["attention"] = time.perf_counter()
         (predictions, fresh), seconds = timed(self.predictions.compute, a.model, prompt.ids, patches, query,
-                                              request.top_k)
+                                              request.top_k, lambda: a.session.logits_at(prompt.ids, query))
         parts.append(f"top-{request.top_k} next tokens" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
 
         def predictions_drawn():

@@ -12,6 +12,7 @@ forwards are the library's (:func:`icl_lens.model.greedy.last_logits`,
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import ipywidgets as W
@@ -53,14 +54,19 @@ class NextTokenPredictions:
 
 @torch.no_grad()
 def next_token_predictions(model, ids: Int[Tensor, " pos"], patches: TokenPatches, query: int,
-                           k: int = DEFAULT_TOP_K) -> NextTokenPredictions:
-    """Top-``k`` next tokens at ``query`` from the contextual and the unpatched kept-only forwards."""
+                           k: int = DEFAULT_TOP_K, contextual: Float[Tensor, " vocab"] | None = None
+                           ) -> NextTokenPredictions:
+    """Top-``k`` next tokens at ``query`` from the contextual and the unpatched kept-only forwards.
+
+    ``contextual``: the contextual logits at ``query`` when the caller has them (the dashboard's
+    :meth:`~icl_lens.model.incremental.PatchSession.logits_at`); else a forward over ``ids[: query + 1]``."""
     n = int(ids.numel())
     if not 0 <= query < n:
         raise ValueError(f"query {query} is outside the prompt's {n} positions")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    contextual = last_logits(model, [ids[: query + 1].tolist()])[0]
+    if contextual is None:
+        contextual = last_logits(model, [ids[: query + 1].tolist()])[0]
     bare = patches.keep_parts(w_in=False, correction=False)
     patched, unpatched = kept_only_logits_many(model, [(ids, patches, query), (ids, bare, query)])
     found = {}
@@ -109,12 +115,14 @@ class PredictionsPanel:
         self.widget = self.html
         self._cache: dict = {}
 
-    def compute(self, model, ids, patches: TokenPatches, query: int, k: int) -> tuple[NextTokenPredictions, bool]:
-        """Cached by model, token ids, query and k (``(result, fresh)``)."""
+    def compute(self, model, ids, patches: TokenPatches, query: int, k: int,
+                contextual: Callable[[], Tensor] | None = None) -> tuple[NextTokenPredictions, bool]:
+        """Cached by model, token ids, query and k (``(result, fresh)``); ``contextual()``, called on a miss only,
+        gives the contextual logits at ``query`` (see :func:`next_token_predictions`)."""
         key = (id(model), tuple(ids.tolist()), query, k)
         if key in self._cache:
             return self._cache[key], False
-        result = next_token_predictions(model, ids, patches, query, k)
+        result = next_token_predictions(model, ids, patches, query, k, None if contextual is None else contextual())
         self._cache = {key: result, **dict(list(self._cache.items())[:7])}
         return result, True
 
