@@ -233,3 +233,20 @@ def test_every_report_has_its_json_beside_it():
     missing = [f.name for f in fragments
                if not (f.with_suffix(".json").exists() or list(reports.glob(f"{f.stem}.*.json")))]
     assert not missing, f"reports without their JSON: {missing}"
+
+
+def test_training_length_rule_and_report(tmp_path):
+    """experiments.lab_training_length: the rule flips at the tolerance, and a (tiny) run writes the report and its
+    JSON with the verdict the rule gives on its own rows."""
+    from experiments import lab_training_length as ltl
+
+    flat = [{"recipe": 0.20, "longer": 0.195}, {"recipe": 0.15, "longer": 0.16}]
+    falling = [{"recipe": 0.20, "longer": 0.195}, {"recipe": 0.15, "longer": 0.12}]
+    assert ltl.verdict(flat) and not ltl.verdict(falling)
+    out = tmp_path / "eval_lab_training.md"
+    ltl.main(["--seeds", "0", "--steps", "3", "--out", str(out)])
+    numbers = json.loads(out.with_suffix(".json").read_text())
+    assert [r["longer_steps"] for r in numbers["rows"]] == [6]
+    assert numbers["stopped_falling"] == ltl.verdict(numbers["rows"])
+    text = out.read_text()
+    assert ("stopped falling" if numbers["stopped_falling"] else "still falling") in text
