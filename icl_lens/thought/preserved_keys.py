@@ -42,7 +42,7 @@ class PreservedKeys:
 
     def __init__(self, model, family, keep_ids: Sequence[Sequence[int]], layers: Sequence[int], parts: Sequence[str],
                  dtype: torch.dtype, budget_bytes: int | None = None):
-        self.model, self.family, self.keep_ids, self.dtype = model, family, list(keep_ids), dtype
+        self.model, self.keep_ids, self.dtype = model, list(keep_ids), dtype
         self.layers = list(layers)
         cfg = model.cfg
         self.sites: dict[str, object] = {}
