@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
-from common import CLOCKS, measure, prompt_ids, time_it, write_json  # noqa: E402
+from common import CLOCKS, flops, measure, prompt_ids, time_it, write_json  # noqa: E402
 
 from experiments.report import command, load_average, machine, write_fragment  # noqa: E402
 from icl_lens import load_model, patch_norms, token_patches  # noqa: E402
@@ -63,12 +63,14 @@ def main() -> None:
                 t_fwd, m_fwd = measure(lambda: model(ids[None]), **rep)
                 t_patch, m_patch = measure(lambda: token_patches(model, ids), **rep)
                 t_norms, m_norms = measure(lambda: patch_norms(model, [ids], progress=False), **rep)
+            f_fwd, f_patch = flops(lambda: model(ids[None])), flops(lambda: token_patches(model, ids))
             rows.append({"model": name, "tokens": n, "forward_s": t_fwd, "patches_s": t_patch,
                          "patches_ratio": t_patch / t_fwd, "norms_s": t_norms, "norms_ratio": t_norms / t_fwd,
                          "peak_mib_forward": m_fwd, "peak_mib_patches": m_patch, "peak_mib_norms": m_norms,
+                         "flops_forward": f_fwd, "flops_patches": f_patch, "flops_ratio": f_patch / f_fwd,
                          "load_average": load_average()})
             print(f"{name:14s} {n:5d} tokens  forward {t_fwd*1e3:8.1f} ms  patches {t_patch*1e3:8.1f} ms  "
-                  f"ratio {t_patch/t_fwd:5.2f}  norms {t_norms*1e3:8.1f} ms ratio {t_norms/t_fwd:5.2f}  "
+                  f"ratio {t_patch/t_fwd:5.2f} (arithmetic {f_patch/f_fwd:4.2f})  norms {t_norms*1e3:8.1f} ms ratio {t_norms/t_fwd:5.2f}  "
                   f"peak MiB fwd {m_fwd:.0f} / patches {m_patch:.0f} / norms {m_norms:.0f}  "
                   f"(load {load_average():.1f})", flush=True)
             write(args, load_before, rows, batched_rows, naive_rows)  # what is measured so far, never lost
@@ -114,12 +116,18 @@ def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: 
            "the process's peak resident set (VmHWM) reset before the call (`/proc/self/clear_refs`, after "
            "`malloc_trim`), above the resident set at its start. tracemalloc cannot see torch's CPU tensors."), "",
         f"| model | tokens | forward ms ({args.clock}) | patches ms | ratio | norms ms | ratio | peak MiB forward | peak MiB patches | "
-        "peak MiB norms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "peak MiB norms | arithmetic ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [f"| {r['model']} | {r['tokens']} | {r['forward_s']*1e3:.1f} | {r['patches_s']*1e3:.1f} | "
               f"{r['patches_ratio']:.2f} | {r['norms_s']*1e3:.1f} | {r['norms_ratio']:.2f} | "
-              f"{r['peak_mib_forward']:.0f} | {r['peak_mib_patches']:.0f} | {r['peak_mib_norms']:.0f} |" for r in rows]
+              f"{r['peak_mib_forward']:.0f} | {r['peak_mib_patches']:.0f} | {r['peak_mib_norms']:.0f} | {r['flops_ratio']:.3f} |" for r in rows]
+    lines += ["", "Arithmetic ratio = floating-point operations of `token_patches` / those of the forward, counted by "
+              "torch's `FlopCounterMode` in the same run: what the ratio would be if time followed arithmetic alone. "
+              "The patches need every layer's contextual attention and every MLP but the last, plus the kept-only "
+              "attention output (its output projection once more per layer); they skip the unembedding and the "
+              "last MLP. A time ratio above the arithmetic ratio is overhead (hooks, small tensor operations); below it "
+              "would take less arithmetic than the definitions ask for."]
     lines += ["", "Norms = `patch_norms` (norms only, no factors kept: `‖ΔW‖ = ‖Rδ‖/‖a‖` with `R` from the QR of "
               "the stacked dense weights, see `icl_lens/model/batches.py`; `TokenPatches.norms` uses the same `R`)."]
     if batched_rows:

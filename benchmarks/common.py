@@ -121,6 +121,17 @@ def measure(fn, *, device: str = "cpu", repeats: int = 3, warmup: int = 1, clock
     return seconds, mem["mb"]
 
 
+def flops(fn) -> float:
+    """Floating-point operations of one call of ``fn()``, counted op by op by torch's own counter
+    (``torch.utils.flop_counter.FlopCounterMode``: matrix products and attention, 2 per multiply-add).
+    The ratio of two counts is the ratio their arithmetic alone would give; a time ratio above it is overhead."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        fn()
+    return float(counter.get_total_flops())
+
+
 def _plain(x):
     """JSON for what ``json`` cannot write itself: numbers (numpy, torch scalars) as floats, the rest as text."""
     try:
