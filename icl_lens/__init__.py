@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
         evaluate_thought,
         load_task,
         thought_patch,
+        thought_patch_joint,
     )
     from icl_lens import lab
 

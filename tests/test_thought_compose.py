@@ -6,6 +6,7 @@ import torch
 
 from icl_lens import thought_patch
 from icl_lens.core.least_squares import factored_least_squares, gain_vector, input_map, mean_vector, preserve_weight
+from icl_lens.model.block_family import block_family
 from icl_lens.model.greedy import last_logits
 from icl_lens.thought.preserve import bos_samples, preserve_texts
 from icl_lens.thought.result import ThoughtPatch
@@ -89,3 +90,66 @@ def test_composed_patches_add_their_edits(load, name):
     assert both.method == "composed"
     with pytest.raises(ValueError, match="kind"):
         ThoughtPatch.composed([p, thought_patch(model, INSTRUCTION, ["q"], kind="both", answer_tokens=0)])
+
+
+COLOURS = "Colours: red, blue, green.\n"
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
+def test_joint_fit_over_one_task_is_the_single_fit(load, name):
+    """thought_patch_joint over one task is thought_patch: the default kind, answer rows and the preserve penalty."""
+    from icl_lens import thought_patch_joint
+
+    model = load(name, torch.float64)
+    settings = dict(answer_tokens=2, preserve=["The cat sat on the mat.", "1, 2, 3, 4"], preserve_strength=1.0)
+    single = thought_patch(model, INSTRUCTION, ["q", "ab"], **settings)
+    joint = thought_patch_joint(model, [(INSTRUCTION, ["q", "ab"])], **settings)
+    for part in ("maps", "vectors", "down_u", "down_v"):
+        assert torch.allclose(getattr(joint, part), getattr(single, part), rtol=0, atol=1e-12), part
+    assert float(single.down_u.abs().max()) > 0 and joint.method == "joint" and single.method == "fit"
+    assert joint.n_tokens == single.n_tokens and joint.queries == ("q", "ab")
+
+
+def _rows(model, hooks: list[str], ids: list[int], start: int) -> dict[str, torch.Tensor]:
+    """Each hook's activations at positions ``start:`` of one sequence (every position of a short prompt)."""
+    _, cache = model.run_with_cache(torch.tensor([ids]), names_filter=lambda n: n in hooks)
+    return {h: cache[h][0, start:].double() for h in hooks}
+
+
+def test_joint_fit_solves_the_normal_equations_over_every_tasks_rows(load):
+    """Two tasks, layer 0 only (kind "both", ridge 0.5): the input map solves the normal equations
+    ``(D − X Mᵀ)ᵀ X = λ M`` over both tasks' query rows and the anchor rows (BOS, prefix; target 0), built here by
+    reading each query after its own instruction with the model's own cache; the bias makes the block-0 residual
+    sum to zero over both tasks' query rows. Dropping a task, reading it after the other task's instruction or
+    counting it twice breaks both."""
+    from icl_lens import thought_patch_joint
+    from icl_lens.thought.instruction_batches import prefix_ids, text_ids, with_bos
+
+    model = load("tiny-llama", torch.float64)
+    family = block_family(model)
+    a_hook, o_hook = family.mlp_input(0), family.resid_post(0)
+    tasks = [(INSTRUCTION, ["q", "ab"]), (COLOURS, ["x", "yz w"])]
+    patch = thought_patch_joint(model, tasks, kind="both", ridge=0.5, layers=[0], answer_tokens=0)
+    pre = prefix_ids(model, patch.query_prefix)
+    x, d, o_ctx, o_plain = [], [], [], []
+    for instruction, queries in tasks:
+        for q in queries:
+            q_ids = text_ids(model, q)
+            ctx = _rows(model, [a_hook, o_hook], with_bos(model, text_ids(model, instruction) + q_ids), -len(q_ids))
+            plain_ids = with_bos(model, pre + q_ids)
+            plain = _rows(model, [a_hook], plain_ids, 0)[a_hook]
+            n_anchor = len(plain_ids) - len(q_ids)
+            x += [plain]  # anchors first, then the query tokens
+            d += [torch.zeros(n_anchor, plain.shape[1], dtype=plain.dtype), ctx[a_hook] - plain[n_anchor:]]
+            o_ctx.append(ctx[o_hook])
+            with patch.applied():
+                o_plain.append(_rows(model, [o_hook], plain_ids, n_anchor)[o_hook])
+    x, d = torch.cat(x), torch.cat(d)
+    m = patch.maps[0].double()
+    lam = 0.5 * float((x ** 2).sum()) / x.shape[1]
+    gradient = (d - x @ m.T).T @ x - lam * m
+    assert float(torch.linalg.norm(d.T @ x)) > 1e-3  # the instructions matter at layer 0
+    assert float(torch.linalg.norm(gradient)) <= 1e-9 * float(torch.linalg.norm(d.T @ x))
+    rho = torch.cat(o_ctx) - torch.cat(o_plain)  # what the patched block 0 leaves, every query row of both tasks
+    assert float(torch.linalg.norm(rho.sum(0))) <= 1e-9 * float(torch.linalg.norm(rho))
+    assert float(torch.linalg.norm(rho)) > 1e-3

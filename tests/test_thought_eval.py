@@ -276,10 +276,12 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     assert "curve/capitals/2" in cache
     opening = text.split("**Issue 22's targets**", 1)[1].split("\n\n", 2)[1]  # the first table of the section
     assert text.index("**Issue 22's targets**") < text.index("Method (")
-    assert opening.count("| tiny-llama |") == 4 and "against distillation" in opening and "two tasks" in opening
+    assert opening.count("| tiny-llama |") == 5 and "against distillation" in opening and "two tasks" in opening
+    assert "two tasks at once (edits added)" in opening and "two tasks at once (one joint fit)" in opening
     assert "**Against context distillation**" in text and f"{r['seconds']['distilled']:.0f} |" in text
     both = cache["compose/capitals+capitals"]
     assert both["per_task"]["capitals"]["n_test"] == 32 and "**Composed patches**" in text
+    assert both["joint"]["per_task"]["capitals"]["n_test"] == 32 and both["joint"]["locality"]["n_prompts"] == 32
     same = sum(p == f for p, f in zip(r["answers"]["patched"], r["answers"]["full"]))
     assert r["agreement_with_full"]["patched"] == same / 32
     assert "**Answer by answer against the full instruction**" in text and f"| tiny-llama | capitals | " \

@@ -55,7 +55,8 @@ def _row(correct_patched: int, kl: float = 0.05, kept: float = 0.95, distilled: 
 
 def test_the_four_targets_are_read_from_the_rows():
     """Ten tasks at full strength meet every target; one task's locality KL above 0.1, a distillation only 10×
-    slower, an old-verdict row and a composed task at 0.75 of its single accuracy each flip one verdict."""
+    slower, an old-verdict row and a composed task at 0.75 of its single accuracy each flip one verdict; the
+    joint fit, where cached, has its own row and verdict."""
     from experiments.thought.settings import choose_strength
     from experiments.thought.targets import targets_lines
 
@@ -67,7 +68,14 @@ def test_the_four_targets_are_read_from_the_rows():
                                           "t1": {"accuracy": 20 / 24, "correct": 20, "n_test": 24, "single": single}}}
     verdicts = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": good}, ["m"], tasks)
                 if line.startswith("| ") and "| m |" in line]
-    assert verdicts == ["met"] * 4
+    assert verdicts == ["met"] * 4  # no joint fit cached: one row for the edits added
+    joint = {"locality": {"kl": 0.06, "accuracy": 0.9},
+             "per_task": {"t0": {"accuracy": 20 / 24, "correct": 20, "n_test": 24},
+                          "t1": {"accuracy": 17 / 24, "correct": 17, "n_test": 24}}}
+    good["compose/t0+t1"] = {**good["compose/t0+t1"], "joint": joint}
+    lines = [line for line in targets_lines({"m": good}, ["m"], tasks) if line.startswith("| ") and "| m |" in line]
+    assert [line.rsplit("|", 2)[1].strip() for line in lines] == ["met"] * 5
+    assert "(one joint fit)" in lines[4] and "t0 1.00, t1 0.85" in lines[4] and "KL 0.060 at once" in lines[4]
     bad = {**good, "table/t3": _row(20, kl=0.2), "table/t4": _row(20, seconds=(3.0, 30.0))}
     bad["compose/t0+t1"] = {**good["compose/t0+t1"], "per_task": {**good["compose/t0+t1"]["per_task"],
                                                                   "t0": {"accuracy": 15 / 24, "correct": 15,
@@ -77,7 +85,12 @@ def test_the_four_targets_are_read_from_the_rows():
     bad["table/t5"] = old
     verdicts = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": bad}, ["m"], tasks)
                 if line.startswith("| ") and "| m |" in line]
-    assert verdicts == ["missed", "missed", "missed", "missed"]  # 9 of 9 tasks < 10 needed; KL; 10×; 0.75
+    assert verdicts == ["missed", "missed", "missed", "missed", "met"]  # 9 of 9 tasks < 10 needed; KL; 10×; 0.75
+    bad["compose/t0+t1"]["joint"] = {**joint, "per_task": {**joint["per_task"], "t1": {"accuracy": 15 / 24,
+                                                                                      "correct": 15, "n_test": 24}}}
+    verdicts = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": bad}, ["m"], tasks)
+                if line.startswith("| ") and "| m |" in line]
+    assert verdicts[4] == "missed"  # the joint fit's t1 at 0.75 of its single accuracy
     assert choose_strength({0.0: (1.0, 0.5), 1.0: (1.05, 0.2), 10.0: (1.5, 0.01)}) == 1.0
     assert choose_strength({0.0: (1.0, 0.5), 1.0: (1.2, 0.2)}) == 0.0
 

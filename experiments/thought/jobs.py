@@ -55,7 +55,7 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
         DEFAULT_RIDGE,
     )
     from icl_lens.thought.evaluate import evaluate_edit
-    from icl_lens.thought.fit import thought_patch
+    from icl_lens.thought.fit import thought_patch, thought_patch_joint
     from icl_lens.thought.locality import locality_probe
     from icl_lens.thought.preserve import preserve_texts
     from icl_lens.thought.result import ThoughtPatch
@@ -133,23 +133,33 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
             probe = probe or locality_probe(model)
             res = evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("none", "patched"), **PAPER)
             store(f"paper/{name}", res.to_dict(outcomes=True))
-        elif job == "compose" and not current(f"compose/{'+'.join(arg)}"):
+        elif job == "compose" and not (current(key := f"compose/{'+'.join(arg)}") and "joint" in results[key]):
+            # Two ways to apply several tasks at once, both always run and reported side by side: the single
+            # patches' edits added, and one joint fit over all their calibration rows.
             probe = probe or locality_probe(model)
             group = [load_task(t) for t in arg]
             fit = {k: v for k, v in default.items()}
             fit["preserve"] = preserve_texts(model) if fit["preserve_strength"] else ()
-            t0 = time.perf_counter()
-            singles = [thought_patch(model, t.instruction, [q for q, _ in t.train[:n_train]], **fit) for t in group]
-            patch = ThoughtPatch.composed(singles)
-            seconds = time.perf_counter() - t0
             prefix = default["query_prefix"]
-            store(f"compose/{'+'.join(arg)}", {
-                **default, "tasks": list(arg), "seconds": {"patched": seconds},
-                "locality": probe.measure(patch).to_dict(),
-                "per_task": {t.name: {**evaluate_edit(model, t, patch, query_prefix=prefix),
-                                      "single": {**evaluate_edit(model, t, p, query_prefix=prefix),
-                                                 "locality": probe.measure(p).to_dict()}}
-                             for t, p in zip(group, singles)}})
+            calibration = [(t.instruction, [q for q, _ in t.train[:n_train]]) for t in group]
+            if not current(key):
+                t0 = time.perf_counter()
+                singles = [thought_patch(model, instruction, queries, **fit) for instruction, queries in calibration]
+                patch = ThoughtPatch.composed(singles)
+                seconds = time.perf_counter() - t0
+                store(key, {
+                    **default, "tasks": list(arg), "seconds": {"patched": seconds},
+                    "locality": probe.measure(patch).to_dict(),
+                    "per_task": {t.name: {**evaluate_edit(model, t, patch, query_prefix=prefix),
+                                          "single": {**evaluate_edit(model, t, p, query_prefix=prefix),
+                                                     "locality": probe.measure(p).to_dict()}}
+                                 for t, p in zip(group, singles)}})
+            t0 = time.perf_counter()
+            joint = thought_patch_joint(model, calibration, **fit)
+            seconds = time.perf_counter() - t0
+            store(key, {**results[key], "joint": {
+                "seconds": {"patched": seconds}, "locality": probe.measure(joint).to_dict(),
+                "per_task": {t.name: evaluate_edit(model, t, joint, query_prefix=prefix) for t in group}}})
         elif job == "curve" and arg <= len(task.train) and not current(f"curve/{name}/{arg}"):
             res = evaluate_thought(model, task, n_train=arg, conditions=("patched",), locality=False)
             store(f"curve/{name}/{arg}", res.to_dict(outcomes=True))

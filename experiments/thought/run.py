@@ -202,8 +202,8 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     lines += diagnosis_lines(caches)
     timing = []
     for model in models:
-        secs = [total_seconds(v) for k, v in caches[model].items() if k.split("/", 1)[0] in ("table", "paper", "curve",
-                                                                                              "compose")]
+        secs = [total_seconds(v) + total_seconds(v.get("joint", {})) for k, v in caches[model].items()
+                if k.split("/", 1)[0] in ("table", "paper", "curve", "compose")]
         if secs:
             timing.append(f"{model} {sum(secs) / 60:.0f} min")
     if timing:

@@ -33,8 +33,10 @@ SELECT_FIT, SELECT_VALIDATE = 24, 8
 # locality measure's own texts). Rule (choose_strength): the strength with the lowest mean held-out text KL among
 # those whose mean answer KL is at most (1 + PRESERVE_TOLERANCE) × strength 0's.
 PRESERVE_STRENGTHS, PRESERVE_TOLERANCE = (0.0, 0.1, 1.0, 10.0), 0.10
-# Composition (issue 22): the default patches of these tasks applied at once; each task scored on its own test
-# queries. Target: each keeps ≥ COMPOSE_TARGET of its single-patch accuracy.
+# Composition (issue 22): these tasks applied at once, two ways, both always run and reported side by side (none
+# is chosen): the default single patches' edits added, and one joint fit with the default settings over all their
+# calibration rows. Each task scored on its own test queries. Target: each keeps ≥ COMPOSE_TARGET of its
+# single-patch accuracy.
 COMPOSE_GROUPS = (("plural", "capitals"), ("plural", "capitals", "past_tense", "antonyms"))
 COMPOSE_TARGET = 0.8
 # Issue 22's targets: the ratio's bootstrap lower bound, the tasks per model, locality, distillation.

@@ -52,17 +52,31 @@ def distill_met(r: dict) -> tuple[bool, float, float | None]:
     return gap >= -DISTILL_GAP and speed is not None and speed >= DISTILL_SPEEDUP, gap, speed
 
 
-def compose_rows(caches: dict, model: str, size: int) -> list[tuple[str, dict, dict]]:
-    """``(task, single patch's result, composed result)`` for every cached group of ``size`` tasks; each result
-    has ``accuracy``, ``correct``, ``n_test`` and ``locality`` (the single patch's own, or the composed patch's)."""
-    out = []
-    for key, c in caches[model].items():
-        if not key.startswith("compose/") or len(c["tasks"]) != size:
-            continue
-        for t in dict.fromkeys(c["tasks"]):
-            got = c["per_task"][t]
-            out.append((t, got["single"], {**got, "locality": c["locality"]}))
-    return out
+COMPOSE_METHODS = {"added": "edits added", "joint": "one joint fit"}  # the two ways, reported side by side
+
+
+def compose_rows(caches: dict, model: str, size: int, method: str = "added") -> list[tuple[str, dict, dict]]:
+    """``(task, single patch's result, result at once)`` for every cached group of ``size`` tasks that holds
+    ``method`` (``"added"``: the single patches' edits added; ``"joint"``: one fit over all their rows); each result
+    has ``accuracy``, ``correct``, ``n_test`` and ``locality`` (the single patch's own, or the patch at once's)."""
+    return [(t, c["per_task"][t]["single"], got) for c in compose_groups(caches, model, size)
+            for t in dict.fromkeys(c["tasks"]) if (got := at_once(c, t, method)) is not None]
+
+
+def compose_groups(caches: dict, model: str, size: int) -> list[dict]:
+    """The model's cached composed groups of ``size`` tasks."""
+    return [c for key, c in caches[model].items() if key.startswith("compose/") and len(c["tasks"]) == size]
+
+
+def at_once(group: dict, task: str, method: str) -> dict | None:
+    """``task``'s result with the group's patch at once by ``method``, with that patch's locality (None: not run)."""
+    got = group if method == "added" else group.get(method)
+    return None if got is None else {**got["per_task"][task], "locality": got["locality"]}
+
+
+def compose_share(single: dict, at_once: dict) -> float | None:
+    """The share of its single-patch accuracy a task keeps at once (None where the single patch has none)."""
+    return at_once["accuracy"] / single["accuracy"] if single["accuracy"] else None
 
 
 def targets_lines(caches: dict, models, tasks) -> list[str]:
@@ -103,20 +117,21 @@ def targets_lines(caches: dict, models, tasks) -> list[str]:
                         f"{np.median(speeds):.1f}× | {'met' if n_d == len(dist) else 'missed'} |")
         else:
             rows.append(f"| against distillation | {model} | {NOT_MEASURED} | – |")
-        pairs = compose_rows(caches, model, 2)
-        if pairs:
-            shares = [c["accuracy"] / r["accuracy"] if r["accuracy"] else None for _, r, c in pairs]
+        methods = [m for m in COMPOSE_METHODS if compose_rows(caches, model, 2, m)]
+        for method in methods:
+            pairs = compose_rows(caches, model, 2, method)
+            shares = [compose_share(r, c) for _, r, c in pairs]
             ok = [s is not None and s >= COMPOSE_TARGET for s in shares]
             loc = pairs[0][2]["locality"]
             single = [r["locality"] for _, r, _ in pairs]
-            rows.append(f"| two tasks at once: each keeps ≥ {COMPOSE_TARGET} of its single-patch accuracy | {model} | "
-                        f"{sum(ok)} of {len(ok)} tasks ("
+            rows.append(f"| two tasks at once ({COMPOSE_METHODS[method]}): each keeps ≥ {COMPOSE_TARGET} of its "
+                        f"single-patch accuracy | {model} | {sum(ok)} of {len(ok)} tasks ("
                         + ", ".join(f"{t} {s:.2f}" if s is not None else f"{t} –" for (t, _, _), s in zip(pairs, shares))
                         + f"); locality KL {loc['kl']:.3f} at once (alone: "
                         + ", ".join(f"{x['kl']:.3f}" for x in single) + f"), other task kept {pct(loc['accuracy'])} "
                         "(alone: " + ", ".join(pct(x["accuracy"]) for x in single) + f") | "
                         f"{'met' if all(ok) else 'missed'} |")
-        else:
+        if not methods:
             rows.append(f"| two tasks at once | {model} | {NOT_MEASURED} | – |")
     return ["", "**Issue 22's targets** (held-out test queries; a row only counts results scored by the boundary "
             "verdict: the answer followed by the end or a character that cannot continue a word; verdicts computed "
@@ -151,23 +166,35 @@ def distill_lines(caches: dict, models, tasks) -> list[str]:
 
 
 def compose_lines(caches: dict, models) -> list[str]:
+    """Every composed group: each task alone, with the edits added and with the joint fit (where run)."""
     rows = []
     for model in models:
         for size in sorted({len(g) for g in COMPOSE_GROUPS} | {len(c["tasks"]) for k, c in caches[model].items()
                                                                 if k.startswith("compose/")}):
-            for t, r, c in compose_rows(caches, model, size):
-                share = c["accuracy"] / r["accuracy"] if r["accuracy"] else None
-                rows.append(f"| {model} | {size} | {t} | {pct(r['accuracy'])} ({r['correct']}/{r['n_test']}) | "
-                            f"{pct(c['accuracy'])} ({c['correct']}/{c['n_test']}) | "
-                            f"{'–' if share is None else f'{share:.2f}'} | "
-                            f"{r['locality']['kl']:.3f} / {c['locality']['kl']:.3f} | "
-                            f"{pct(r['locality']['accuracy'])} / {pct(c['locality']['accuracy'])} |")
+            for group in compose_groups(caches, model, size):
+                for t in dict.fromkeys(group["tasks"]):
+                    r = group["per_task"][t]["single"]
+                    cells = []
+                    for got in (at_once(group, t, m) for m in COMPOSE_METHODS):
+                        share = None if got is None else compose_share(r, got)
+                        cells.append(("–", "–", "–", "–") if got is None else (
+                            f"{pct(got['accuracy'])} ({got['correct']}/{got['n_test']})",
+                            "–" if share is None else f"{share:.2f}", f"{got['locality']['kl']:.3f}",
+                            pct(got["locality"]["accuracy"])))
+                    (ca, cs, ck, cp), (ja, js, jk, jp) = cells
+                    rows.append(f"| {model} | {size} | {t} | {pct(r['accuracy'])} ({r['correct']}/{r['n_test']}) | "
+                                f"{ca} | {ja} | {cs} / {js} | {r['locality']['kl']:.3f} / {ck} / {jk} | "
+                                f"{pct(r['locality']['accuracy'])} / {cp} / {jp} |")
     if not rows:
         return []
-    return ["", "**Composed patches** (`ThoughtPatch.composed`: the default patches of 2 or 4 tasks, their edits "
-            "added, applied at once; each task scored on its own test queries):", "",
-            "| model | tasks at once | task | patched alone | composed | composed / alone | locality KL alone / "
-            "composed | other task kept alone / composed |", "|---|---|---|---|---|---|---|---|", *rows]
+    return ["", "**Composed patches** (2 or 4 tasks applied at once, each task scored on its own test queries; "
+            "two ways, both run for every group and shown side by side, none chosen: *added*, "
+            "`ThoughtPatch.composed`, the default single patches' edits added; *joint*, `thought_patch_joint`, one "
+            "fit with the default settings over all the tasks' calibration rows, each task's queries read after its "
+            "own instruction):", "",
+            "| model | tasks at once | task | patched alone | added | joint | share of alone added / joint | "
+            "locality KL alone / added / joint | other task kept alone / added / joint |",
+            "|---|---|---|---|---|---|---|---|---|", *rows]
 
 
 def strength_lines(caches: dict, select_tasks) -> list[str]:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
     from icl_lens.thought.distill import distill_patch
     from icl_lens.thought.evaluate import ThoughtEval, evaluate_thought
     from icl_lens.thought.hf_export import VectorNotExportableError
-    from icl_lens.thought.fit import thought_patch
+    from icl_lens.thought.fit import thought_patch, thought_patch_joint
     from icl_lens.thought.result import ThoughtPatch
     from icl_lens.thought.steering import SteeringVector, steering_vector
     from icl_lens.thought.tasks import Task, TaskFormatError, load_task

@@ -49,6 +49,13 @@ every token alike), with ``w = s · tr(Σ xxᵀ)/tr(Σ k₀k₀ᵀ)`` of each fi
 (:func:`icl_lens.core.least_squares.preserve_weight`). The keys are the unpatched
 model's, as in MEMIT (not re-read after earlier layers are patched).
 
+*Joint fit* (issue 22, composition; :func:`thought_patch_joint`): several tasks
+``(I_k, queries_k)`` in one patch. Each task's queries are read after their own
+instruction in the contextual pass (their targets ``Aᵢ``, ``Oᵢ``), the query-only passes
+are the same for every task, and every fit above is the one least squares over all
+tasks' rows stacked (anchors of every sequence included). The preserve penalty's weight
+is taken against those stacked rows, as in a single fit. One task is the single fit.
+
 ``ridge`` is scale-free: each fit uses ``λ = ridge · tr(Σ xxᵀ)/d`` of its own inputs
 (:func:`icl_lens.core.least_squares.relative_ridge`).
 
@@ -146,7 +153,7 @@ def _check(x: Tensor, what: str, layer: int) -> None:
         raise NonFiniteActivationError(f"non-finite {what} at layer {layer}")
 
 
-def _validate(model, instruction, queries, kind, eta, ridge, layers, iterations, query_prefix, answer_tokens):
+def _validate(model, tasks, kind, eta, ridge, layers, iterations, query_prefix, answer_tokens):
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not (isinstance(eta, (int, float)) and math.isfinite(eta) and eta > 0):
@@ -157,7 +164,10 @@ def _validate(model, instruction, queries, kind, eta, ridge, layers, iterations,
         raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
     if not isinstance(answer_tokens, int) or answer_tokens < 0:
         raise ValueError(f"answer_tokens must be an integer >= 0, got {answer_tokens!r}")
-    instr_ids, query_ids, pre_ids = calibration_ids(model, instruction, queries, query_prefix)
+    if isinstance(tasks, str) or not tasks or not all(isinstance(t, (tuple, list)) and len(t) == 2 for t in tasks):
+        raise PromptError("tasks must be a non-empty list of (instruction, queries) pairs")
+    ids = [calibration_ids(model, instruction, queries, query_prefix) for instruction, queries in tasks]
+    instr_ids, query_ids, pre_ids = [i for i, _, _ in ids], [q for _, q, _ in ids], ids[0][2]
     n_layers = model.cfg.n_layers
     if layers is None:
         chosen = list(range(n_layers))
@@ -210,11 +220,47 @@ def thought_patch(
     keys at every layer enter each fit as the MEMIT-style penalty ``w · K₀K₀ᵀ``, weighted
     by the scale-free ``preserve_strength`` (0: off; see the module docstring).
     """
-    instr_ids, query_ids, pre_ids, chosen = _validate(model, instruction, queries, kind, eta, ridge, layers,
-                                                      iterations, query_prefix, answer_tokens)
-    if answer_tokens:
-        answers = continuation_ids(model, instr_ids, query_ids, answer_tokens, batch_size=batch_size)
-        query_ids = [q + a for q, a in zip(query_ids, answers)]
+    return _fit(model, [(instruction, queries)], method="fit", kind=kind, eta=eta, ridge=ridge, layers=layers,
+                iterations=iterations, query_prefix=query_prefix, answer_tokens=answer_tokens, preserve=preserve,
+                preserve_strength=preserve_strength, batch_size=batch_size)
+
+
+def thought_patch_joint(model: Model, tasks: Sequence[tuple[str, Sequence[str]]], **settings) -> ThoughtPatch:
+    """One thought patch fitted over the rows of several tasks at once (method ``"joint"``).
+
+    ``tasks``: ``(instruction, calibration queries)`` pairs. Each task's queries are read
+    after its own instruction in the contextual pass; the query-only pass is the same for
+    all (``[BOS] + query_prefix + query``), and every fit of Algorithm 1 (input map,
+    vector, down map) is the one least squares over all tasks' rows stacked, anchors
+    included, with the preserve penalty weighted against those rows as in a single fit.
+    ``settings``: those of :func:`thought_patch`. One task gives :func:`thought_patch`'s fit.
+    """
+    return _fit(model, list(tasks), method="joint", **settings)
+
+
+def _fit(
+    model: Model,
+    tasks: Sequence[tuple[str, Sequence[str]]],
+    *,
+    method: str,
+    kind: str = DEFAULT_KIND,
+    eta: float = 1.0,
+    ridge: float = DEFAULT_RIDGE,
+    layers: Sequence[int] | None = None,
+    iterations: int = 1,
+    query_prefix: str = DEFAULT_QUERY_PREFIX,
+    answer_tokens: int = DEFAULT_ANSWER_TOKENS,
+    preserve: Sequence[str] = (),
+    preserve_strength: float = DEFAULT_PRESERVE_STRENGTH,
+    batch_size: int = 16,
+) -> ThoughtPatch:
+    """Algorithm 1 over the rows of every ``(instruction, queries)`` task, stacked (see :func:`thought_patch`)."""
+    instr_ids, query_ids, pre_ids, chosen = _validate(model, tasks, kind, eta, ridge, layers, iterations,
+                                                      query_prefix, answer_tokens)
+    if answer_tokens:  # each task's own answers, under its own instruction
+        query_ids = [[q + a for q, a in zip(qs, continuation_ids(model, instr, qs, answer_tokens,
+                                                                  batch_size=batch_size))]
+                     for instr, qs in zip(instr_ids, query_ids)]
     if isinstance(preserve, str):
         raise PromptError("preserve must be a list of strings, not one string")
     if not (isinstance(preserve_strength, (int, float)) and math.isfinite(preserve_strength) and preserve_strength >= 0):
@@ -224,15 +270,18 @@ def thought_patch(
     site = family.vector_site
     dtype = patch_dtype(model)
     cfg = model.cfg
-    ctx = query_batch(model, query_ids, prefix=instr_ids)
-    plain = query_batch(model, query_ids, prefix=pre_ids)
+    # Contextual rows: each task's queries after its own instruction, stacked task by task; the
+    # query-only batch holds the same queries in the same order, so row i is one token in both.
+    ctxs = [query_batch(model, qs, prefix=instr) for instr, qs in zip(instr_ids, query_ids)]
+    plain = query_batch(model, [q for qs in query_ids for q in qs], prefix=pre_ids)
     n_layers = cfg.n_layers
     reads = {f"A{l}": family.mlp_input(l) for l in range(n_layers)}
     reads.update({f"O{l}": family.resid_post(l) for l in range(n_layers)})
     last = family.resid_post(n_layers - 1)
-    got = read_query_tokens(model, ctx, reads, stop=last, batch_size=batch_size, dtype=dtype)
-    A = [got[f"A{l}"] for l in range(n_layers)]
-    O = [got[f"O{l}"] for l in range(n_layers)]
+    gots = [read_query_tokens(model, ctx, reads, stop=last, batch_size=batch_size, dtype=dtype) for ctx in ctxs]
+    A = [torch.cat([got[f"A{l}"] for got in gots]) for l in range(n_layers)]
+    O = [torch.cat([got[f"O{l}"] for got in gots]) for l in range(n_layers)]
+    del gots
     for layer in range(n_layers):
         _check(A[layer], "contextual MLP input", layer)
         _check(O[layer], "contextual block output", layer)
@@ -346,11 +395,14 @@ def thought_patch(
         down_u[layer, : u.shape[0]], down_v[layer, : v.shape[0]] = u, v
     if not (torch.isfinite(down_u).all() and torch.isfinite(down_v).all()):
         raise NonFiniteActivationError("the fitted down-projection map is not finite")
+    joint = {"instructions": [i for i, _ in tasks], "n_queries": [len(list(q)) for _, q in tasks]}
     return ThoughtPatch(
         model_name=cfg.model_name,
-        family=family.name, vector_site=site, instruction=instruction, queries=tuple(queries),
+        family=family.name, vector_site=site, instruction=" + ".join(i for i, _ in tasks),
+        queries=tuple(q for _, qs in tasks for q in qs),
         kind=kind, eta=float(eta), ridge=float(ridge), iterations=iterations, layers=tuple(chosen),
         query_prefix=query_prefix, maps=maps, vectors=vecs, down_u=down_u, down_v=down_v,
         matrix_residual=m_res, vector_residual=v_res, down_residual=d_res,
-        n_tokens=plain.n_tokens, answer_tokens=answer_tokens, model=model,
+        n_tokens=plain.n_tokens, answer_tokens=answer_tokens, model=model, method=method,
+        settings=joint if method == "joint" else {},
     )

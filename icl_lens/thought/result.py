@@ -78,7 +78,8 @@ class ThoughtPatch:
     n_tokens: int  # calibration rows of the query-only pass (query tokens, plus answer tokens)
     answer_tokens: int = 0  # the fit's answer_tokens (0: query tokens only, as in the paper)
     model: object = field(repr=False, compare=False, default=None)
-    method: str = "fit"  # "fit" (Algorithm 1, closed form), "distill" (gradient steps) or "composed"
+    method: str = "fit"  # "fit" (Algorithm 1, closed form), "joint" (one fit over several tasks), "distill" (gradient
+    # steps) or "composed" (edits added)
     settings: dict = field(default_factory=dict)  # the method's own settings (distillation: steps, lr, losses)
 
     @property
