@@ -78,8 +78,11 @@ def test_version_1_file_still_loads_equal(load):
     old = TokenPatches.load(DATA / "patches_v1_tiny_llama.safetensors")
     new = token_patches(load("tiny-llama"), "abc abc")
     assert old.tokens == new.tokens and torch.equal(old.token_ids, new.token_ids) and old.stores_u
+    # float32, written on another machine: sums of up to d_mlp products round differently from one CPU's kernels
+    # to another's (measured up to 6e-7 of a field's largest value), so the tolerance scales with that value.
     for field in ("u_in", "u_gate", "v", "correction"):
-        assert torch.allclose(getattr(old, field), getattr(new, field), rtol=1e-5, atol=1e-6), field
+        a, b = getattr(old, field), getattr(new, field)
+        assert torch.allclose(a, b, rtol=1e-5, atol=2e-6 * float(a.abs().max())), field
     assert torch.allclose(old.norms(), new.norms(), rtol=1e-5, atol=1e-6)
     assert torch.equal(old.zero_input, new.zero_input) and torch.equal(old.kept, new.kept)
 
