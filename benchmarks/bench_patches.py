@@ -122,8 +122,8 @@ def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: 
     lines += [f"| {r['model']} | {r['tokens']} | {r['forward_s']*1e3:.1f} | {r['patches_s']*1e3:.1f} | "
               f"{r['patches_ratio']:.2f} | {r['norms_s']*1e3:.1f} | {r['norms_ratio']:.2f} | "
               f"{r['peak_mib_forward']:.0f} | {r['peak_mib_patches']:.0f} | {r['peak_mib_norms']:.0f} | {r['flops_ratio']:.3f} |" for r in rows]
-    lines += ["", "Arithmetic ratio = floating-point operations of `token_patches` / those of the forward, counted by "
-              "torch's `FlopCounterMode` in the same run: what the ratio would be if time followed arithmetic alone. "
+    lines += ["", "Arithmetic ratio = matrix-product operations of `token_patches` / those of the forward (element-wise "
+              "operations are not counted), counted by torch's `FlopCounterMode` in the same run: what the ratio would be if time followed arithmetic alone. "
               "The patches need every layer's contextual attention and every MLP but the last, plus the kept-only "
               "attention output (its output projection once more per layer); they skip the unembedding and the "
               "last MLP. A time ratio above the arithmetic ratio is overhead (hooks, small tensor operations); below it "

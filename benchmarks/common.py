@@ -122,8 +122,9 @@ def measure(fn, *, device: str = "cpu", repeats: int = 3, warmup: int = 1, clock
 
 
 def flops(fn) -> float:
-    """Floating-point operations of one call of ``fn()``, counted op by op by torch's own counter
-    (``torch.utils.flop_counter.FlopCounterMode``: matrix products and attention, 2 per multiply-add).
+    """Matrix-product operations of one call of ``fn()``, counted op by op by torch's own counter
+    (``torch.utils.flop_counter.FlopCounterMode``: matrix products and fused attention, 2 per multiply-add;
+    element-wise operations are not counted).
     The ratio of two counts is the ratio their arithmetic alone would give; a time ratio above it is overhead."""
     from torch.utils.flop_counter import FlopCounterMode
 
