@@ -117,9 +117,8 @@ def targets_lines(caches: dict, models, tasks) -> list[str]:
                         f"{np.median(speeds):.1f}× | {'met' if n_d == len(dist) else 'missed'} |")
         else:
             rows.append(f"| against distillation | {model} | {NOT_MEASURED} | – |")
-        methods = [m for m in COMPOSE_METHODS if compose_rows(caches, model, 2, m)]
-        for method in methods:
-            pairs = compose_rows(caches, model, 2, method)
+        by_method = {m: pairs for m in COMPOSE_METHODS if (pairs := compose_rows(caches, model, 2, m))}
+        for method, pairs in by_method.items():
             shares = [compose_share(r, c) for _, r, c in pairs]
             ok = [s is not None and s >= COMPOSE_TARGET for s in shares]
             loc = pairs[0][2]["locality"]
@@ -131,7 +130,7 @@ def targets_lines(caches: dict, models, tasks) -> list[str]:
                         + ", ".join(f"{x['kl']:.3f}" for x in single) + f"), other task kept {pct(loc['accuracy'])} "
                         "(alone: " + ", ".join(pct(x["accuracy"]) for x in single) + f") | "
                         f"{'met' if all(ok) else 'missed'} |")
-        if not methods:
+        if not by_method:
             rows.append(f"| two tasks at once | {model} | {NOT_MEASURED} | – |")
     return ["", "**Issue 22's targets** (held-out test queries; a row only counts results scored by the boundary "
             "verdict: the answer followed by the end or a character that cannot continue a word; verdicts computed "
