@@ -24,6 +24,7 @@ from pathlib import Path
 
 from icl_lens.model.names import DEFAULT_MODEL, DTYPE_NAMES, EMBEDDED_MODELS, known_model_names
 from icl_lens.thought.defaults import (
+    CONDITIONS,
     DEFAULT_ANSWER_TOKENS,
     DEFAULT_KIND,
     DEFAULT_PRESERVE_STRENGTH,
@@ -323,7 +324,7 @@ def _thought_eval(args: argparse.Namespace) -> int:
     result = evaluate_thought(model, task, kind=args.kind, eta=args.eta, ridge=args.ridge, n_train=args.n_train,
                               query_prefix=args.query_prefix.replace("\\n", "\n"), answer_tokens=args.answer_tokens,
                               preserve_strength=args.preserve_strength, distill={"steps": args.distill_steps},
-                              progress=not args.json)
+                              conditions=tuple(c for c in CONDITIONS if c in args.conditions), progress=not args.json)
     out = result.to_dict()
     out["interval95"] = {c: list(wilson_interval(out["correct"][c], result.n_test)) for c in out["correct"]}
     if args.json:
@@ -478,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distill-steps", type=int, default=DISTILL_STEPS,
                    help=f"Adam steps of the context-distillation baseline (default {DISTILL_STEPS})")
     p.add_argument("--n-train", type=int, default=None, help="calibration queries to use (default: all train)")
+    p.add_argument("--conditions", nargs="+", choices=CONDITIONS, default=list(CONDITIONS), metavar="CONDITION",
+                   help=f"conditions to run (default: all of {' '.join(CONDITIONS)}; distillation is the slowest, "
+                        "minutes on a CPU)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_thought_eval)
 

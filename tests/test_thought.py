@@ -448,6 +448,24 @@ def test_cli_json_on_a_tiny_task(tmp_path, capsys):
     assert "--answer-tokens must be >= 0" in capsys.readouterr().err
 
 
+def test_cli_runs_only_the_conditions_asked_for(tmp_path, capsys):
+    """``--conditions`` picks what runs: no distillation settings or seconds when it is left out, and the
+    gain recovered only where none and full were both run."""
+    from icl_lens.cli import main
+
+    path = _write_task(tmp_path / "tiny.jsonl", train=[{"query": "a:", "answer": "1"}, {"query": "z:", "answer": "9"}])
+    assert main(["thought-eval", str(path), "--model", "tiny-llama", "--json", "--conditions", "control", "none",
+                 "full"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert list(out["accuracy"]) == ["none", "full", "control"]  # the evaluation's order, not the command line's
+    assert set(out["locality_kl"]) == {"control"} and set(out["gain_recovered"]) == {"control"}
+    assert "distill" not in out and set(out["seconds"]) == {"patched", "total"}  # the control needs the fit
+    assert main(["thought-eval", str(path), "--model", "tiny-llama", "--conditions", "distilled"]) == 0
+    assert "distilled" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["thought-eval", str(path), "--model", "tiny-llama", "--conditions", "finetuned"])
+    assert "invalid choice: 'finetuned'" in capsys.readouterr().err
+
 def test_accuracy_bookkeeping_against_a_hand_count(load):
     """Six test queries of three lengths; the answers are set from greedy continuations computed here
     one token at a time, and each condition's count of right answers is counted here by the boundary rule

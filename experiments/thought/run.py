@@ -55,7 +55,13 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
                  select_tasks=SELECT_TASKS, answer_tokens: dict | None = None) -> str:
     """The report from the cached results; ``answer_tokens[(model, task)]``: tokens per test answer (optional),
     for the breakdown of the missed targets by answer length."""
-    from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE
+    from icl_lens.thought.defaults import (
+        DEFAULT_ANSWER_TOKENS,
+        DEFAULT_KIND,
+        DEFAULT_PRESERVE_STRENGTH,
+        DEFAULT_QUERY_PREFIX,
+        DEFAULT_RIDGE,
+    )
     from icl_lens.thought.locality import load_locality
 
     loc = load_locality()
@@ -84,9 +90,15 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
            "answer). " if DEFAULT_ANSWER_TOKENS else "calibration rows at the query tokens only. ")
         + "Kind `both+down` is the paper's thought matrix and vector plus a least-squares fit, through the MLP's "
         "down projection, of the per-token block-output residual the constant vector leaves (an icl_lens "
-        "extension; see the fit's docstring). Nothing is tuned per task. "
+        "extension; see the fit's docstring). "
+        + (f"Preserve strength {DEFAULT_PRESERVE_STRENGTH:g} (the fit's locality term: the keys of the model's own "
+           "samples from BOS, `icl_lens.thought.preserve`, weigh that many times the calibration rows in every "
+           "least squares; never the texts that measure locality). " if DEFAULT_PRESERVE_STRENGTH else "")
+        + "Nothing is tuned per task. "
         "Accuracy on held-out test queries, greedy decoding, correct when the continuation (leading spaces "
-        "stripped) starts with the answer; [95% Wilson interval]. *none*: query alone; *full*: few-shot "
+        "stripped) starts with the answer and the next character cannot continue a word (\"six\" is wrong for "
+        "\"sixteen\"; rows marked † below were scored before this rule); [95% Wilson interval]. "
+        "*none*: query alone; *full*: few-shot "
         "instruction + query; *patched*: query alone, thought-patched model; *control*: query alone, random patch "
         "with the same per-layer norms; *steering*: query alone, mean residual difference (instruction+query − "
         "query alone, over the query tokens of the train queries) added after the block chosen by calibration KL "

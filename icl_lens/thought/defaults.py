@@ -4,6 +4,10 @@ builds its ``thought-eval`` options from them before anything heavy is imported.
 """
 from __future__ import annotations
 
+#: evaluate_thought's conditions: the query alone, the full prompt, then the query alone under each edit.
+CONDITIONS = ("none", "full", "patched", "distilled", "steering", "control")
+EDITS = ("patched", "distilled", "steering", "control")  # conditions that edit the model: locality is measured for these
+
 #: What each ``kind`` fits: the paper's parts (``matrix``, ``vector``) and the down-projection map.
 KIND_PARTS = {
     "vector": ("vector",),

@@ -52,11 +52,13 @@ from icl_lens.model.greedy import greedy_continuations
 from icl_lens.model.prompts import PromptError
 from icl_lens.thought.instruction_batches import prefix_ids, text_ids, with_bos
 from icl_lens.thought.defaults import (
+    CONDITIONS,
     DEFAULT_ANSWER_TOKENS,
     DEFAULT_KIND,
     DEFAULT_PRESERVE_STRENGTH,
     DEFAULT_QUERY_PREFIX,
     DEFAULT_RIDGE,
+    EDITS,
 )
 from icl_lens.thought.fit import thought_patch
 from icl_lens.thought.locality import LocalityProbe, locality_probe
@@ -66,8 +68,6 @@ from icl_lens.thought.tasks import Task
 if TYPE_CHECKING:
     from icl_lens.model.types import Model
 
-CONDITIONS = ("none", "full", "patched", "distilled", "steering", "control")
-EDITS = ("patched", "distilled", "steering", "control")  # conditions that edit the model: locality is measured for these
 WORD_CHARACTER = re.compile(r"[\w'-]")  # a character that continues a word: the answer must not be followed by one
 
 
