@@ -324,7 +324,7 @@ def _thought_eval(args: argparse.Namespace) -> int:
     result = evaluate_thought(model, task, kind=args.kind, eta=args.eta, ridge=args.ridge, n_train=args.n_train,
                               query_prefix=args.query_prefix.replace("\\n", "\n"), answer_tokens=args.answer_tokens,
                               preserve_strength=args.preserve_strength, distill={"steps": args.distill_steps},
-                              conditions=tuple(c for c in CONDITIONS if c in args.conditions), progress=not args.json)
+                              conditions=tuple(args.conditions), progress=not args.json)
     out = result.to_dict()
     out["interval95"] = {c: list(wilson_interval(out["correct"][c], result.n_test)) for c in out["correct"]}
     if args.json:
