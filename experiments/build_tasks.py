@@ -315,28 +315,36 @@ def _number_word(n: int) -> str:
 
 
 def _task(name: str, kind: str, header: str, pairs: list[tuple[str, str]], seed: int, query: str = "{}:",
-          balance=None, fresh: list[tuple[str, str]] = ()) -> dict:
+          balance=None, fresh: list[tuple[str, str]] = (), demos: list[tuple[str, str]] | None = None) -> dict:
     """Shuffle ``pairs`` with ``seed``; demonstrations in the instruction, then train and test queries.
 
     ``balance(answer)``: a key whose values the demonstrations hold in equal numbers (the first pairs of each
     value in shuffled order), so that the prompt does not teach a bias: ``add`` balances the answer's first
     digit being "1" (a two-digit sum) or not (issue 22: 7 of its 8 demonstrations began with "1").
     ``fresh``: new pairs for the fresh split (:func:`_fresh`), which comes after the other splits and leaves
-    them as they are.
+    them as they are. ``demos``: the demonstrations, chosen by hand from the split's demonstrations and
+    leftovers (never a train or test pair), in this order; the ones they replace join the leftovers, so train
+    and test stay as they are.
     """
     keys = [q for q, _ in pairs]
     if len(set(keys)) != len(keys):
         raise ValueError(f"task {name}: repeated queries")
+    chosen = demos
     rng = random.Random(seed)
     pairs = pairs[:]
     rng.shuffle(pairs)
     if balance is not None:
         values = sorted({balance(a) for _, a in pairs})
         picked = [p for v in values for p in [p for p in pairs if balance(p[1]) == v][: N_DEMOS // len(values)]]
-        demos = [p for p in pairs if p in picked]  # in shuffled order
-        pairs = demos + [p for p in pairs if p not in picked]
-    demos, train = pairs[:N_DEMOS], pairs[N_DEMOS : N_DEMOS + N_TRAIN]
+        pairs = [p for p in pairs if p in picked] + [p for p in pairs if p not in picked]  # picked in shuffled order
+    train = pairs[N_DEMOS : N_DEMOS + N_TRAIN]
     test = pairs[N_DEMOS + N_TRAIN : N_DEMOS + N_TRAIN + N_TEST]
+    left = pairs[N_DEMOS + N_TRAIN + N_TEST :]
+    demos = pairs[:N_DEMOS] if chosen is None else list(chosen)
+    if chosen is not None:
+        if len(demos) != N_DEMOS or not all(p in pairs[:N_DEMOS] + left for p in demos):
+            raise ValueError(f"task {name}: the demonstrations must be {N_DEMOS} of its demonstrations and leftovers")
+        left = [p for p in left + pairs[:N_DEMOS] if p not in demos]
     if len(test) < MIN_TEST:
         raise ValueError(f"task {name}: {len(pairs)} pairs leave {len(test)} test queries (< {MIN_TEST})")
     instruction = header + "".join(f"{query.format(q)} {a}\n" for q, a in demos)
@@ -344,7 +352,6 @@ def _task(name: str, kind: str, header: str, pairs: list[tuple[str, str]], seed:
     out = {"name": name, "kind": kind, "instruction": instruction, "train": [item(*p) for p in train],
            "test": [item(*p) for p in test]}
     if fresh:
-        left = pairs[N_DEMOS + N_TRAIN + N_TEST :]
         out["fresh"] = [item(*p) for p in _fresh(name, kind, demos + train + test, left, list(fresh), seed)]
     return out
 
@@ -374,6 +381,16 @@ def _fresh(name: str, kind: str, used: list, left: list, new: list, seed: int) -
     return fresh
 
 
+# add's demonstrations (issue 22): the balanced split above still left three sums starting "2 +" and three ending
+# "+ 5" (the prompt lowered SmolLM2's accuracy: none 94% > full 75% on test). These 8 come from the split's
+# demonstrations and leftovers: 4 one-digit and 4 two-digit sums, every first addend different, distinct answers
+# (one repeated second addend is unavoidable there); of the first three such sets in enumeration order, the one with
+# the highest full-prompt accuracy on the train queries, both models (SmolLM2 53/66/56%, Gemma 59/75/75%; the old
+# prompt 59% and 69%), in a seeded order. SmolLM2 still answers the train queries better alone (88%); its chat
+# template does worse (0 of 32 train queries: "The answer is 10").
+ADD_DEMOS = ((7, 7), (2, 5), (1, 5), (6, 9), (9, 8), (4, 1), (8, 3), (3, 6))
+
+
 def _sums() -> list[tuple[str, str]]:
     """``a + b`` for every one-digit ``a, b ≥ 1`` (both orders)."""
     return [(f"{a} + {b}", str(a + b)) for a in range(1, 10) for b in range(1, 10)]
@@ -399,7 +416,7 @@ def tasks() -> list[dict]:
     words = WORDS.split()
     return [
         _task("add", "arithmetic", "Add the two numbers.\n", _sums(), 21, "{} =", balance=lambda a: a.startswith("1"),
-              fresh=_fresh_sums()),
+              fresh=_fresh_sums(), demos=[(f"{a} + {b}", str(a + b)) for a, b in ADD_DEMOS]),
         _task("plus_one", "arithmetic", "Each number is followed by the next number.\n", _successors(), 22,
               fresh=[(str(n), str(n + 1)) for n in range(99, 999)]),
         _task("antonyms", "word transformation", "Each word is followed by its opposite.\n", _pairs(ANTONYMS), 31,

@@ -170,10 +170,11 @@ else:
     display(shares.unstack(0).style.format("{:.0%}"))
 
 # %% [markdown]
-# The patched model answers the *other* task like the unpatched model on a median of about one query in nine: the
-# edit does not stay on its task. The evaluation also fits the patch with *preserve rows* (unrelated texts whose
-# target is their own unpatched state, `thought_patch(preserve=...)`), which keeps most of the other task at the same
-# accuracy on capitals (EVAL.md, "Locality with preserve rows"). The paper did not measure locality.
+# Read the shares against the 90% target (EVAL.md's thought section opens with it). Every patch here is fitted with
+# a *preserve term* by default: the least-squares fit also keeps the keys of general text where they were (the
+# model's own samples from BOS and shipped few-shot prompts, `icl_lens/thought/preserve.py`), as MEMIT does with a
+# covariance of general text. `thought_patch(preserve=())` fits the paper's patch without it; EVAL.md's "Preserve
+# strength" table shows what the term costs the task and buys on held-out texts. The paper did not measure locality.
 #
 # ## Exercise 1 · Predict, then check: vector or matrix? (10 min)
 #

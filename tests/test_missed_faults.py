@@ -57,7 +57,8 @@ def test_thought_matrix_with_ridge_is_the_documented_ridge_solution(load):
     over every row (query tokens and the anchor rows BOS and prefix, whose target δ is 0)."""
     model = load("tiny-llama", torch.float64)
     instruction, queries, ridge = "Answer with the capital.\n", ["France:", "Peru is"], 0.5
-    patch = thought_patch(model, instruction, queries, kind="matrix", ridge=ridge, layers=[0], answer_tokens=0)
+    patch = thought_patch(model, instruction, queries, kind="matrix", ridge=ridge, layers=[0], answer_tokens=0,
+                          preserve=())
     instr, query_ids, prefix = calibration_ids(model, instruction, queries, "\n")
     hook = block_family(model).mlp_input(0)
 

@@ -73,7 +73,9 @@ def test_lab_findings_follow_the_numbers():
 
 
 def _thought_row(n_test: int, correct: dict[str, int]) -> dict:
-    return {"n_train": 4, "n_test": n_test, "seconds": 9.0, "steering_layer": 1,
+    from experiments.thought.settings import default_setting
+
+    return {**default_setting(), "n_train": 4, "n_test": n_test, "seconds": 9.0, "steering_layer": 1,
             "accuracy": {c: k / n_test for c, k in correct.items()}, "correct": correct,
             "locality_kl": {"patched": 0.25, "control": 1.5, "steering": 0.125},
             "locality_accuracy": {"patched": 1.0, "control": 0.5, "steering": 0.75}}
@@ -98,7 +100,7 @@ def test_thought_report_names_the_runs_and_reads_the_target_from_the_numbers(tmp
     assert "n/a (full < 50%)" in rows[("n", "t")]
     assert "| 0.250 / 1.500 / 0.125 |" in rows[("m", "t")]
     assert "- m: target met on 1 of 2 tasks where full ≥ 50%; missed: u." in text
-    assert "**Not evaluated** on n (no cached result): u." in text
+    assert "**Not evaluated** on n with the current default: u." in text
 
 
 def test_finetune_alignment_verdict_rule():
@@ -197,7 +199,7 @@ def test_summary_counts_thought_rows_only_under_the_boundary_verdict(tmp_path):
 
     assert verdict({"table/a": row(0.9, 0.9, False), "table/b": row(0.9, 0.9, False)})["verdict"] == NOT_TESTED
     part = verdict({"table/a": row(0.9, 0.9, True), "table/b": row(0.9, 0.9, False)})
-    assert part["verdict"] == "partly" and "1 of 1 measured (1 of 2 tasks only under the earlier" in part["number"]
+    assert part["verdict"] == "partly" and "1 of 1 measured on the test queries (1 of 2 tasks only under the earlier" in part["number"]
     assert verdict({"table/a": row(0.9, 0.9, True), "table/b": row(0.9, 0.85, True)})["verdict"] == "reproduced"
     assert verdict({"table/a": row(0.9, 0.1, True), "table/b": row(0.9, 0.85, True)})["verdict"] == "partly"
     assert verdict({"table/a": row(0.9, 0.1, True), "table/b": row(0.9, 0.2, True)})["verdict"] == "not"

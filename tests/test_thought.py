@@ -26,7 +26,8 @@ from icl_lens.thought.tasks import TaskFormatError, load_task, shipped_task_path
 TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
 INSTRUCTION = "Remember: the secret word is banana, and 7 follows 3.\n"
 TOL = {torch.float64: 1e-9, torch.float32: 1e-4}  # docs/design.md §2 equivalence targets
-EXACT = dict(kind="both", ridge=0.0, query_prefix="", answer_tokens=0)  # the paper's Algorithm 1, the query read right after BOS
+EXACT = dict(kind="both", ridge=0.0, query_prefix="", answer_tokens=0, preserve=())  # the paper's Algorithm 1, the query
+# read right after BOS, no preserve texts
 
 
 def _logits(model, instruction: str | None, query: str) -> torch.Tensor:
@@ -56,7 +57,8 @@ def _dense_outputs(model, ids: list[int]) -> dict[str, torch.Tensor]:
     return {n: cache[n][0, -1] for n in names}
 
 
-SETTINGS = {"both": EXACT, "both+down-prefix": dict(kind="both+down", ridge=0.0, query_prefix="\n", answer_tokens=0)}
+SETTINGS = {"both": EXACT, "both+down-prefix": dict(kind="both+down", ridge=0.0, query_prefix="\n", answer_tokens=0,
+                                                   preserve=())}
 
 
 # The paper's kind on every block family; the default kind (with the newline prefix) on the three tiny models.
@@ -272,7 +274,7 @@ def test_answer_rows_make_the_answer_positions_exact(load, name):
     greedy = greedy_continuations(model, [with_bos(model, instr + q)], 3)[0]
     assert answer == greedy[: len(answer)] and all("\n" not in model.tokenizer.decode([t]) for t in answer[:-1])
     assert len(answer) >= 2  # else the answer positions are the query's last token only
-    exact = dict(kind="both+down", ridge=0.0, query_prefix="\n")
+    exact = dict(kind="both+down", ridge=0.0, query_prefix="\n", preserve=())
     rows = thought_patch(model, INSTRUCTION, ["q"], answer_tokens=3, **exact)
     plain = thought_patch(model, INSTRUCTION, ["q"], answer_tokens=0, **exact)
     assert rows.n_tokens == plain.n_tokens + len(answer) and rows.answer_tokens == 3
@@ -308,11 +310,16 @@ def test_preserve_penalty_keeps_the_preserved_text_and_fades_with_its_strength(l
         alone = last_logits(model, [patch.prompt_ids("q")])[0]
         full = _logits(model, INSTRUCTION, "q")
         assert float((patched - full).norm()) < float((alone - full).norm())
-    plain = thought_patch(model, INSTRUCTION, ["q", "ab"], **setting)
+    plain = thought_patch(model, INSTRUCTION, ["q", "ab"], preserve=(), **setting)
     assert _rel(logits(kept[0], plain), logits(kept[0])) == pytest.approx(
         _rel(logits(kept[0], thought_patch(model, INSTRUCTION, ["q", "ab"], preserve=kept, preserve_strength=0.0,
                                             **setting)), logits(kept[0])), rel=1e-12)
     assert moved[100.0] < 0.5 * moved[1.0] < 0.5 * moved[0.0]
+    from icl_lens.thought.preserve import preserve_texts
+
+    default = thought_patch(model, INSTRUCTION, ["q", "ab"], **setting)  # preserve=None: the model's preserve texts
+    given = thought_patch(model, INSTRUCTION, ["q", "ab"], preserve=preserve_texts(model), **setting)
+    assert torch.equal(default.maps, given.maps) and not torch.equal(default.maps, plain.maps)
     with pytest.raises(PromptError):
         thought_patch(model, INSTRUCTION, ["q"], preserve=kept[0], preserve_strength=1.0)
     with pytest.raises(ValueError, match="preserve_strength"):
@@ -425,7 +432,8 @@ def test_cli_json_on_a_tiny_task(tmp_path, capsys):
     assert set(out) == {"task", "model", "kind", "eta", "ridge", "query_prefix", "answer_tokens", "n_train", "n_test",
                         "accuracy", "correct", "interval95", "locality_kl", "locality_kept", "agreement_with_full",
                         "gain_recovered", "steering_layer", "seconds", "continuations", "preserve", "preserve_strength",
-                        "distill"}
+                        "preserve_set", "split", "distill"}
+    assert out["split"] == "test" and out["preserve_set"] == "samples+few-shot"
     assert out["task"] == "t" and out["model"] == "tiny-llama" and out["n_train"] == 2 and out["n_test"] == 2
     edited = {"patched", "distilled", "steering", "control"}
     assert set(out["accuracy"]) == {"none", "full"} | edited

@@ -56,11 +56,47 @@ def test_shipped_samples_never_hold_a_locality_text():
     from icl_lens.thought.preserve import PRESERVE_DIR
 
     measured = set(load_locality().texts)
-    files = sorted(PRESERVE_DIR.glob("*.json"))
+    files = sorted(p for p in PRESERVE_DIR.glob("*.json") if p.name != "few_shot.json")
+    assert len(files) == 2
     for path in files:
         data = json.loads(path.read_text(encoding="utf-8"))
         assert data["generated_by"].startswith("python -m experiments.thought.preserve_samples")
         assert len(data["texts"]) >= 32 and not measured & set(data["texts"]), path.name
+
+
+def test_few_shot_prompts_are_the_scripts_and_stay_apart_from_the_locality_measure(load):
+    """The shipped few-shot preserve prompts are what the committed script writes; none holds an item of the
+    locality measure's other task (a planted one is refused); the fit half holds the even-numbered prompts, the
+    held-out half the others, every format in both; a model with a short context gets each prompt cut to it."""
+    import json
+
+    from experiments.thought import few_shot_preserve as fsp
+    from experiments.thought.preserve_samples import write_few_shot
+    from icl_lens.model.prompts import context_limit
+    from icl_lens.thought.preserve import FEW_SHOT_FILE, few_shot_texts
+
+    data = json.loads(FEW_SHOT_FILE.read_text(encoding="utf-8"))
+    assert data["generated_by"] == "python -m experiments.thought.preserve_samples --few-shot-only"
+    assert data["texts"] == fsp.texts() == few_shot_texts() and len(data["texts"]) == fsp.N_TASKS >= 20
+    before = FEW_SHOT_FILE.read_bytes()
+    write_few_shot()  # the script refuses nothing and rewrites the same bytes
+    assert FEW_SHOT_FILE.read_bytes() == before
+    with pytest.raises(ValueError, match="item of the locality"):
+        fsp.check(set(), {fsp.TASKS[3][1][2][0]})
+    with pytest.raises(ValueError, match="is a locality text"):
+        fsp.check({fsp.text(5)}, set())
+    for half in (0, 1):
+        assert {i % len(fsp.FORMATS) for i in range(half, fsp.N_TASKS, 2)} == set(range(len(fsp.FORMATS)))
+    smol = load("tiny-llama")  # 256 positions: some prompts are longer in its tokenizer
+    fit, held = preserve_texts(smol, "fit"), preserve_texts(smol, "held_out")
+    room = context_limit(smol) - 1
+    prompts = few_shot_texts()
+    for got, wanted in ((fit, prompts[0::2]), (held, prompts[1::2])):
+        tail = got[-len(wanted):]
+        assert all(w.startswith(g) for g, w in zip(tail, wanted))
+        assert all(len(smol.tokenizer(g, add_special_tokens=False)["input_ids"]) <= room for g in tail)
+    assert any(g != w for g, w in zip(fit[-len(prompts[0::2]):] + held[-len(prompts[1::2]):],
+                                      prompts[0::2] + prompts[1::2]))  # at least one was cut
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
@@ -129,7 +165,7 @@ def test_joint_fit_solves_the_normal_equations_over_every_tasks_rows(load):
     family = block_family(model)
     a_hook, o_hook = family.mlp_input(0), family.resid_post(0)
     tasks = [(INSTRUCTION, ["q", "ab"]), (COLOURS, ["x", "yz w"])]
-    patch = thought_patch_joint(model, tasks, kind="both", ridge=0.5, layers=[0], answer_tokens=0)
+    patch = thought_patch_joint(model, tasks, kind="both", ridge=0.5, layers=[0], answer_tokens=0, preserve=())
     pre = prefix_ids(model, patch.query_prefix)
     x, d, o_ctx, o_plain = [], [], [], []
     for instruction, queries in tasks:

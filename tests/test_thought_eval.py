@@ -33,9 +33,16 @@ def test_task_builder_is_deterministic_and_matches_the_committed_files():
 
 
 def test_add_prompt_does_not_teach_a_first_digit():
-    """Issue 22: half of add's demonstrations are two-digit sums (starting with "1"), half are not."""
+    """Issue 22: half of add's demonstrations are two-digit sums (starting with "1"), half are not; no first addend
+    repeats, no answer repeats, and no second addend appears more than twice."""
+    from collections import Counter
+
     demos = load_task("add").instruction.splitlines()[1:]
     assert len(demos) == 8 and sum(line.rsplit(" ", 1)[1].startswith("1") for line in demos) == 4
+    sums = [tuple(int(x) for x in line.replace("=", "+").split(" + ")) for line in demos]
+    assert all(a + b == c for a, b, c in sums)
+    assert len({a for a, _, _ in sums}) == 8 and len({c for _, _, c in sums}) == 8
+    assert max(Counter(b for _, b, _ in sums).values()) <= 2
 
 
 def test_shipped_suite_has_ten_tasks_of_several_kinds_with_disjoint_splits():
@@ -53,13 +60,17 @@ def test_shipped_suite_has_ten_tasks_of_several_kinds_with_disjoint_splits():
 
 
 # Digests of each shipped task's instruction, train and test as they were when the fresh split came (issue 22):
-# the reports were computed on them, so a rebuild must leave them as they are.
+# the reports were computed on them, so a rebuild must leave them as they are. add's instruction changed once since
+# (its demonstrations, build_tasks.ADD_DEMOS; train and test as they were: ADD_SPLITS_DIGEST).
 SPLIT_DIGESTS = {
-    "add": "c6a516c8029d13a9", "plus_one": "b0e81a45be75bbff", "antonyms": "060b30bd79ef4cb0",
+    "add": "9aae58262faa1018", "plus_one": "b0e81a45be75bbff", "antonyms": "060b30bd79ef4cb0",
     "plural": "819ce5af19715079", "past_tense": "f9c55511e83487d2", "en_fr": "ba46669346cc14db",
     "en_es": "96293a20455e77d6", "en_de": "85f96d96eb7b0541", "capitals": "22393b6fc86a3968",
     "languages": "78cf6df2f3d53478", "uppercase": "8860534f9d85c822", "number_words": "8ce99bc914cc6a3b",
 }
+
+
+ADD_SPLITS_DIGEST = "41bc67c5e13de745"  # add's train and test, the same before and after its new demonstrations
 
 
 def _split_digest(task: dict) -> str:
@@ -94,6 +105,10 @@ def test_fresh_splits_leave_the_other_splits_and_are_disjoint_and_right():
 
     built = {t["name"]: t for t in tasks()}
     assert {name: _split_digest(built[name]) for name in SHIPPED_TASKS} == SPLIT_DIGESTS
+    import hashlib
+
+    add = json.dumps([built["add"]["train"], built["add"]["test"]], ensure_ascii=False).encode()
+    assert hashlib.sha256(add).hexdigest()[:16] == ADD_SPLITS_DIGEST
     assert set(FEWER_FRESH) <= set(SHIPPED_TASKS)
     for name in SHIPPED_TASKS:
         t = load_task(name)
@@ -142,6 +157,34 @@ def test_selection_reads_neither_test_nor_fresh():
         assert (fit, val) == selection_split(bare, SELECT_FIT, SELECT_VALIDATE), name
         assert len(fit) == SELECT_FIT and val
         assert not set(fit + val) & {q for q, _ in task.test + task.fresh}, name
+
+
+def test_fresh_split_is_scored_with_the_same_edits(load):
+    """evaluate_thought(fresh=True) scores the fresh queries with the very edits it scored the test queries with:
+    its test result is the one without fresh, and its fresh patched answers are those of the same patch refitted and
+    applied to the fresh queries (evaluate_edit, split="fresh"); a task without a fresh split is refused."""
+    from dataclasses import replace
+
+    from icl_lens.thought.evaluate import evaluate_edit, evaluate_thought
+
+    model = load("tiny-llama")
+    task = replace(load_task("capitals"), test=load_task("capitals").test[:6], fresh=load_task("capitals").fresh[:5])
+    settings = dict(n_train=2, conditions=("none", "full", "patched"), locality=False)
+    both = evaluate_thought(model, task, fresh=True, **settings)
+    alone = evaluate_thought(model, task, **settings)
+    assert alone.fresh is None and both.split == "test" and both.fresh.split == "fresh"
+    assert both.outcomes == alone.outcomes and both.continuations == alone.continuations
+    assert both.fresh.n_test == 5 and both.fresh.seconds is both.seconds
+    from icl_lens.thought.preserve import preserve_texts
+
+    patch = thought_patch(model, task.instruction, [q for q, _ in task.train[:2]], preserve=preserve_texts(model))
+    again = evaluate_edit(model, task, patch, split="fresh")
+    assert list(both.fresh.continuations["patched"]) == again["continuations"]
+    assert both.fresh.to_dict()["split"] == "fresh" and both.fresh.to_dict()["n_test"] == 5
+    with pytest.raises(ValueError, match="no fresh split"):
+        evaluate_thought(model, replace(task, fresh=()), fresh=True, **settings)
+    with pytest.raises(ValueError, match="split must be"):
+        evaluate_edit(model, task, patch, split="train")
 
 
 # --- the down-projection edit --------------------------------------------------------------------
@@ -276,11 +319,18 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     assert "curve/capitals/2" in cache
     opening = text.split("**Issue 22's targets**", 1)[1].split("\n\n", 2)[1]  # the first table of the section
     assert text.index("**Issue 22's targets**") < text.index("Method (")
-    assert opening.count("| tiny-llama |") == 5 and "against distillation" in opening and "two tasks" in opening
+    assert opening.count("| tiny-llama | fresh (scored once) |") == 5 == opening.count("| tiny-llama | test |")
+    assert "against distillation" in opening and "two tasks" in opening
+    fresh = cache["fresh/capitals"]  # the fresh split, scored by the same run with the same edits
+    assert fresh["split"] == "fresh" and fresh["n_test"] == len(load_task("capitals").fresh) == len(
+        fresh["outcomes"]["patched"]) and fresh["locality_kl"] == r["locality_kl"] and fresh["seconds"] == r["seconds"]
+    assert "**Fresh queries, scored once**" in text and f"| tiny-llama | capitals (selection) | {fresh['n_test']} |" in text
     assert "two tasks at once (edits added)" in opening and "two tasks at once (one joint fit)" in opening
     assert "**Against context distillation**" in text and f"{r['seconds']['distilled']:.0f} |" in text
     both = cache["compose/capitals+capitals"]
-    assert both["per_task"]["capitals"]["n_test"] == 32 and "**Composed patches**" in text
+    assert both["per_task"]["capitals"]["n_test"] == 32 and "**Composed patches** (fresh" in text
+    assert both["per_task_fresh"]["capitals"]["n_test"] == fresh["n_test"] == both["joint"]["per_task_fresh"][
+        "capitals"]["n_test"]
     assert both["joint"]["per_task"]["capitals"]["n_test"] == 32 and both["joint"]["locality"]["n_prompts"] == 32
     same = sum(p == f for p, f in zip(r["answers"]["patched"], r["answers"]["full"]))
     assert r["agreement_with_full"]["patched"] == same / 32
@@ -292,32 +342,20 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     text = out.read_text()
     assert {0, 2} <= {v["answer_tokens"] for k, v in cache.items() if k.startswith("answers/")}
     tuned = cache["tuned/capitals"]  # --quick tunes its one task whatever the table says
-    assert len(tuned["validation_kl"]) == 3 and setting_name(tuned["chosen"]) == min(tuned["validation_kl"],
-                                                                                  key=tuned["validation_kl"].get)
+    assert len(tuned["validation_kl"]) == 3 and tuned["chosen_name"] == min(tuned["validation_kl"],
+                                                                           key=tuned["validation_kl"].get)
     assert "**Tuned per task**" in text
     on_train = cache["train/capitals"]  # the instruction on the calibration queries themselves
     assert on_train["n_test"] == len(load_task("capitals").train) and set(on_train["accuracy"]) == {"none", "full"}
     third = {v["preserve_strength"]: v for k, v in cache.items() if k.startswith("strength/")}  # third stage
     assert set(third) == {0.0, 1.0} and third[1.0]["text_kl"] < third[0.0]["text_kl"]  # the penalty keeps the samples
+    assert {v["preserve_set"] for v in third.values()} == {"samples+few-shot"}
+    lrs = {v["lr"]: v for k, v in cache.items() if k.startswith("distill/")}  # distillation's learning rate
+    assert set(lrs) == {1e-4, 1e-3} and all(v["steps"] == 2 and v["validation_kl"] > 0 for v in lrs.values())
+    assert "**Distillation's learning rate**" in text and f"By the rule: **{min(lrs, key=lambda k: lrs[k]['validation_kl']):g}**" in text
     assert "**Preserve strength** (third stage" in text and f"| {third[1.0]['text_kl']:.4f} | 1 |" in text
     assert "By the rule: strength **" in text
     assert "**Answer-token rows**" in text and "| both+down, ridge 2, prefix '\\n', answer tokens 2 |" in text
-
-
-def test_carry_over_keeps_the_steering_layer_and_recomputes_agreement():
-    """A rerun that recomputes only the patch conditions keeps the steering condition's layer, and compares the
-    new patched answers with the carried-over full answers (not the old patched ones)."""
-    from experiments.thought.cache import carry_over
-
-    old = {"accuracy": {"none": 0.5, "full": 1.0, "patched": 0.5, "steering": 0.5}, "steering_layer": 7,
-           "ridge": 2.0, "answers": {"none": ["x", "b"], "full": ["a", "b"], "patched": ["x", "y"],
-                                     "steering": ["a", "y"]}}
-    new = {"accuracy": {"patched": 1.0, "control": 0.0}, "steering_layer": None, "ridge": 8.0,
-           "answers": {"patched": ["a", "b"], "control": ["q", "q"]}}
-    row = carry_over(old, new)
-    assert row["steering_layer"] == 7 and row["ridge"] == 8.0
-    assert row["agreement_with_full"] == {"none": 0.5, "patched": 1.0, "steering": 0.5, "control": 0.0}
-    assert row["carried_over"] == ["none", "full", "steering"]
 
 
 # --- diagnosis ------------------------------------------------------------------------------------
@@ -328,7 +366,7 @@ def test_diagnosis_divergence_vanishes_for_the_exact_patch(load):
     from icl_lens.thought.diagnose import diagnose
 
     model = load("tiny-llama", torch.float64)
-    patch = thought_patch(model, INSTRUCTION, ["q"], kind="both+down", ridge=0.0, query_prefix="\n")
+    patch = thought_patch(model, INSTRUCTION, ["q"], kind="both+down", ridge=0.0, query_prefix="\n", preserve=())
     exact = diagnose(model, INSTRUCTION, ["q"], patch, query_prefix="\n")
     assert float(exact.divergence.max()) <= 1e-9
     plain = diagnose(model, INSTRUCTION, ["q"], None, query_prefix="\n")
@@ -405,9 +443,11 @@ def test_down_fit_removes_the_block_output_residual_of_the_calibration_tokens(lo
         return (num / den) ** 0.5
 
     paper = residual(thought_patch(model, INSTRUCTION, queries, kind="both", ridge=0.0, query_prefix="\n",
-                                   answer_tokens=0))
-    exact = thought_patch(model, INSTRUCTION, queries, kind="both+down", ridge=0.0, query_prefix="\n", answer_tokens=0)
-    ridged = residual(thought_patch(model, INSTRUCTION, queries, ridge=2.0, answer_tokens=0))  # query rows, as the others
+                                   answer_tokens=0, preserve=()))
+    exact = thought_patch(model, INSTRUCTION, queries, kind="both+down", ridge=0.0, query_prefix="\n", answer_tokens=0,
+                          preserve=())
+    ridged = residual(thought_patch(model, INSTRUCTION, queries, ridge=2.0, answer_tokens=0,
+                                    preserve=()))  # query rows, as the others
     assert paper > 1e-3
     if exact.vector_site == "bias":  # exact interpolation: fewer calibration tokens than d_mlp
         assert residual(exact) <= 1e-8 * max(paper, 1.0)

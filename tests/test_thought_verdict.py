@@ -43,6 +43,14 @@ def test_graded_keeps_every_new_token_and_scores_by_the_boundary_rule(load):
         assert (g == a) if ok else (stripped.startswith(g) and g != a)
 
 
+def _current() -> dict:
+    """The settings a cached row names when the current default computed it."""
+    from experiments.thought.settings import default_setting
+    from icl_lens.thought.defaults import DISTILL_LR
+
+    return {**default_setting(), "distill": {"lr": DISTILL_LR}}
+
+
 def _row(correct_patched: int, kl: float = 0.05, kept: float = 0.95, distilled: int = 20, seconds=(1.0, 30.0)) -> dict:
     n = 24
     correct = {"none": 0, "full": 20, "patched": correct_patched, "distilled": distilled, "steering": 3, "control": 0}
@@ -50,30 +58,37 @@ def _row(correct_patched: int, kl: float = 0.05, kept: float = 0.95, distilled: 
             "outcomes": {c: [1] * k + [0] * (n - k) for c, k in correct.items()}, "continuations": {},
             "locality_kl": {"patched": kl, "distilled": 0.2, "steering": 0.3, "control": 0.5},
             "locality_kept": {"patched": kept, "distilled": 0.5, "steering": 0.5, "control": 0.5},
-            "gain_recovered": {}, "seconds": {"patched": seconds[0], "distilled": seconds[1], "total": 40.0}}
+            "gain_recovered": {}, "seconds": {"patched": seconds[0], "distilled": seconds[1], "total": 40.0},
+            **_current()}
 
 
 def test_the_four_targets_are_read_from_the_rows():
     """Ten tasks at full strength meet every target; one task's locality KL above 0.1, a distillation only 10×
     slower, an old-verdict row and a composed task at 0.75 of its single accuracy each flip one verdict; the
     joint fit, where cached, has its own row and verdict."""
-    from experiments.thought.settings import choose_strength
+    from experiments.thought.settings import choose_strength, earlier_strength_choice
     from experiments.thought.targets import targets_lines
 
     tasks = [f"t{i}" for i in range(10)]
     good = {f"table/{t}": _row(20) for t in tasks}
     single = {"accuracy": 20 / 24, "correct": 20, "n_test": 24, "locality": {"kl": 0.04, "accuracy": 0.97}}
-    good["compose/t0+t1"] = {"tasks": ["t0", "t1"], "locality": {"kl": 0.05, "accuracy": 0.95},
+    good["compose/t0+t1"] = {**_current(), "tasks": ["t0", "t1"], "locality": {"kl": 0.05, "accuracy": 0.95},
                              "per_task": {"t0": {"accuracy": 18 / 24, "correct": 18, "n_test": 24, "single": single},
                                           "t1": {"accuracy": 20 / 24, "correct": 20, "n_test": 24, "single": single}}}
     verdicts = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": good}, ["m"], tasks)
-                if line.startswith("| ") and "| m |" in line]
+                if line.startswith("| ") and "| m | test |" in line]
     assert verdicts == ["met"] * 4  # no joint fit cached: one row for the edits added
+    fresh = [line for line in targets_lines({"m": good}, ["m"], tasks) if "| m | fresh (scored once) |" in line]
+    assert len(fresh) == 4 and all("not measured" in line for line in fresh)  # no fresh row: not measured
+    both = {**good, **{f"fresh/{t}": _row(10 if t == "t0" else 20) for t in tasks}}
+    fresh = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": both}, ["m"], tasks)
+             if "| m | fresh (scored once) |" in line]
+    assert fresh[:3] == ["missed", "met", "missed"]  # own verdicts: t0 at half of full (9 of 10; 0.42 below distilled)
     joint = {"locality": {"kl": 0.06, "accuracy": 0.9},
              "per_task": {"t0": {"accuracy": 20 / 24, "correct": 20, "n_test": 24},
                           "t1": {"accuracy": 17 / 24, "correct": 17, "n_test": 24}}}
     good["compose/t0+t1"] = {**good["compose/t0+t1"], "joint": joint}
-    lines = [line for line in targets_lines({"m": good}, ["m"], tasks) if line.startswith("| ") and "| m |" in line]
+    lines = [line for line in targets_lines({"m": good}, ["m"], tasks) if line.startswith("| ") and "| m | test |" in line]
     assert [line.rsplit("|", 2)[1].strip() for line in lines] == ["met"] * 5
     assert "(one joint fit)" in lines[4] and "t0 1.00, t1 0.85" in lines[4] and "KL 0.060 at once" in lines[4]
     bad = {**good, "table/t3": _row(20, kl=0.2), "table/t4": _row(20, seconds=(3.0, 30.0))}
@@ -84,35 +99,57 @@ def test_the_four_targets_are_read_from_the_rows():
     del old["continuations"]  # scored before the boundary verdict: not counted
     bad["table/t5"] = old
     verdicts = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": bad}, ["m"], tasks)
-                if line.startswith("| ") and "| m |" in line]
+                if line.startswith("| ") and "| m | test |" in line]
     assert verdicts == ["missed", "missed", "missed", "missed", "met"]  # 9 of 9 tasks < 10 needed; KL; 10×; 0.75
     bad["compose/t0+t1"]["joint"] = {**joint, "per_task": {**joint["per_task"], "t1": {"accuracy": 15 / 24,
                                                                                       "correct": 15, "n_test": 24}}}
     verdicts = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": bad}, ["m"], tasks)
-                if line.startswith("| ") and "| m |" in line]
+                if line.startswith("| ") and "| m | test |" in line]
     assert verdicts[4] == "missed"  # the joint fit's t1 at 0.75 of its single accuracy
+    stale = {**good, "table/t6": {**good["table/t6"], "preserve_strength": 0.0},  # an earlier default's rows
+             "table/t7": {**good["table/t7"], "distill": {"lr": 1.0}}}
+    line = next(line for line in targets_lines({"m": stale}, ["m"], tasks) if line.startswith("| accuracy")
+                and "| m | test |" in line)
+    assert "8 of 8 tasks" in line and line.rsplit("|", 2)[1].strip() == "missed"  # not counted as the default's
     assert choose_strength({0.0: (1.0, 0.5), 1.0: (1.05, 0.2), 10.0: (1.5, 0.01)}) == 1.0
     assert choose_strength({0.0: (1.0, 0.5), 1.0: (1.2, 0.2)}) == 0.0
+    assert choose_strength({0.0: (0.02, 0.5), 1.0: (0.1, 0.2), 10.0: (0.13, 0.01)}) == 1.0  # absolute slack 0.1
+    assert earlier_strength_choice({0.0: (0.02, 0.5), 1.0: (0.1, 0.2)}) == 0.0  # relative: 1.1 × 0.02
 
 
 def test_the_default_preserve_strength_is_the_rules_choice_on_the_committed_selection():
-    """Wherever the committed caches hold the third selection stage for every strength, the default strength is
-    what the rule picks from them (the mean over the models and selection tasks that hold it)."""
+    """Wherever the committed caches hold the third selection stage for every strength with the current preserve
+    texts, the default strength is what the rule picks from them (the mean over the models and selection tasks
+    that hold it)."""
     import json
     from pathlib import Path
 
-    import numpy as np
-
     from experiments.thought.settings import PRESERVE_STRENGTHS, SELECT_TASKS, choose_strength
+    from experiments.thought.targets import rule_scores, strength_scores
     from icl_lens.thought.defaults import DEFAULT_PRESERVE_STRENGTH
+    from icl_lens.thought.preserve import PRESERVE_SET
 
-    got: dict[float, list[tuple[float, float]]] = {}
-    for path in sorted(Path("reports").glob("eval_thought.*.json")):
-        for key, v in json.loads(path.read_text()).items():
-            if key.startswith("strength/") and v["task"] in SELECT_TASKS:
-                got.setdefault(float(v["preserve_strength"]), []).append((v["validation_kl"], v["text_kl"]))
-    if set(got) != set(PRESERVE_STRENGTHS) or len({len(x) for x in got.values()}) != 1:
+    caches = {p.name: json.loads(p.read_text()) for p in sorted(Path("reports").glob("eval_thought.*.json"))}
+    got = strength_scores(caches, SELECT_TASKS, PRESERVE_SET)
+    if set(got) != set(PRESERVE_STRENGTHS) or len({len(x["answer"]) for x in got.values()}) != 1:
         assert DEFAULT_PRESERVE_STRENGTH == 0.0  # no complete selection: the penalty stays off
         return
-    scores = {s: (float(np.mean([a for a, _ in x])), float(np.mean([t for _, t in x]))) for s, x in got.items()}
-    assert DEFAULT_PRESERVE_STRENGTH == choose_strength(scores)
+    assert len(got[0.0]["answer"]) == len(SELECT_TASKS) * len(caches)  # every model, every selection task
+    assert DEFAULT_PRESERVE_STRENGTH == choose_strength(rule_scores(got))
+
+
+def test_the_default_distillation_rate_is_the_rules_choice_on_the_committed_selection():
+    """The default peak learning rate of context distillation is what choose_lr picks from the committed
+    distillation stage (every model, every DISTILL_TASKS task, every rate of the grid)."""
+    import json
+    from pathlib import Path
+
+    from experiments.thought.settings import DISTILL_LRS, DISTILL_TASKS, choose_lr
+    from experiments.thought.targets import distill_lr_scores
+    from icl_lens.thought.defaults import DISTILL_LR
+
+    caches = {p.name: json.loads(p.read_text()) for p in sorted(Path("reports").glob("eval_thought.*.json"))}
+    got = distill_lr_scores(caches)
+    assert set(got) == set(DISTILL_LRS) and all(len(x) == len(DISTILL_TASKS) * len(caches) for x in got.values())
+    assert DISTILL_LR == choose_lr({lr: sum(x) / len(x) for lr, x in got.items()})
+    assert choose_lr({1e-4: 0.5, 3e-4: 0.4, 1e-3: 0.4}) == 3e-4 and choose_lr({1e-4: 0.1, 3e-4: 0.4}) == 1e-4

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from experiments.thought.cache import cache_path, cached, carry_over
+from experiments.thought.cache import cache_path, cached
 from experiments.thought.settings import (
+    DISTILL_LRS,
+    DISTILL_TASKS,
     PAPER,
-    PATCH_CONDITIONS,
     COMPOSE_GROUPS,
     PRESERVE_STRENGTHS,
     SCORE_ANSWER_TOKENS,
@@ -23,9 +24,12 @@ from experiments.thought.settings import (
     SELECT_VALIDATE,
     SIZES,
     STAGE_ONE,
+    default_setting,
+    is_current,
     setting_name,
     target_verdict,
 )
+from experiments.thought.targets import SPLITS, per_task_key
 from icl_lens.thought.tasks import Task, load_task
 
 
@@ -35,33 +39,43 @@ def selection_split(task: Task, n_fit: int, n_validate: int) -> tuple[list[str],
     return [q for q, _ in task.train[:n_fit]], [q for q, _ in task.train[n_fit:n_fit + n_validate]]
 
 
+
+
+def strength_key(default: dict, strength: float, task: str) -> str:
+    """The cache key of one third-stage result: the preserve set, the default at ``strength``, the task."""
+    from icl_lens.thought.preserve import PRESERVE_SET
+
+    setting = default | {"preserve_strength": strength, "preserve_set": PRESERVE_SET}
+    return f"strength/{PRESERVE_SET}/{setting_name(setting)}/{task}"
+
+
 def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Path, run: str, *,
               paper_tasks: list[str] | None = None, compose_groups=COMPOSE_GROUPS, strengths=PRESERVE_STRENGTHS,
               n_train: int | None = None, sizes=SIZES, select: bool = False, select_tasks=SELECT_TASKS,
               select_grid=SELECT_GRID, select_extra=SELECT_EXTRA, select_answer_grid=SELECT_ANSWER_GRID,
               select_fit: int = SELECT_FIT, select_validate: int = SELECT_VALIDATE,
-              diagnose_task: str | None = None, table: bool = True, tune_tasks: list[str] | None = None) -> None:
-    """Evaluate what the cache lacks; ``run`` (command and machine) is recorded with the keys it computed."""
+              diagnose_task: str | None = None, table: bool = True, tune_tasks: list[str] | None = None,
+              distill_tasks=DISTILL_TASKS, distill_lrs=DISTILL_LRS, distill_steps: int | None = None,
+              distill_on: list[str] | None = None) -> None:
+    """Evaluate what the cache lacks; ``run`` (command and machine) is recorded with the keys it computed.
+
+    ``distill_on``: the tasks whose table row also runs context distillation (None: every task); the others' rows
+    have every condition but ``distilled`` (the report shows them as not measured)."""
     from icl_lens.model.loading import load_model
     from icl_lens.thought.instruction_batches import text_ids, with_bos
     from icl_lens.thought.diagnose import diagnose
     from icl_lens.thought.divergence import answer_kl, text_kl
     from icl_lens.thought.evaluate import evaluate_thought
-    from icl_lens.thought.defaults import (
-        DEFAULT_ANSWER_TOKENS,
-        DEFAULT_KIND,
-        DEFAULT_PRESERVE_STRENGTH,
-        DEFAULT_QUERY_PREFIX,
-        DEFAULT_RIDGE,
-    )
+    from icl_lens.thought.defaults import CONDITIONS, DEFAULT_QUERY_PREFIX
+    from icl_lens.thought.distill import distill_patch
     from icl_lens.thought.evaluate import evaluate_edit
     from icl_lens.thought.fit import thought_patch, thought_patch_joint
     from icl_lens.thought.locality import locality_probe
-    from icl_lens.thought.preserve import preserve_texts
+    from icl_lens.thought.preserve import PRESERVE_SET, preserve_texts
     from icl_lens.thought.result import ThoughtPatch
 
-    default = {"kind": DEFAULT_KIND, "ridge": DEFAULT_RIDGE, "query_prefix": DEFAULT_QUERY_PREFIX,
-               "answer_tokens": DEFAULT_ANSWER_TOKENS, "preserve_strength": DEFAULT_PRESERVE_STRENGTH}
+    default = default_setting()
+    fit_default = {k: v for k, v in default.items() if k != "preserve_set"}  # thought_patch's keyword arguments
     stage_one = {**STAGE_ONE, "answer_tokens": 0}
     cache, results = cache_path(out, model_name), cached(out, model_name)
     model = load_model(model_name)
@@ -86,11 +100,12 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
         jobs += [("select", select_tasks[0], len(select_grid) + i) for i in range(len(select_extra))]
         jobs += [("answers", name, i) for name in select_tasks for i in range(len(select_answer_grid))]
         jobs += [("strength", name, strength) for name in select_tasks for strength in strengths]
+        jobs += [("distill", name, lr) for name in distill_tasks for lr in distill_lrs]
     if diagnose_task:
         jobs += [("diagnose", diagnose_task, None)]
 
-    def current(key: str) -> bool:  # cached, and computed with the current default settings
-        return key in results and setting_name(results[key]) == setting_name(default)
+    def current(key: str) -> bool:  # cached, and computed with the current default settings (distillation's too)
+        return is_current(results.get(key), default)
 
     def answer_selection(task, setting: dict) -> dict:
         """Fit on the first train queries, score the next ones at the answer's positions (cached)."""
@@ -118,17 +133,17 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
     start = time.perf_counter()
     for job, name, arg in tqdm(jobs, desc=model_name):
         task = load_task(name) if name is not None else None
-        if job == "table" and not (current(f"table/{name}") and "continuations" in results[f"table/{name}"]):
+        if job == "table" and not (current(f"table/{name}") and f"fresh/{name}" in results):
+            # Every condition, in one run with the default, on the test queries and the fresh ones (scored once).
             probe = probe or locality_probe(model)
             old = results.get(f"table/{name}")
-            if old is None or "continuations" not in old:  # new, or scored before issue 22's verdict: every condition
-                new = evaluate_thought(model, task, n_train=n_train, locality=probe).to_dict(outcomes=True)
-            else:  # the default changed: recompute what depends on the patch, carry over the rest
-                new = carry_over(old, evaluate_thought(model, task, n_train=n_train, locality=probe,
-                                                        conditions=PATCH_CONDITIONS).to_dict(outcomes=True))
-            if old is not None and setting_name(old) != setting_name(default):  # keep the earlier default's row
+            conditions = tuple(c for c in CONDITIONS
+                               if c != "distilled" or distill_on is None or name in distill_on)
+            new = evaluate_thought(model, task, n_train=n_train, locality=probe, fresh=True, conditions=conditions)
+            if old is not None:  # keep the earlier default's row
                 store(f"earlier/{setting_name(old)}/{name}", old)
-            store(f"table/{name}", new)
+            store(f"table/{name}", new.to_dict(outcomes=True))
+            store(f"fresh/{name}", new.fresh.to_dict(outcomes=True))
         elif job == "paper" and f"paper/{name}" not in results:
             probe = probe or locality_probe(model)
             res = evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("none", "patched"), **PAPER)
@@ -138,8 +153,7 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
             # patches' edits added, and one joint fit over all their calibration rows.
             probe = probe or locality_probe(model)
             group = [load_task(t) for t in arg]
-            fit = {k: v for k, v in default.items()}
-            fit["preserve"] = preserve_texts(model) if fit["preserve_strength"] else ()
+            fit = dict(fit_default, preserve=preserve_texts(model) if default["preserve_strength"] else ())
             prefix = default["query_prefix"]
             calibration = [(t.instruction, [q for q, _ in t.train[:n_train]]) for t in group]
             if not current(key):
@@ -150,16 +164,18 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
                 store(key, {
                     **default, "tasks": list(arg), "seconds": {"patched": seconds},
                     "locality": probe.measure(patch).to_dict(),
-                    "per_task": {t.name: {**evaluate_edit(model, t, patch, query_prefix=prefix),
-                                          "single": {**evaluate_edit(model, t, p, query_prefix=prefix),
-                                                     "locality": probe.measure(p).to_dict()}}
-                                 for t, p in zip(group, singles)}})
+                    **{per_task_key(split): {
+                        t.name: {**evaluate_edit(model, t, patch, query_prefix=prefix, split=split),
+                                 "single": {**evaluate_edit(model, t, p, query_prefix=prefix, split=split),
+                                            "locality": probe.measure(p).to_dict()}}
+                        for t, p in zip(group, singles)} for split in SPLITS}})
             t0 = time.perf_counter()
             joint = thought_patch_joint(model, calibration, **fit)
             seconds = time.perf_counter() - t0
             store(key, {**results[key], "joint": {
                 "seconds": {"patched": seconds}, "locality": probe.measure(joint).to_dict(),
-                "per_task": {t.name: evaluate_edit(model, t, joint, query_prefix=prefix) for t in group}}})
+                **{per_task_key(split): {t.name: evaluate_edit(model, t, joint, query_prefix=prefix, split=split)
+                                         for t in group} for split in SPLITS}}})
         elif job == "curve" and arg <= len(task.train) and not current(f"curve/{name}/{arg}"):
             res = evaluate_thought(model, task, n_train=arg, conditions=("patched",), locality=False)
             store(f"curve/{name}/{arg}", res.to_dict(outcomes=True))
@@ -178,30 +194,44 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
                             "seconds": time.perf_counter() - t0})
         elif job == "answers":
             answer_selection(task, stage_one | select_answer_grid[arg])
-        elif job == "strength" and f"strength/{setting_name(default | {'preserve_strength': arg})}/{name}" not in results:
+        elif job == "strength" and (key := strength_key(default, arg, name)) not in results:
             fit, val = selection_split(task, select_fit, select_validate)
-            setting = default | {"preserve_strength": arg}
+            setting = fit_default | {"preserve_strength": arg}
             t0 = time.perf_counter()
             patch = thought_patch(model, task.instruction, fit, **setting,
                                   preserve=preserve_texts(model, "fit") if arg else ())
             seconds = time.perf_counter() - t0
             held_out = [with_bos(model, text_ids(model, t)) for t in preserve_texts(model, "held_out")]
             score = {"query_prefix": DEFAULT_QUERY_PREFIX, "answer_tokens": SCORE_ANSWER_TOKENS}
-            store(f"strength/{setting_name(setting)}/{name}", {
-                **setting, "task": name, "n_fit": len(fit), "n_validate": len(val), "n_texts_scored": len(held_out),
-                "validation_kl": answer_kl(model, task.instruction, val, patch, **score),
+            store(key, {
+                **setting, "preserve_set": PRESERVE_SET, "task": name, "n_fit": len(fit), "n_validate": len(val),
+                "n_texts_scored": len(held_out), "validation_kl": answer_kl(model, task.instruction, val, patch, **score),
                 "text_kl": text_kl(model, held_out, patch), "seconds": seconds})
+        elif job == "distill" and (key := f"distill/{arg:g}/{name}") not in results:
+            fit, val = selection_split(task, select_fit, select_validate)
+            steps = {} if distill_steps is None else {"steps": distill_steps}
+            t0 = time.perf_counter()
+            patch = distill_patch(model, task.instruction, fit, lr=arg, progress=False, **steps)
+            seconds = time.perf_counter() - t0
+            held_out = [with_bos(model, text_ids(model, t)) for t in preserve_texts(model, "held_out")]
+            score = {"query_prefix": DEFAULT_QUERY_PREFIX, "answer_tokens": SCORE_ANSWER_TOKENS}
+            store(key, {"lr": arg, **patch.settings, "task": name, "n_fit": len(fit), "n_validate": len(val),
+                        "validation_kl": answer_kl(model, task.instruction, val, patch, **score),
+                        "calibration_kl": answer_kl(model, task.instruction, fit, patch, **score),
+                        "text_kl": text_kl(model, held_out, patch), "seconds": seconds})
         elif job == "tuned" and tune(name):
             if not current(f"tuned/{name}"):
-                scores = {setting_name(s): (s, answer_selection(task, s)["validation_kl"])
-                          for s in (default, *(stage_one | g for g in select_answer_grid))}
-                chosen, _ = min(scores.values(), key=lambda sk: sk[1])
+                candidates = [(default, fit_default), *((stage_one | g,) * 2 for g in select_answer_grid)]
+                scores = {setting_name(named): (fit, answer_selection(task, fit)["validation_kl"])
+                          for named, fit in candidates}
+                chosen_name, (chosen, _) = min(scores.items(), key=lambda item: item[1][1])
                 t0 = time.perf_counter()
                 probe = probe or locality_probe(model)
                 res = (evaluate_thought(model, task, n_train=n_train, locality=probe, conditions=("patched",),
                                         **chosen).to_dict(outcomes=True)
-                       if setting_name(chosen) != setting_name(default) else {})  # the default is this task's lowest
-                store(f"tuned/{name}", {**default, "task": name, "chosen": chosen, "result": res,
+                       if chosen is not fit_default else {})  # the default is this task's lowest
+                store(f"tuned/{name}", {**default, "task": name, "chosen": chosen, "chosen_name": chosen_name,
+                                        "result": res,
                                         "validation_kl": {k: kl for k, (_, kl) in scores.items()},
                                         "seconds": time.perf_counter() - t0})
             if f"train/{name}" not in results:  # the instruction on the calibration queries themselves

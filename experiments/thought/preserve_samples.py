@@ -1,10 +1,13 @@
-"""``python -m experiments.thought.preserve_samples``: the embedded models' own samples from BOS, as package data.
+"""``python -m experiments.thought.preserve_samples``: the texts a thought patch's fit preserves, as package data.
 
 Writes ``icl_lens/thought/tasks/preserve/<model>.json`` = ``{"generated_by", "model", "n", "tokens", "seed",
 "texts"}`` with :func:`icl_lens.thought.preserve.bos_samples` (``N_SAMPLES`` continuations of ``[BOS]`` alone,
-``SAMPLE_TOKENS`` tokens each, temperature 1, seed ``SAMPLE_SEED``). A sample that repeats one of the locality
-measure's texts (``tasks/locality.json``) is refused, so the texts a fit preserves are never the ones that measure
-locality.
+``SAMPLE_TOKENS`` tokens each, temperature 1, seed ``SAMPLE_SEED``), and ``tasks/preserve/few_shot.json`` =
+``{"generated_by", "about", "texts"}``, the few-shot prompts of :mod:`experiments.thought.few_shot_preserve`
+(``--few-shot-only`` writes only these; no model is loaded). A sample that repeats one of the locality
+measure's texts (``tasks/locality.json``) is refused, and so is a few-shot prompt that meets the measure
+(:func:`~experiments.thought.few_shot_preserve.check`): the texts a fit preserves are never the ones that
+measure locality.
 """
 from __future__ import annotations
 
@@ -34,12 +37,33 @@ def write_samples(model_name: str) -> str:
     return str(path)
 
 
+def write_few_shot() -> str:
+    from experiments.thought import few_shot_preserve
+    from icl_lens.thought.locality import load_locality
+    from icl_lens.thought.preserve import FEW_SHOT_FILE, PRESERVE_DIR
+
+    loc = load_locality()
+    items = {p.rstrip(":").strip() for p in loc.other_prompts}
+    items |= {line.split(":", 1)[0].strip() for line in loc.other_instruction.splitlines()[1:] if ":" in line}
+    few_shot_preserve.check(set(loc.texts), items)
+    PRESERVE_DIR.mkdir(exist_ok=True)
+    FEW_SHOT_FILE.write_text(json.dumps({"generated_by": f"{GENERATED_BY} --few-shot-only",
+                                         "about": few_shot_preserve.__doc__.split("\n\n")[0],
+                                         "texts": few_shot_preserve.texts()}, ensure_ascii=False, indent=1) + "\n",
+                             encoding="utf-8")
+    return str(FEW_SHOT_FILE)
+
+
 def main(argv: list[str] | None = None) -> int:
     from icl_lens.model.loading import EMBEDDED_MODELS
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(EMBEDDED_MODELS), choices=list(EMBEDDED_MODELS))
+    p.add_argument("--few-shot-only", action="store_true", help="write only the few-shot prompts (no model)")
     args = p.parse_args(argv)
+    print(write_few_shot(), flush=True)
+    if args.few_shot_only:
+        return 0
     for name in args.models:
         print(write_samples(name), flush=True)
     return 0

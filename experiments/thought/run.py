@@ -11,7 +11,14 @@ import torch
 from experiments.report import command, machine, write_fragment
 from experiments.thought.cache import cache_path, cached
 from experiments.thought.jobs import run_model
-from experiments.thought.targets import compose_lines, distill_lines, strength_lines, targets_lines
+from experiments.thought.targets import (
+    compose_lines,
+    distill_lines,
+    distill_lr_lines,
+    fresh_lines,
+    strength_lines,
+    targets_lines,
+)
 from experiments.thought.sections import (
     acc_ci,
     agreement_lines,
@@ -44,7 +51,11 @@ from experiments.thought.settings import (
     TARGET,
     COMPOSE_GROUPS,
     CURVE_TASKS,
+    DISTILL_LRS,
     PRESERVE_STRENGTHS,
+    default_setting,
+    is_current,
+    setting_name,
     target_verdict,
 )
 from icl_lens.model.loading import EMBEDDED_MODELS
@@ -63,8 +74,10 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
         DEFAULT_RIDGE,
     )
     from icl_lens.thought.locality import load_locality
+    from icl_lens.thought.preserve import few_shot_texts
 
     loc = load_locality()
+    full_default = default_setting()
     default = {"kind": DEFAULT_KIND, "ridge": DEFAULT_RIDGE, "query_prefix": DEFAULT_QUERY_PREFIX}
     caches = {m: cached(out, m) for m in models}
     runs = [f"- {m}: {len(keys)} result(s) by {run}" for m in models for run, keys in caches[m].get("runs", {}).items()]
@@ -91,14 +104,16 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
         + "Kind `both+down` is the paper's thought matrix and vector plus a least-squares fit, through the MLP's "
         "down projection, of the per-token block-output residual the constant vector leaves (an icl_lens "
         "extension; see the fit's docstring). "
-        + (f"Preserve strength {DEFAULT_PRESERVE_STRENGTH:g} (the fit's locality term: the keys of the model's own "
-           "samples from BOS, `icl_lens.thought.preserve`, weigh that many times the calibration rows in every "
-           "least squares; never the texts that measure locality). " if DEFAULT_PRESERVE_STRENGTH else "")
+        + (f"Preserve strength {DEFAULT_PRESERVE_STRENGTH:g} (the fit's locality term, MEMIT's covariance "
+           "penalty: the keys of the preserve texts, `icl_lens.thought.preserve` — the model's own samples from BOS "
+           f"and {len(few_shot_texts())} few-shot prompts of other kinds of task, fit half — weigh that many times "
+           "the calibration rows in every least squares; never the texts that measure locality). "
+           if DEFAULT_PRESERVE_STRENGTH else "")
         + "Nothing is tuned per task. "
         "Accuracy on held-out test queries, greedy decoding, correct when the continuation (leading spaces "
         "stripped) starts with the answer and the next character cannot continue a word (\"six\" is wrong for "
-        "\"sixteen\"; rows marked † below were scored before this rule); [95% Wilson interval]. "
-        "*none*: query alone; *full*: few-shot "
+        "\"sixteen\"; earlier defaults' rows, some scored by the earlier starts-with rule, are under *Earlier "
+        "default*); [95% Wilson interval]. *none*: query alone; *full*: few-shot "
         "instruction + query; *patched*: query alone, thought-patched model; *control*: query alone, random patch "
         "with the same per-layer norms; *steering*: query alone, mean residual difference (instruction+query − "
         "query alone, over the query tokens of the train queries) added after the block chosen by calibration KL "
@@ -107,9 +122,12 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
         f"every position of {len(loc.texts)} fixed unrelated texts, and the share of the {len(loc.other_prompts)} "
         f"queries of a fixed other few-shot task ({loc.other_task}, read with its instruction) on which the edited "
         "model's answer (the first line of its greedy continuation) is the unpatched model's "
-        "(`icl_lens/thought/tasks/locality.json`). When the default settings change, a rerun recomputes the "
-        "conditions that depend on the patch (patched, control) and carries the others over (none, full, "
-        "steering); *seconds* is the time of the run that computed the row's patch conditions.",
+        "(`icl_lens/thought/tasks/locality.json`). Every condition of a row, on the test and the fresh queries, "
+        "comes from one run with one default; *seconds* is that run's wall time. The test queries were scored by "
+        "earlier defaults too (their rows are under *Earlier default* below); the fresh ones only by this one.",
+        *fresh_lines(caches, models, tasks),
+        "",
+        "**Test queries** (the same fitted edits as the fresh table):",
         "",
         "| model | task | none | full | patched | control | steering (layer) | patched/full | target | "
         "locality KL patched / control / steering | other task kept patched / control / steering | seconds |",
@@ -117,19 +135,17 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     ]
     verdicts: dict[str, list[tuple[str, bool]]] = {}
     steering_wins, paper_rows = [], []
+    table = {m: {t: r for t in tasks if is_current(r := caches[m].get(f"table/{t}"), full_default)} for m in models}
     for model in models:
         res = caches[model]
-        for name in tasks:
-            r = res.get(f"table/{name}")
-            if r is None:
-                continue
+        for name, r in table[model].items():
             ratio, ci = ratio_ci(r)
             verdict = target_verdict(r, r["correct"]["patched"])
             if verdict != NOT_ELIGIBLE:
                 verdicts.setdefault(model, []).append((name, verdict == "met"))
             kl, kept = r["locality_kl"], kept_of(r)
             lines.append(
-                f"| {model} | {name}{'' if 'continuations' in r else ' †'} | {acc_ci(r, 'none')} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
+                f"| {model} | {name} | {acc_ci(r, 'none')} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
                 f"{acc_ci(r, 'control')} | {acc_ci(r, 'steering')} ({r['steering_layer']}) | {fmt_ratio(ratio, ci)} | "
                 f"{verdict} | "
                 f"{kl['patched']:.3f} / {kl['control']:.3f} / {kl['steering']:.3f} | "
@@ -151,38 +167,32 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
         summary.append(f"- Default against the paper's settings (patched test accuracy): higher on "
                        f"{sum(d > 0 for d in diff)}, equal on {sum(d == 0 for d in diff)}, lower on "
                        f"{sum(d < 0 for d in diff)} of {len(diff)} (model, task) pairs.")
-    kls = {c: [caches[m][f"table/{t}"]["locality_kl"][c] for m in models for t in tasks if f"table/{t}" in caches[m]]
-           for c in ("patched", "control", "steering")}
+    kls = {c: [r["locality_kl"][c] for m in models for r in table[m].values()] for c in ("patched", "control", "steering")}
     if kls["patched"]:
         med = {c: float(np.median(v)) for c, v in kls.items()}
-        kept = [kept_of(caches[m][f"table/{t}"])["patched"] for m in models for t in tasks
-                if f"table/{t}" in caches[m]]
+        kept = [kept_of(r)["patched"] for m in models for r in table[m].values()]
         summary.append(f"- Locality: median KL on the unrelated texts {med['patched']:.3f} nats for the thought patch, "
                        f"{med['steering']:.3f} for the steering vector, {med['control']:.3f} for the random control; "
                        f"the patched model keeps ≥ 90% of the other task's answers on {sum(k >= 0.9 for k in kept)} of "
                        f"{len(kept)} (model, task) pairs (median {100 * float(np.median(kept)):.0f}%).")
-    answerable = sorted({t for m in models for t in tasks if f"table/{t}" in caches[m]
-                         and caches[m][f"table/{t}"]["accuracy"]["full"] >= ELIGIBLE})
-    evaluated = sorted({t for m in models for t in tasks if f"table/{t}" in caches[m]})
+    answerable = sorted({t for m in models for t, r in table[m].items() if r["accuracy"]["full"] >= ELIGIBLE})
+    evaluated = sorted({t for m in models for t in table[m]})
     if evaluated:
         summary.append(f"- Answerable by the full instruction (full ≥ {ELIGIBLE:.0%}) on at least one model: "
                        f"{len(answerable)} of {len(evaluated)} evaluated tasks"
                        + (f"; not: {', '.join(t for t in evaluated if t not in answerable)}." if
                           len(answerable) < len(evaluated) else "."))
     for model in models:
-        missing = [t for t in tasks if f"table/{t}" not in caches[model]]
+        missing = [t for t in tasks if t not in table[model]]
         if missing:
-            summary.append(f"- **Not evaluated** on {model} (no cached result): {', '.join(missing)}.")
-    lines += ["", "† scored by the verdict before issue 22 (the continuation starts with the answer, whatever follows; "
-              "the row keeps only the answer up to where that rule settles it), and fitted without the preserve "
-              "penalty; rows without † are scored by the boundary verdict with the current default.", ""]
-    lines += ["Read from the table (rules: target as stated; counts over the rows above):", "", *summary]
+            summary.append(f"- **Not evaluated** on {model} with the current default: {', '.join(missing)}.")
+    lines += ["", "Read from the table (rules: target as stated; counts over the rows above):", "", *summary]
     lines += agreement_lines(caches, models, tasks)
     lines += answer_length_lines(caches, models, tasks, answer_tokens or {})
     lines += earlier_lines(caches, models, tasks)
     lines += distill_lines(caches, models, tasks)
     lines += compose_lines(caches, models)
-    lines += tuned_lines(caches, models, tasks)
+    lines += tuned_lines(caches, models, tasks, full_default)
     lines += paper_lines(caches, default)
     if paper_rows:
         lines += ["", "**Before / after**: the paper's settings (kind `both`, ridge 0, no query prefix, the "
@@ -198,7 +208,8 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     curves = {}
     for model in models:
         for name in tasks:
-            pts = {n: caches[model][f"curve/{name}/{n}"] for n in SIZES if f"curve/{name}/{n}" in caches[model]}
+            pts = {n: c for n in SIZES if (c := caches[model].get(f"curve/{name}/{n}")) is not None
+                   and setting_name(c) == setting_name(full_default)}  # the current default's curve only
             if pts:
                 curves[(model, name)] = pts
     if curves:
@@ -211,16 +222,17 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     lines += selection_lines(caches, default, select_tasks)
     lines += answer_selection_lines(caches, select_tasks, {**default, "answer_tokens": DEFAULT_ANSWER_TOKENS})
     lines += strength_lines(caches, select_tasks)
+    lines += distill_lr_lines(caches)
     lines += diagnosis_lines(caches)
     timing = []
     for model in models:
         secs = [total_seconds(v) + total_seconds(v.get("joint", {})) for k, v in caches[model].items()
-                if k.split("/", 1)[0] in ("table", "paper", "curve", "compose")]
+                if k.split("/", 1)[0] in ("table", "curve", "compose") and is_current(v, full_default)]
         if secs:
             timing.append(f"{model} {sum(secs) / 60:.0f} min")
     if timing:
-        lines += ["", "Compute, table + before/after + curves + composed patches (sum of the per-result seconds; a "
-                  f"carried-over row counts its recomputed conditions only): {'; '.join(timing)}."]
+        lines += ["", "Compute of the current default's results (table with its fresh queries, curves, composed "
+                  f"patches; sum of the per-result seconds, one thread each): {'; '.join(timing)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -252,6 +264,9 @@ def main(argv=None) -> int:
                    help="sizes of the composed groups to run (COMPOSE_GROUPS; none: no composition)")
     p.add_argument("--tune-tasks", nargs="*", default=None,
                    help="tasks tuned on their own (default: those where the default misses the target)")
+    p.add_argument("--distill-on", nargs="*", default=None,
+                   help="tasks whose table row also runs context distillation (default: every task; about 9 min "
+                        "each on SmolLM2-135M, 2 CPU cores)")
     p.add_argument("--out", default="reports/eval_thought.md")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the cores are shared)")
     p.add_argument("--select", action="store_true", help="also run the selection of the default settings")
@@ -280,7 +295,9 @@ def main(argv=None) -> int:
                       select_answer_grid=q.get("select_answer_grid", SELECT_ANSWER_GRID),
                       select_fit=q.get("select_fit", SELECT_FIT), select_validate=q.get("select_validate", SELECT_VALIDATE),
                       diagnose_task=args.diagnose, table=not args.select_only,
-                      tune_tasks=q.get("tasks") if args.quick else args.tune_tasks)
+                      tune_tasks=q.get("tasks") if args.quick else args.tune_tasks,
+                      distill_lrs=q.get("distill_lrs", DISTILL_LRS), distill_steps=q.get("distill_steps"),
+                      distill_on=None if args.quick else args.distill_on)
     report_tasks = tasks if args.quick else list(SHIPPED_TASKS)
     text = write_report(out, models, report_tasks, cmd, select_tasks=q.get("tasks", SELECT_TASKS),
                         answer_tokens=_answer_tokens(out, models, report_tasks))

@@ -171,17 +171,18 @@ def to_full(r: dict, correct: int) -> str:
     return f"{correct / full:.2f}" if full else "–"
 
 
-def tuned_lines(caches: dict, models, tasks) -> list[str]:
+def tuned_lines(caches: dict, models, tasks, default: dict) -> list[str]:
     """Tuned per task, reported as such: where the default misses, the second-stage setting with the lowest
-    held-out train answer KL on that task alone, and its test accuracy beside the default's."""
+    held-out train answer KL on that task alone, and its test accuracy beside the default's (tunings made against
+    another default than ``default`` are left out)."""
     rows = []
     for model in models:
         for name in tasks:
             t, r = caches[model].get(f"tuned/{name}"), caches[model].get(f"table/{name}")
-            if t is None or r is None:
+            if t is None or r is None or setting_name(t) != setting_name(default):
                 continue
             kl = t["validation_kl"]
-            chosen, default = setting_name(t["chosen"]), setting_name(t)
+            chosen, default = t.get("chosen_name", setting_name(t["chosen"])), setting_name(t)
             res = t["result"] or r  # empty: the default is this task's lowest setting
             rows.append(f"| {model} | {name} | {chosen}{' (= default)' if chosen == default else ''} | "
                         f"{kl[default]:.3f} / {kl[chosen]:.3f} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "

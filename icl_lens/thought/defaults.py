@@ -25,11 +25,13 @@ DEFAULT_QUERY_PREFIX = "\n"
 DEFAULT_ANSWER_TOKENS = 8
 # The locality term's strength (thought_patch(preserve_strength=...)): the preserved keys' covariance weighs
 # preserve_strength × the calibration rows' in every fit. Chosen by experiments/thought/settings.py's rule
-# (choose_strength over PRESERVE_STRENGTHS, PRESERVE_TOLERANCE) on held-out train queries and held-out preserve
-# texts (reports/eval_thought.md, "Preserve strength"); measured so far on SmolLM2-135M's capitals only (the first
-# selection task; the other three and Gemma 3 were not run for time). thought_patch applies it only to the
-# preserve texts it is given; evaluate_thought gives it the model's own samples (icl_lens.thought.preserve).
+# (choose_strength over PRESERVE_STRENGTHS, PRESERVE_SLACK) on held-out train queries and held-out preserve texts,
+# both embedded models × the four selection tasks (reports/eval_thought.md, "Preserve strength"). The texts are
+# icl_lens.thought.preserve.preserve_texts(model): the model's own samples from BOS and the shipped few-shot prompts
+# (thought_patch's preserve=None).
 DEFAULT_PRESERVE_STRENGTH = 10.0
 # Context distillation (icl_lens.thought.distill): Adam steps, peak learning rate, queries per step, warm-up share
-# (linear warm-up, then cosine decay to 0).
-DISTILL_STEPS, DISTILL_LR, DISTILL_BATCH, DISTILL_WARMUP = 100, 1e-3, 8, 0.1
+# (linear warm-up, then cosine decay to 0). The rate is experiments/thought/settings.py's choose_lr over DISTILL_LRS
+# on held-out train queries of both embedded models (reports/eval_thought.md, "Distillation's learning rate"); the
+# earlier 1e-3 had not been selected by any rule.
+DISTILL_STEPS, DISTILL_LR, DISTILL_BATCH, DISTILL_WARMUP = 100, 3e-05, 8, 0.1

@@ -21,6 +21,9 @@ result can be re-scored by another rule):
 - ``steering``: the query alone, with the steering vector of the same train queries
   added at its best layer (:mod:`icl_lens.thought.steering`).
 
+``fresh=True`` also scores the task's ``fresh`` split (queries no selection stage reads, issue 22) with the very
+edits fitted for the test queries, in the same run (the result's ``fresh``, with ``split="fresh"``).
+
 ``gain_recovered`` of a query-alone condition ``c``: the share of the instruction's gain it
 recovers, ``(acc_c − acc_none) / (acc_full − acc_none)`` (None when full = none).
 ``seconds``: the wall time of each method's fit (``patched``, ``distilled``) and of the
@@ -43,7 +46,7 @@ import re
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -91,6 +94,8 @@ class ThoughtEval:
     answer_tokens: int = 0
     continuations: dict[str, tuple[str, ...]] = field(default_factory=dict)  # per condition: every new token, decoded
     extra: dict = field(default_factory=dict)
+    split: str = "test"  # the queries scored: the task's "test" or "fresh" split
+    fresh: ThoughtEval | None = None  # the fresh split scored with the same edits (evaluate_thought(fresh=True))
 
     @property
     def accuracy(self) -> dict[str, float]:
@@ -110,8 +115,8 @@ class ThoughtEval:
         return gain_recovered(self.accuracy)
 
     def to_dict(self, *, outcomes: bool = False) -> dict:
-        out = {"task": self.task, "model": self.model, "kind": self.kind, "eta": self.eta, "ridge": self.ridge,
-               "query_prefix": self.query_prefix, "answer_tokens": self.answer_tokens, "n_train": self.n_train,
+        out = {"task": self.task, "split": self.split, "model": self.model, "kind": self.kind, "eta": self.eta,
+               "ridge": self.ridge, "query_prefix": self.query_prefix, "answer_tokens": self.answer_tokens, "n_train": self.n_train,
                "n_test": self.n_test,
                "accuracy": self.accuracy, "correct": {c: sum(o) for c, o in self.outcomes.items()},
                "locality_kl": {c: v["kl"] for c, v in self.locality.items()},
@@ -150,10 +155,10 @@ def answer_correct(continuation: str, answer: str) -> bool:
     return text.startswith(want) and not WORD_CHARACTER.match(text[len(want) : len(want) + 1])
 
 
-def _check_answers(model, task: Task) -> int:
-    """Tokens to generate: the longest answer (as it follows a space) plus one."""
+def _check_answers(model, task: Task, splits: Sequence[str] = ("test",)) -> int:
+    """Tokens to generate: the longest answer of the train split and of ``splits`` (as it follows a space) plus one."""
     longest = 1
-    for split, items in (("train", task.train), ("test", task.test)):
+    for split, items in (("train", task.train), *((s, task_split(task, s)) for s in splits)):
         for i, (_, answer) in enumerate(items):
             try:
                 n = len(text_ids(model, " " + answer.strip(), what=f"{split}[{i}] answer"))
@@ -186,14 +191,25 @@ def graded(model, prompts: list[list[int]], answers: list[str], max_new_tokens: 
     return tuple(right), tuple(given), tuple(whole)
 
 
-def evaluate_edit(model, task: Task, edit, *, query_prefix: str = DEFAULT_QUERY_PREFIX) -> dict:
-    """One edit (anything with ``.applied(model)``: e.g. a composed patch) on ``task``'s test queries read alone:
-    ``{"accuracy", "correct", "n_test", "outcomes", "answers", "continuations"}`` (:func:`graded`)."""
-    max_new = _check_answers(model, task)
+def task_split(task: Task, split: str) -> tuple[tuple[str, str], ...]:
+    """The task's ``"test"`` or ``"fresh"`` queries (a clear error for another name, or an empty fresh split)."""
+    if split not in ("test", "fresh"):
+        raise ValueError(f"split must be 'test' or 'fresh', got {split!r}")
+    items = task.test if split == "test" else task.fresh
+    if not items:
+        raise ValueError(f"task {task.name!r} has no {split} split to score")
+    return items
+
+
+def evaluate_edit(model, task: Task, edit, *, query_prefix: str = DEFAULT_QUERY_PREFIX, split: str = "test") -> dict:
+    """One edit (anything with ``.applied(model)``: e.g. a composed patch) on ``task``'s ``split`` queries (test or
+    fresh) read alone: ``{"accuracy", "correct", "n_test", "outcomes", "answers", "continuations"}`` (:func:`graded`)."""
+    items = task_split(task, split)
+    max_new = _check_answers(model, task, (split,))
     pre = prefix_ids(model, query_prefix)
-    plain = [with_bos(model, pre + text_ids(model, q, what=f"test query {i}")) for i, (q, _) in enumerate(task.test)]
+    plain = [with_bos(model, pre + text_ids(model, q, what=f"{split} query {i}")) for i, (q, _) in enumerate(items)]
     with edit.applied(model):
-        right, given, whole = graded(model, plain, [a for _, a in task.test], max_new)
+        right, given, whole = graded(model, plain, [a for _, a in items], max_new)
     return {"accuracy": sum(right) / len(right), "correct": sum(right), "n_test": len(right),
             "outcomes": [int(x) for x in right], "answers": list(given), "continuations": list(whole)}
 
@@ -210,7 +226,8 @@ def evaluate_thought(
     query_prefix: str = DEFAULT_QUERY_PREFIX, answer_tokens: int = DEFAULT_ANSWER_TOKENS, n_train: int | None = None,
     conditions: tuple[str, ...] = CONDITIONS,
     seed: int = 0, locality: LocalityProbe | bool = True, preserve: Sequence[str] | None = None,
-    preserve_strength: float = DEFAULT_PRESERVE_STRENGTH, distill: dict | None = None, progress: bool = False,
+    preserve_strength: float = DEFAULT_PRESERVE_STRENGTH, distill: dict | None = None, fresh: bool = False,
+    progress: bool = False,
 ) -> ThoughtEval:
     """Fit on the first ``n_train`` train queries (default all), score the test queries.
 
@@ -219,44 +236,51 @@ def evaluate_thought(
     ``distill``: keyword arguments of :func:`~icl_lens.thought.distill.distill_patch` (steps, lr, ...).
     ``locality``: a probe built once per model (:func:`~icl_lens.thought.locality.locality_probe`),
     ``True`` to build one here, ``False`` to skip the locality measures.
+    ``fresh``: also score the task's fresh split (``task.fresh``, which must not be empty) with the same fitted
+    edits; its result is the returned evaluation's ``fresh`` (same locality and seconds, ``split="fresh"``).
     """
     from icl_lens.thought.distill import distill_patch
-    from icl_lens.thought.preserve import preserve_texts
+    from icl_lens.thought.preserve import PRESERVE_SET, preserve_texts
 
     start = time.perf_counter()
     unknown = [c for c in conditions if c not in CONDITIONS]
     if unknown:
         raise ValueError(f"unknown condition(s) {unknown}; known: {CONDITIONS}")
-    max_new = _check_answers(model, task)
+    splits = {s: task_split(task, s) for s in ("test", *(("fresh",) if fresh else ()))}
+    max_new = {s: _check_answers(model, task, (s,)) for s in splits}  # per split: test reads as without fresh
     n = len(task.train) if n_train is None else int(n_train)
     if not 1 <= n <= len(task.train):
         raise ValueError(f"n_train must be in 1..{len(task.train)} for task {task.name!r}, got {n_train}")
     instr = text_ids(model, task.instruction, what="instruction")
-    q_ids = [text_ids(model, q, what=f"test query {i}") for i, (q, _) in enumerate(task.test)]
-    answers = [a for _, a in task.test]
     pre = prefix_ids(model, query_prefix)
-    plain = [with_bos(model, pre + q) for q in q_ids]
+    q_ids = {s: [text_ids(model, q, what=f"{s} query {i}") for i, (q, _) in enumerate(items)]
+             for s, items in splits.items()}
+    answers = {s: [a for _, a in items] for s, items in splits.items()}
+    plain = {s: [with_bos(model, pre + q) for q in qs] for s, qs in q_ids.items()}
     calibration = [q for q, _ in task.train[:n]]
+    preserve_set = PRESERVE_SET if preserve is None else "given"
     if preserve is None:
         preserve = preserve_texts(model) if preserve_strength else ()
     if locality is True and any(c in EDITS for c in conditions):
         locality = locality_probe(model)
-    res: dict[str, tuple[bool, ...]] = {}
-    given: dict[str, tuple[str, ...]] = {}
-    whole: dict[str, tuple[str, ...]] = {}
+    res: dict[str, dict[str, tuple[bool, ...]]] = {s: {} for s in splits}
+    given: dict[str, dict[str, tuple[str, ...]]] = {s: {} for s in splits}
+    whole: dict[str, dict[str, tuple[str, ...]]] = {s: {} for s in splits}
     loc: dict[str, dict] = {}
     seconds: dict[str, float] = {}
 
     def score(condition: str, edit=None, prompts=plain) -> None:
         with (nullcontext() if edit is None else edit.applied()):
-            res[condition], given[condition], whole[condition] = graded(model, prompts, answers, max_new)
+            for s in splits:
+                res[s][condition], given[s][condition], whole[s][condition] = graded(model, prompts[s], answers[s],
+                                                                                    max_new[s])
         if edit is not None and locality:
             loc[condition] = locality.measure(edit).to_dict()
 
     if "none" in conditions:
         score("none")
     if "full" in conditions:
-        score("full", prompts=[with_bos(model, instr + q) for q in q_ids])
+        score("full", prompts={s: [with_bos(model, instr + q) for q in qs] for s, qs in q_ids.items()})
     fit = dict(kind=kind, query_prefix=query_prefix, answer_tokens=answer_tokens)
     if "patched" in conditions or "control" in conditions:
         t0 = time.perf_counter()
@@ -279,9 +303,13 @@ def evaluate_thought(
         score("control", patch.random_control(seed))
     seconds["total"] = time.perf_counter() - start
     extra = {"preserve": len(preserve), "preserve_strength": float(preserve_strength)}
+    if preserve_strength:
+        extra["preserve_set"] = preserve_set
     if "distilled" in conditions:
         extra["distill"] = distilled.settings
-    return ThoughtEval(task=task.name, model=model.cfg.model_name, n_train=n,
-                       n_test=len(task.test), outcomes=res, answers=given, locality=loc, steering_layer=steer_layer,
-                       seconds=seconds, kind=kind, eta=float(eta), ridge=float(ridge),
-                       query_prefix=query_prefix, answer_tokens=answer_tokens, continuations=whole, extra=extra)
+    common = dict(task=task.name, model=model.cfg.model_name, n_train=n, locality=loc, steering_layer=steer_layer,
+                  seconds=seconds, kind=kind, eta=float(eta), ridge=float(ridge), query_prefix=query_prefix,
+                  answer_tokens=answer_tokens)
+    evals = {s: ThoughtEval(n_test=len(items), outcomes=res[s], answers=given[s], continuations=whole[s],
+                            split=s, extra=extra, **common) for s, items in splits.items()}
+    return replace(evals["test"], fresh=evals.get("fresh"))

@@ -199,7 +199,7 @@ def thought_patch(
     iterations: int = 1,
     query_prefix: str = DEFAULT_QUERY_PREFIX,
     answer_tokens: int = DEFAULT_ANSWER_TOKENS,
-    preserve: Sequence[str] = (),
+    preserve: Sequence[str] | None = None,
     preserve_strength: float = DEFAULT_PRESERVE_STRENGTH,
     batch_size: int = 16,
 ) -> ThoughtPatch:
@@ -215,10 +215,12 @@ def thought_patch(
     ``answer_tokens`` tokens of the model's own greedy answer under the instruction, read
     after the query (teacher forcing; each answer ends after its first newline), so the
     positions where the patched model writes its answer are calibration rows too.
-    ``preserve``: general texts the model reads as it is (by default none here; the
-    evaluation passes the model's own samples, :mod:`icl_lens.thought.preserve`), whose
-    keys at every layer enter each fit as the MEMIT-style penalty ``w · K₀K₀ᵀ``, weighted
-    by the scale-free ``preserve_strength`` (0: off; see the module docstring).
+    ``preserve``: texts the model must read as it did before the edit, whose keys at every
+    layer enter each fit as the MEMIT-style penalty ``w · K₀K₀ᵀ``, weighted by the
+    scale-free ``preserve_strength`` (0: off; see the module docstring). ``None`` (the
+    default): the model's preserve texts, :func:`icl_lens.thought.preserve.preserve_texts`
+    (its own samples from BOS and shipped few-shot prompts), as the evaluation uses them;
+    ``()``: none (the paper's fit).
     """
     return _fit(model, [(instruction, queries)], method="fit", kind=kind, eta=eta, ridge=ridge, layers=layers,
                 iterations=iterations, query_prefix=query_prefix, answer_tokens=answer_tokens, preserve=preserve,
@@ -250,7 +252,7 @@ def _fit(
     iterations: int = 1,
     query_prefix: str = DEFAULT_QUERY_PREFIX,
     answer_tokens: int = DEFAULT_ANSWER_TOKENS,
-    preserve: Sequence[str] = (),
+    preserve: Sequence[str] | None = None,
     preserve_strength: float = DEFAULT_PRESERVE_STRENGTH,
     batch_size: int = 16,
 ) -> ThoughtPatch:
@@ -263,6 +265,10 @@ def _fit(
                      for instr, qs in zip(instr_ids, query_ids)]
     if isinstance(preserve, str):
         raise PromptError("preserve must be a list of strings, not one string")
+    if preserve is None:
+        from icl_lens.thought.preserve import preserve_texts
+
+        preserve = preserve_texts(model) if preserve_strength else ()
     if not (isinstance(preserve_strength, (int, float)) and math.isfinite(preserve_strength) and preserve_strength >= 0):
         raise ValueError(f"preserve_strength must be a finite number >= 0, got {preserve_strength!r}")
     keep_ids = [text_ids(model, t, what=f"preserve text {i}") for i, t in enumerate(preserve)] if preserve_strength else []
