@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout roo
 from common import peak_memory, write_json  # noqa: E402
 from experiments.report import load_average, machine, write_fragment  # noqa: E402
 from icl_lens import load_model, load_task, thought_patch  # noqa: E402
+from icl_lens.thought.preserve import preserve_texts  # noqa: E402
 from icl_lens.thought.instruction_batches import continuation_ids, pad_id, query_batch, right_padded, text_ids  # noqa: E402
 from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS  # noqa: E402
 
@@ -57,7 +58,10 @@ def main(argv=None) -> int:
         t_logits, m_logits = _measure(lambda: model(ids), args.repeats)
         t_nolog, m_nolog = _measure(lambda: model(ids, return_type=None), args.repeats)
     t_fit, m_fit = _measure(lambda: thought_patch(model, task.instruction, queries), args.repeats)
-    t_q, m_q = _measure(lambda: thought_patch(model, task.instruction, queries, answer_tokens=0), args.repeats)
+    t_np, m_np = _measure(lambda: thought_patch(model, task.instruction, queries, preserve=()), args.repeats)
+    t_q, m_q = _measure(lambda: thought_patch(model, task.instruction, queries, preserve=(), answer_tokens=0),
+                        args.repeats)
+    n_keep = len(preserve_texts(model))
     # the default fit's rows: every query token and every token of the model's own answer
     rows = batch.n_tokens + sum(map(len, continuation_ids(model, text_ids(model, task.instruction), q_ids,
                                                           DEFAULT_ANSWER_TOKENS)))
@@ -77,9 +81,12 @@ def main(argv=None) -> int:
         "|---|---|---|---|",
         f"| plain forward of the contextual batch, with logits | {t_logits:.2f} | 1.00 | {m_logits:.0f} |",
         f"| same forward, `return_type=None` | {t_nolog:.2f} | {t_nolog / t_logits:.2f} | {m_nolog:.0f} |",
-        f"| thought_patch fit, default (greedy answers under the instruction, then 1 contextual pass + 2 truncated "
-        f"plain passes per layer, all layers) | {t_fit:.2f} | {t_fit / t_logits:.2f} | {m_fit:.0f} |",
-        f"| same fit at the query tokens only (`answer_tokens=0`) | {t_q:.2f} | {t_q / t_logits:.2f} | {m_q:.0f} |",
+        f"| thought_patch fit, default (the {n_keep} preserve texts' keys, greedy answers under the instruction, "
+        f"then 1 contextual pass + 2 truncated plain passes per layer, all layers) | {t_fit:.2f} | "
+        f"{t_fit / t_logits:.2f} | {m_fit:.0f} |",
+        f"| same fit without the preserve term (`preserve=()`) | {t_np:.2f} | {t_np / t_logits:.2f} | {m_np:.0f} |",
+        f"| same, at the query tokens only (`preserve=(), answer_tokens=0`) | {t_q:.2f} | {t_q / t_logits:.2f} | "
+        f"{m_q:.0f} |",
         "",
         "The fit's contextual pass stops at the last block with a hook rather than passing `return_type=None`, "
         f"which here took {t_nolog / t_logits:.2f}× the time of the forward with logits (peak {m_nolog:.0f} vs "
@@ -89,7 +96,8 @@ def main(argv=None) -> int:
     write_json(args.out, {"machine": machine(load_before=load_before), "load_average_before": load_before,
                           "model": args.model, "task": args.task, "n": args.n, "threads": args.threads,
                           "rows": {"forward_logits": [t_logits, m_logits], "forward_none": [t_nolog, m_nolog],
-                                   "fit_default": [t_fit, m_fit], "fit_query_tokens": [t_q, m_q]},
+                                   "fit_default": [t_fit, m_fit], "fit_no_preserve": [t_np, m_np],
+                                   "fit_query_tokens": [t_q, m_q]},
                           "columns": ["seconds", "peak_mib"]})
     return 0
 
