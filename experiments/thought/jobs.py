@@ -39,8 +39,6 @@ def selection_split(task: Task, n_fit: int, n_validate: int) -> tuple[list[str],
     return [q for q, _ in task.train[:n_fit]], [q for q, _ in task.train[n_fit:n_fit + n_validate]]
 
 
-
-
 def strength_key(default: dict, strength: float, task: str) -> str:
     """The cache key of one third-stage result: the preserve set, the default at ``strength``, the task."""
     from icl_lens.thought.preserve import PRESERVE_SET
@@ -104,17 +102,25 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
     if diagnose_task:
         jobs += [("diagnose", diagnose_task, None)]
 
+    score = {"query_prefix": DEFAULT_QUERY_PREFIX, "answer_tokens": SCORE_ANSWER_TOKENS}  # at the answer's positions
+    held_out: list = []  # the held-out preserve texts' ids, read once (the strength and distillation stages)
+
+    def held_out_ids() -> list:
+        if not held_out:
+            held_out.extend(with_bos(model, text_ids(model, t)) for t in preserve_texts(model, "held_out"))
+        return held_out
+
     def current(key: str) -> bool:  # cached, and computed with the current default settings (distillation's too)
         return is_current(results.get(key), default)
 
     def answer_selection(task, setting: dict) -> dict:
-        """Fit on the first train queries, score the next ones at the answer's positions (cached)."""
+        """Fit on the first train queries, score the next ones at the answer's positions (cached); without the
+        preserve term unless ``setting`` names it (the stages before the preserve stage, as they were run)."""
         key = f"answers/{setting_name(setting)}/{task.name}"
         if key not in results:
             fit, val = selection_split(task, select_fit, select_validate)
             t0 = time.perf_counter()
-            patch = thought_patch(model, task.instruction, fit, **setting)
-            score = {"query_prefix": DEFAULT_QUERY_PREFIX, "answer_tokens": SCORE_ANSWER_TOKENS}
+            patch = thought_patch(model, task.instruction, fit, **{"preserve_strength": 0.0, **setting})
             store(key, {
                 **setting, "task": task.name, "n_fit": len(fit), "n_validate": len(val),
                 "validation_kl": answer_kl(model, task.instruction, val, patch, **score),
@@ -153,7 +159,7 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
             # patches' edits added, and one joint fit over all their calibration rows.
             probe = probe or locality_probe(model)
             group = [load_task(t) for t in arg]
-            fit = dict(fit_default, preserve=preserve_texts(model) if default["preserve_strength"] else ())
+            fit = fit_default  # preserve=None: the model's preserve texts, as every default fit reads them
             prefix = default["query_prefix"]
             calibration = [(t.instruction, [q for q, _ in t.train[:n_train]]) for t in group]
             if not current(key):
@@ -185,7 +191,8 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
             if key not in results:
                 fit, val = selection_split(task, select_fit, select_validate)
                 t0 = time.perf_counter()
-                patch = thought_patch(model, task.instruction, fit, **{"answer_tokens": 0, **setting})
+                patch = thought_patch(model, task.instruction, fit,
+                                      **{"answer_tokens": 0, "preserve_strength": 0.0, **setting})
                 store(key, {**setting, "task": name, "n_fit": len(fit), "n_validate": len(val),
                             "validation_kl": answer_kl(model, task.instruction, val, patch,
                                                        query_prefix=setting["query_prefix"]),
@@ -201,24 +208,21 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
             patch = thought_patch(model, task.instruction, fit, **setting,
                                   preserve=preserve_texts(model, "fit") if arg else ())
             seconds = time.perf_counter() - t0
-            held_out = [with_bos(model, text_ids(model, t)) for t in preserve_texts(model, "held_out")]
-            score = {"query_prefix": DEFAULT_QUERY_PREFIX, "answer_tokens": SCORE_ANSWER_TOKENS}
             store(key, {
                 **setting, "preserve_set": PRESERVE_SET, "task": name, "n_fit": len(fit), "n_validate": len(val),
-                "n_texts_scored": len(held_out), "validation_kl": answer_kl(model, task.instruction, val, patch, **score),
-                "text_kl": text_kl(model, held_out, patch), "seconds": seconds})
+                "n_texts_scored": len(held_out_ids()),
+                "validation_kl": answer_kl(model, task.instruction, val, patch, **score),
+                "text_kl": text_kl(model, held_out_ids(), patch), "seconds": seconds})
         elif job == "distill" and (key := f"distill/{arg:g}/{name}") not in results:
             fit, val = selection_split(task, select_fit, select_validate)
             steps = {} if distill_steps is None else {"steps": distill_steps}
             t0 = time.perf_counter()
             patch = distill_patch(model, task.instruction, fit, lr=arg, progress=False, **steps)
             seconds = time.perf_counter() - t0
-            held_out = [with_bos(model, text_ids(model, t)) for t in preserve_texts(model, "held_out")]
-            score = {"query_prefix": DEFAULT_QUERY_PREFIX, "answer_tokens": SCORE_ANSWER_TOKENS}
             store(key, {"lr": arg, **patch.settings, "task": name, "n_fit": len(fit), "n_validate": len(val),
                         "validation_kl": answer_kl(model, task.instruction, val, patch, **score),
                         "calibration_kl": answer_kl(model, task.instruction, fit, patch, **score),
-                        "text_kl": text_kl(model, held_out, patch), "seconds": seconds})
+                        "text_kl": text_kl(model, held_out_ids(), patch), "seconds": seconds})
         elif job == "tuned" and tune(name):
             if not current(f"tuned/{name}"):
                 candidates = [(default, fit_default), *((stage_one | g,) * 2 for g in select_answer_grid)]
