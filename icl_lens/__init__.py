@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
     from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
     from icl_lens.model.block_family import UnsupportedArchitectureError
     from icl_lens.model.batches import patch_norms
-    from icl_lens.model.capture import NonFiniteActivationError, ZeroNormWarning, dense_weights
+    from icl_lens.model.capture import ZeroNormWarning, dense_weights
+    from icl_lens.model.reading import NonFiniteActivationError
     from icl_lens.model.generation import GenerationPatches, generate_with_patches
     from icl_lens.model.incremental import PatchSession, UpdateStats
     from icl_lens.model.model_check import NotABridgeError, ProcessedWeightsError, ProcessedWeightsWarning

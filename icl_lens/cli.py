@@ -169,7 +169,7 @@ def estimate_patches_memory(model, n_tokens: int, *, noise_floor: bool = False) 
     ``noise_floor``: a float32 copy of the model and its logits too (half precision).
     """
     from icl_lens.model.block_family import block_family
-    from icl_lens.model.capture import patch_dtype
+    from icl_lens.model.types import patch_dtype
 
     cfg, n = model.cfg, int(n_tokens)
     patch = patch_dtype(model).itemsize

@@ -36,11 +36,12 @@ from icl_lens.core.patch_set import TokenPatches
 from icl_lens.dynamics.prefix_variants import PrefixVariantLayout, absorb_layout, prefix_variant_layout
 from icl_lens.dynamics.trajectory import Trajectory
 from icl_lens.model.block_family import BlockFamily, block_family
-from icl_lens.model.capture import ZeroNormWarning, dense_weights, layer_factors, patch_dtype
+from icl_lens.model.capture import ZeroNormWarning, dense_weights, layer_factors
 from icl_lens.model.kept_only import kept_only_logits, kept_only_masks, patches_applied
 from icl_lens.model.patches import token_patches
 from icl_lens.model.prompts import bos_id, encode_prompt, str_tokens
 from icl_lens.model.reading import activations_captured
+from icl_lens.model.types import patch_dtype
 
 if TYPE_CHECKING:
     from icl_lens.model.types import Model

@@ -36,12 +36,12 @@ from icl_lens.model.capture import (
     dense_weights,
     empty_factors,
     is_bos_kept,
-    patch_dtype,
     removed_mask,
     run_capture,
     warn_zero_inputs,
 )
-from icl_lens.model.prompts import PromptError, bos_id, encode_prompt, str_tokens
+from icl_lens.model.prompts import PromptError, encode_prompts, pad_id, right_padded, str_tokens
+from icl_lens.model.types import patch_dtype
 
 if TYPE_CHECKING:
     from icl_lens.model.types import Model
@@ -54,35 +54,6 @@ def is_prompt_list(prompt) -> bool:
     if isinstance(prompt, (str, Tensor)) or not isinstance(prompt, (list, tuple)) or len(prompt) == 0:
         return False  # an empty list is an empty prompt (no tokens)
     return all(isinstance(p, (str, Tensor, list, tuple)) for p in prompt)
-
-
-def encode_prompts(model, prompts: Sequence) -> list[Int[Tensor, " pos"]]:
-    """Token ids of every prompt; an error names the prompt it comes from."""
-    out = []
-    for i, prompt in enumerate(prompts):
-        try:
-            out.append(encode_prompt(model, prompt))
-        except PromptError as err:
-            raise PromptError(f"prompt {i}: {err}") from None
-    return out
-
-
-def pad_id(model) -> int:
-    """The id used for padding: the tokenizer's pad, else EOS, else BOS, else 0 (never attended)."""
-    tok = model.tokenizer
-    for cand in (tok.pad_token_id, tok.eos_token_id, bos_id(model)):
-        if cand is not None:
-            return int(cand)
-    return 0
-
-
-def right_padded(sequences: Sequence[Sequence[int]], pad: int, device) -> Int[Tensor, "batch pos"]:
-    """Stack ``sequences`` into one tensor, right-padded with ``pad``."""
-    width = max(len(s) for s in sequences)
-    out = torch.full((len(sequences), width), pad, dtype=torch.long)
-    for row, s in enumerate(sequences):
-        out[row, : len(s)] = torch.as_tensor(s, dtype=torch.long).cpu()
-    return out.to(device)
 
 
 @dataclass(frozen=True, eq=False)

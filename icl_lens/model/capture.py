@@ -43,24 +43,16 @@ from icl_lens.model.block_family import (
 )
 from icl_lens.model.per_model import model_cache
 from icl_lens.model.prompts import bos_id
-from icl_lens.model.reading import activations_captured
+from icl_lens.model.reading import NonFiniteActivationError, activations_captured
+
+from icl_lens.model.types import patch_dtype
 
 if TYPE_CHECKING:
     from icl_lens.model.types import Model
 
 
-class NonFiniteActivationError(FloatingPointError):
-    """An activation is NaN or infinite; the message names layer and position."""
-
-
 class ZeroNormWarning(UserWarning):
     """A kept-only MLP input has (near) zero norm; its patch is set to zero."""
-
-
-def patch_dtype(model) -> torch.dtype:
-    """Patch arithmetic runs in float32 for half-precision models, else in the model's dtype."""
-    dtype = model.cfg.dtype
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _all_finite(x: Tensor) -> bool:

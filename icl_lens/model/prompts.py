@@ -1,4 +1,4 @@
-"""Turn a prompt (text or token ids) into validated token ids for a bridge."""
+"""Turn a prompt (text or token ids) into validated token ids for a bridge, and many of them into one right-padded batch."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -48,6 +48,35 @@ def encode_prompt(model, prompt: str | Sequence[int] | Tensor) -> Int[Tensor, " 
             f"handles at most {limit} (its context length). Shorten the prompt."
         )
     return ids.to(model.cfg.device)
+
+
+def encode_prompts(model, prompts: Sequence) -> list[Int[Tensor, " pos"]]:
+    """Token ids of every prompt; an error names the prompt it comes from."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        try:
+            out.append(encode_prompt(model, prompt))
+        except PromptError as err:
+            raise PromptError(f"prompt {i}: {err}") from None
+    return out
+
+
+def pad_id(model) -> int:
+    """The id used for padding: the tokenizer's pad, else EOS, else BOS, else 0 (never attended)."""
+    tok = model.tokenizer
+    for cand in (tok.pad_token_id, tok.eos_token_id, bos_id(model)):
+        if cand is not None:
+            return int(cand)
+    return 0
+
+
+def right_padded(sequences: Sequence[Sequence[int]], pad: int, device) -> Int[Tensor, "batch pos"]:
+    """Stack ``sequences`` into one tensor, right-padded with ``pad``."""
+    width = max(len(s) for s in sequences)
+    out = torch.full((len(sequences), width), pad, dtype=torch.long)
+    for row, s in enumerate(sequences):
+        out[row, : len(s)] = torch.as_tensor(s, dtype=torch.long).cpu()
+    return out.to(device)
 
 
 def str_tokens(model, ids: Int[Tensor, " pos"]) -> tuple[str, ...]:

@@ -31,6 +31,10 @@ Hook = Callable[..., Tensor | None]
 Sites = Mapping[str, Hook] | Iterable[str | tuple[str, Hook]]
 
 
+class NonFiniteActivationError(FloatingPointError):
+    """An activation read from the model is NaN or infinite; the message names layer and position."""
+
+
 class _ForwardStopped(Exception):
     """Raised by the stop hook of one :func:`activations_captured` block, and caught by that block only."""
 

@@ -37,10 +37,10 @@ from collections.abc import Sequence
 import torch
 from tqdm import tqdm
 
-from icl_lens.model.batches import pad_id, right_padded
 from icl_lens.model.block_family import block_family
-from icl_lens.model.capture import patch_dtype
 from icl_lens.model.greedy import tail_logits
+from icl_lens.model.prompts import pad_id, right_padded
+from icl_lens.model.types import patch_dtype
 from icl_lens.model.weight_edits import edits_applied
 from icl_lens.thought.defaults import (
     DEFAULT_ANSWER_TOKENS,

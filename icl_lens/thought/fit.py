@@ -123,8 +123,9 @@ from icl_lens.core.least_squares import (
 )
 from icl_lens.core.norms import rms_normalize
 from icl_lens.model.block_family import block_family, original, post_norm_eps
-from icl_lens.model.capture import NonFiniteActivationError, patch_dtype
 from icl_lens.model.prompts import PromptError, bos_id
+from icl_lens.model.reading import NonFiniteActivationError
+from icl_lens.model.types import patch_dtype
 from icl_lens.model.weight_edits import edit_hooks
 from icl_lens.thought.instruction_batches import calibration_ids, continuation_ids, query_batch, read_query_tokens, text_ids
 from icl_lens.thought.defaults import (

@@ -23,10 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from icl_lens.model.batches import pad_id, right_padded
 from icl_lens.model.greedy import greedy_continuations
 from icl_lens.model.model_check import check_model
-from icl_lens.model.prompts import PromptError, bos_id, context_limit
+from icl_lens.model.prompts import PromptError, bos_id, context_limit, pad_id, right_padded
 from icl_lens.model.reading import activations_captured
 from icl_lens.model.weight_edits import edits_applied
 

@@ -30,8 +30,8 @@ import weakref
 import torch
 from transformers import DynamicCache
 
-from icl_lens.model.capture import NonFiniteActivationError
 from icl_lens.model.prompts import bos_id, context_limit
+from icl_lens.model.reading import NonFiniteActivationError
 from icl_lens.thought.tasks import TASK_DIR
 
 PRESERVE_DIR = TASK_DIR / "preserve"

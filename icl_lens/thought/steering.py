@@ -30,8 +30,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from icl_lens.model.block_family import block_family
-from icl_lens.model.capture import patch_dtype
 from icl_lens.model.greedy import last_logits
+from icl_lens.model.types import patch_dtype
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
 from icl_lens.thought.instruction_batches import calibration_ids, prefix_ids, query_batch, read_query_tokens, text_ids, with_bos
 from icl_lens.thought.divergence import mean_kl
