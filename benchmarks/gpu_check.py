@@ -37,7 +37,7 @@ from common import measure, write_json  # noqa: E402
 
 import icl_lens  # noqa: E402
 from experiments.report import command, machine, write_fragment  # noqa: E402
-from icl_lens.model.patches import noise_floor  # noqa: E402
+from icl_lens.patches.token_patches import noise_floor  # noqa: E402
 
 GEMMA_270M = dict(
     vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,

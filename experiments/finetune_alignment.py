@@ -16,7 +16,7 @@ same examples. This command measures, with the library's functions:
 3. function-space alignment (:meth:`LossCurves.function_cosines`);
 4. where the context effect lives: full patch, W_in patches only, corrections only
    (:func:`icl_lens.lab.experiments.patch_parts.patch_parts`,
-   :func:`icl_lens.model.context_effect.context_effect`);
+   :func:`icl_lens.patches.context_effect.context_effect`);
 5. the per-token protocol on Gemma 3 270M and SmolLM2-135M
    (:func:`icl_lens.dynamics.context_alignment.context_alignment`), on few-shot prompts built
    from the shipped thought-patch tasks.
@@ -174,7 +174,7 @@ def run_lab(names, n_prompts: int, n_probes: int, progress: bool, seeds=SEEDS) -
 def run_lm(names, n_per_task: int, progress: bool) -> dict:
     from icl_lens import load_model
     from icl_lens.dynamics.context_alignment import context_alignment
-    from icl_lens.model.context_effect import context_effect
+    from icl_lens.patches.context_effect import context_effect
 
     prompts = few_shot_prompts(n_per_task)
     texts = [p for _, p in prompts]

@@ -15,22 +15,22 @@ from icl_lens.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads this block)
     from icl_lens.model.names import DEFAULT_MODEL, EMBEDDED_MODELS, known_model_names
-    from icl_lens.core.dense_weights import DenseWeights, StaleWeightsError
-    from icl_lens.core.patch_set import TokenPatches
-    from icl_lens.core.spike_scores import SpikeFlags, spike_scores, spike_scores_from_norms
+    from icl_lens.patches.dense_weights import DenseWeights, StaleWeightsError
+    from icl_lens.patches.patch_set import TokenPatches
+    from icl_lens.spikes.scores import SpikeFlags, spike_scores, spike_scores_from_norms
     from icl_lens.model.block_family import UnsupportedArchitectureError
-    from icl_lens.model.batches import patch_norms
-    from icl_lens.model.capture import ZeroNormWarning, dense_weights
+    from icl_lens.patches.batches import patch_norms
+    from icl_lens.patches.capture import ZeroNormWarning, dense_weights
     from icl_lens.model.reading import NonFiniteActivationError
-    from icl_lens.model.generation import GenerationPatches, generate_with_patches
-    from icl_lens.model.incremental import PatchSession, UpdateStats
+    from icl_lens.spikes.generation import GenerationPatches, generate_with_patches
+    from icl_lens.patches.incremental import PatchSession, UpdateStats
     from icl_lens.model.model_check import NotABridgeError, ProcessedWeightsError, ProcessedWeightsWarning
     from icl_lens.model.loading import ModelNotFoundError, load_model
-    from icl_lens.model.kept_only import patches_applied
-    from icl_lens.model.patches import EquivalenceReport, token_patches, verify_equivalence
+    from icl_lens.patches.kept_only import patches_applied
+    from icl_lens.patches.token_patches import EquivalenceReport, token_patches, verify_equivalence
     from icl_lens.model.prompts import PromptError
-    from icl_lens.model.spike_thresholds import DEFAULT_SPIKE_THRESHOLD, SpikeThreshold, spike_threshold
-    from icl_lens.model.context_effect import ContextEffect, context_effect
+    from icl_lens.spikes.thresholds import DEFAULT_SPIKE_THRESHOLD, SpikeThreshold, spike_threshold
+    from icl_lens.patches.context_effect import ContextEffect, context_effect
     from icl_lens.dynamics import (
         AlignmentTable,
         ContextTokenSteps,

@@ -229,7 +229,7 @@ def _patches(args: argparse.Namespace) -> int:
     if args.tolerance is not None:
         tolerance = args.tolerance
     elif args.dtype in HALF:
-        from icl_lens.model.patches import noise_floor
+        from icl_lens.patches.token_patches import noise_floor
 
         reference = load_model(args.model, device=args.device, dtype="float32")
         floor = noise_floor(model, reference, args.prompt)
@@ -353,7 +353,7 @@ def _thought_eval(args: argparse.Namespace) -> int:
 def _spikes(args: argparse.Namespace) -> int:
     check_prompt(args.prompt)
     check_device_name(args.device)
-    from icl_lens.model.spike_detector import shipped_detectors, spike_detector  # numpy and json only
+    from icl_lens.spikes.detector import shipped_detectors, spike_detector  # numpy and json only
 
     detector = spike_detector(args.model)
     if detector is None:

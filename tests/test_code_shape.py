@@ -1,4 +1,4 @@
-"""Structural promises: imports point one way (core ← model ← features ← front ends) and never in a
+"""Structural promises: imports point one way (core ← model ← concepts ← front ends) and never in a
 circle, no module borrows another's private names, hooks pass through the two doors (reading.py,
 weight_edits.py), and hooks never outlive the call that added them, even after an error raised
 inside a hook."""
@@ -16,16 +16,19 @@ PACKAGE = pathlib.Path(__file__).parents[1] / "icl_lens"
 # experiments, benchmarks or workshop helpers that live beside it in the checkout.
 _OUTSIDE = ("experiments", "benchmarks", "workshop")
 _FRONT = ("ipywidgets", "plotly", "icl_lens.ui", "icl_lens.cli", *_OUTSIDE)
+# Concepts: token patches underlie the others; spikes read patches; the rest stand side by side.
+_CONCEPTS = ("icl_lens.patches", "icl_lens.spikes", "icl_lens.dynamics", "icl_lens.thought", "icl_lens.lab",
+             "icl_lens.sweep")
 FORBIDDEN = {
-    "stats": ("transformer_lens", "transformers", "icl_lens.core", "icl_lens.model", "icl_lens.dynamics",
-              "icl_lens.thought", "icl_lens.lab", "icl_lens.sweep", *_FRONT),
-    "core": ("transformer_lens", "transformers", "icl_lens.model", "icl_lens.dynamics", "icl_lens.thought",
-             "icl_lens.lab", "icl_lens.sweep", *_FRONT),
-    "model": ("icl_lens.dynamics", "icl_lens.thought", "icl_lens.lab", "icl_lens.sweep", *_FRONT),
-    "dynamics": ("icl_lens.thought", "icl_lens.lab", "icl_lens.sweep", *_FRONT),
-    "thought": ("icl_lens.lab", "icl_lens.sweep", *_FRONT),
-    "lab": ("icl_lens.thought", "icl_lens.sweep", *_FRONT),
-    "sweep": ("icl_lens.thought", "icl_lens.lab", *_FRONT),
+    "stats": ("transformer_lens", "transformers", "icl_lens.core", "icl_lens.model", *_CONCEPTS, *_FRONT),
+    "core": ("transformer_lens", "transformers", "icl_lens.model", *_CONCEPTS, *_FRONT),
+    "model": (*_CONCEPTS, *_FRONT),
+    "patches": tuple(c for c in _CONCEPTS if c != "icl_lens.patches") + _FRONT,
+    "spikes": tuple(c for c in _CONCEPTS if c not in ("icl_lens.patches", "icl_lens.spikes")) + _FRONT,
+    "dynamics": ("icl_lens.spikes", "icl_lens.thought", "icl_lens.lab", "icl_lens.sweep", *_FRONT),
+    "thought": ("icl_lens.spikes", "icl_lens.lab", "icl_lens.sweep", *_FRONT),
+    "lab": ("icl_lens.spikes", "icl_lens.thought", "icl_lens.sweep", *_FRONT),
+    "sweep": ("icl_lens.spikes", "icl_lens.thought", "icl_lens.lab", *_FRONT),
 }
 
 

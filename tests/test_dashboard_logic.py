@@ -174,7 +174,7 @@ def test_unknown_model_keeps_previous_one(load, dash_factory):
 
 
 def test_threshold_starts_at_the_models_calibrated_value(load, dash_factory, tmp_path, monkeypatch):
-    from icl_lens.model import spike_thresholds
+    from icl_lens.spikes import thresholds as spike_thresholds
 
     d = dash_factory(load("tiny-gpt2"))
     assert d.threshold.value == icl_lens.DEFAULT_SPIKE_THRESHOLD  # no calibration for tiny models

@@ -79,7 +79,7 @@ def test_single_token_has_zero_patch_and_identity_holds(load):
 @pytest.mark.parametrize("name", TINY_NAMES)
 def test_one_pass_equals_the_naive_method_float64(load, name):
     """One forward with renormalised cached scores == one kept-only forward per query and layer."""
-    from icl_lens.model.patches import token_patches_naive
+    from icl_lens.patches.token_patches import token_patches_naive
 
     model = load(name, torch.float64)
     prompt = PROMPT[:16]  # past the sliding windows of 6; the naive method costs a forward per query and layer

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from icl_lens import token_patches, verify_equivalence
-from icl_lens.model.kept_only import kept_only_logits
+from icl_lens.patches.kept_only import kept_only_logits
 from icl_lens.model.prompts import encode_prompt
 from icl_lens.model.reading import activations_captured
 

@@ -91,7 +91,7 @@ def test_dense_weights_follow_a_swapped_weight_tensor():
     """``functional_call`` (explicit SGD) swaps a module's weight for another tensor for a while; weights
     cached meanwhile must not outlive the swap (they were the model's only then)."""
     from icl_lens.model.block_family import first_dense_modules, original
-    from icl_lens.model.capture import dense_weights
+    from icl_lens.patches.capture import dense_weights
 
     model = icl_lens.load_model("tiny-llama", dtype=torch.float64)
     module = original(first_dense_modules(model, 0)["in"])

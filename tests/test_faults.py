@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from icl_lens import TokenPatches, token_patches
-from icl_lens.core.patch_set import PatchFileError
+from icl_lens.patches.patch_set import PatchFileError
 from icl_lens.sweep import SweepLockedError, SweepRow, SweepSettingsError, read_rows, run_sweep
 from icl_lens.sweep.encode import char_limit, encode_row
 from icl_lens.sweep.parts import Part, check_settings

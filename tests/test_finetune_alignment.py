@@ -10,7 +10,7 @@ from icl_lens import FinetuneAlignment, finetune_alignment
 from icl_lens.core.factored import stack_outputs
 from icl_lens.model.block_family import block_family, original
 from icl_lens.dynamics.explicit_finetune import contextual_target_loss
-from icl_lens.model.kept_only import kept_only_masks
+from icl_lens.patches.kept_only import kept_only_masks
 
 TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
 PROMPT = "ab=1;cd=2;ef=3;ab=1;cd="
@@ -179,7 +179,7 @@ def test_context_token_steps_equal_dense_gradients(load, name):
 def test_context_effect_parts(load, name):
     """The full patch reproduces the contextual distribution; no patch is the context-free model;
     each part alone is in between, and several prompts batched give the per-prompt numbers."""
-    from icl_lens.model.context_effect import context_effect
+    from icl_lens.patches.context_effect import context_effect
 
     model = load(name, torch.float64)
     one = context_effect(model, PROMPT)

@@ -16,7 +16,7 @@ from icl_lens.lab.experiments.equivalence import numerical_equivalence
 from icl_lens.lab.experiments.memory_cost import decode_matches_forward, memory_and_cost
 from icl_lens.lab.experiments.thought_patch import static_thought_patch
 from icl_lens.lab.mixers import ARCHITECTURES
-from icl_lens.core.patch_set import TokenPatches
+from icl_lens.patches.patch_set import TokenPatches
 from icl_lens.lab.model import LAB_FAMILY, LabConfig
 from icl_lens.lab.patching import lab_token_patches, patched_context_free
 from icl_lens.lab.tasks import prefix_batch, sample_prompts

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from icl_lens.core.factored import sum_cosine, sum_inner, sum_norm
-from icl_lens.core.kernel_regression import feature_kernel_regression, nadaraya_watson
-from icl_lens.core.online_regression import delta_loss, delta_update, hebbian_loss, hebbian_update, loss_gradient
+from icl_lens.lab.kernel_regression import feature_kernel_regression, nadaraya_watson
+from icl_lens.lab.online_regression import delta_loss, delta_update, hebbian_loss, hebbian_update, loss_gradient
 from icl_lens.core.least_squares import input_map, mean_vector
 from icl_lens.core.power_law import power_law_fit
 

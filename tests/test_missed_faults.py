@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from icl_lens import PatchSession, token_patches, trajectory
-from icl_lens.core.spike_scores import MAD_TO_SIGMA, spike_scores_from_norms
+from icl_lens.spikes.scores import MAD_TO_SIGMA, spike_scores_from_norms
 from icl_lens.model.block_family import block_family
-from icl_lens.model.patches import noise_floor
+from icl_lens.patches.token_patches import noise_floor
 from icl_lens.model.prompts import encode_prompt
 from icl_lens.model.reading import activations_captured
 from icl_lens.stats.auroc import auroc

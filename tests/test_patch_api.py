@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from icl_lens import TokenPatches, token_patches, verify_equivalence
-from icl_lens.model.kept_only import kept_only_logits
+from icl_lens.patches.kept_only import kept_only_logits
 from icl_lens.model.reading import activations_captured
 
 PROMPT = "The cat sat. The cat"

@@ -7,7 +7,7 @@ import torch
 
 import icl_lens
 from icl_lens import patch_norms, token_patches, verify_equivalence
-from icl_lens.model.patches import noise_floor
+from icl_lens.patches.token_patches import noise_floor
 from icl_lens.model.loading import DeviceError, check_device, load_model
 
 PROMPT = "In-context learning: the cat sat on the mat, then the cat sat on the hat."

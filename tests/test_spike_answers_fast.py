@@ -7,8 +7,8 @@ import torch
 
 from experiments.factual_prompts import FactualPrompt
 from experiments.spikes.answers import PROMPT_TAIL, answer_one, probe_layer
-from icl_lens.model.generation import generate_with_patches
-from icl_lens.model.incremental import PatchSession
+from icl_lens.spikes.generation import generate_with_patches
+from icl_lens.patches.incremental import PatchSession
 from icl_lens.model.residual_stream import recording_residual
 
 ITEMS = [FactualPrompt("What is the capital of France?", ("Paris",), "capital", "France"),

@@ -9,7 +9,7 @@ import pytest
 
 import icl_lens
 from icl_lens import cli
-from icl_lens.model import spike_detector as sd
+from icl_lens.spikes import detector as sd
 from icl_lens.ui.analysis import threshold_note
 
 

@@ -15,7 +15,7 @@ preamble, recording every token's patches (docs/design.md §2; Dherin et al. 202
   within kind, and paired differences (:mod:`.summary`);
 * the spike-flag threshold is calibrated per model so that at most 5% of correct answers'
   tokens are flagged on one half of the subjects, its precision and recall measured on the
-  other half, and the thresholds written to ``icl_lens/data/spike_thresholds.json``
+  other half, and the thresholds written to ``icl_lens/spikes/data/spike_thresholds.json``
   (:mod:`.calibration`), which ``generate_with_patches`` and the dashboard read.
 
 Writes ``reports/eval_spikes.md`` and ``reports/eval_spikes.json``.

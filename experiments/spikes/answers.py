@@ -46,9 +46,9 @@ import torch
 from transformers import DynamicCache
 
 from experiments.factual_prompts import FEW_SHOT, FactualPrompt, is_correct
-from icl_lens.core.spike_scores import informative_positions
-from icl_lens.model.generation import predictive_stats
-from icl_lens.model.incremental import PatchSession
+from icl_lens.spikes.scores import informative_positions
+from icl_lens.spikes.generation import predictive_stats
+from icl_lens.patches.incremental import PatchSession
 from icl_lens.model.prompts import encode_prompt, str_tokens
 from icl_lens.model.residual_stream import recording_residual
 

@@ -217,7 +217,7 @@ def measure_flag(winner: str, oof: np.ndarray, all_scores: np.ndarray, wrong, st
 
 
 def shipped_entry(measure: FlagMeasure, table: Table, model_fit, command: str) -> dict:
-    """The detectors file's entry for one model (read by :mod:`icl_lens.model.spike_detector`)."""
+    """The detectors file's entry for one model (read by :mod:`icl_lens.spikes.detector`)."""
     row = table.rows.get(measure.detector)
     base_name = max(table.baselines.values(),
                     key=lambda n: -1.0 if table.rows.get(n) is None or table.rows[n].auroc is None

@@ -44,7 +44,7 @@ from icl_lens.core.factored import stack_outputs
 from icl_lens.dynamics.sgd_alignment import FinetuneAlignment
 from icl_lens.model.block_family import block_family
 from icl_lens.model.greedy import last_logits
-from icl_lens.model.kept_only import kept_only_masks
+from icl_lens.patches.kept_only import kept_only_masks
 from icl_lens.dynamics.trajectory_capture import Prompt, resolve_query, trajectory
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
 

@@ -15,7 +15,7 @@ All n+1 prefix variants run as n+1 copies of the query appended to the prompt pr
 the prefix's keys and values (attention is causal, so ``c_j`` has the same keys and
 values in every prefix forward), each copy masked to its prefix plus itself, at the
 query's original position id. Sliding-window layers keep their window in original
-positions (:func:`icl_lens.model.kept_only.kept_only_masks`). The forward stops
+positions (:func:`icl_lens.patches.kept_only.kept_only_masks`). The forward stops
 after the last requested layer's MLP input: no unembedding. Cost ≈ one forward over
 ``t + n + 1`` tokens instead of n forwards over the prompt.
 """
@@ -32,13 +32,13 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from icl_lens.core.kept_attention import bos_and_self_output, kept_set_output
-from icl_lens.core.patch_set import TokenPatches
+from icl_lens.patches.patch_set import TokenPatches
 from icl_lens.dynamics.prefix_variants import PrefixVariantLayout, absorb_layout, prefix_variant_layout
 from icl_lens.dynamics.trajectory import Trajectory
 from icl_lens.model.block_family import BlockFamily, block_family
-from icl_lens.model.capture import ZeroNormWarning, dense_weights, layer_factors
-from icl_lens.model.kept_only import kept_only_logits, kept_only_masks, patches_applied
-from icl_lens.model.patches import token_patches
+from icl_lens.patches.capture import ZeroNormWarning, dense_weights, layer_factors
+from icl_lens.patches.kept_only import kept_only_logits, kept_only_masks, patches_applied
+from icl_lens.patches.token_patches import token_patches
 from icl_lens.model.prompts import bos_id, encode_prompt, str_tokens
 from icl_lens.model.reading import activations_captured
 from icl_lens.model.types import patch_dtype
@@ -261,7 +261,7 @@ def trajectory(model: Model, prompt: Prompt, *, query: int = -1, layers: Sequenc
     same removal) reproduces the full-context output. One forward over the prompt up to
     ``t``. Both orders give ``W₀ = W`` and the same ``Wₙ`` (the query's token patch).
 
-    ``session``: a :class:`~icl_lens.model.incremental.PatchSession` of ``model`` whose last
+    ``session``: a :class:`~icl_lens.patches.incremental.PatchSession` of ``model`` whose last
     prompt starts with ``x₀..x_{t−1}``: the prefix order then reuses its keys and values
     and runs the n+1 query copies only (the same result, about half the forward).
     ``compact=True``: keep ``R δ`` (d_model floats) instead of the d_mlp-sized output factors
@@ -305,7 +305,7 @@ def trajectory_naive(model, prompt: Prompt, *, query: int = -1, layers: Sequence
 def steps_as_patches(traj: Trajectory) -> TokenPatches:
     """The trajectory's steps as a :class:`TokenPatches` whose "positions" are steps i = 0..n.
 
-    Lets :func:`~icl_lens.model.kept_only.patches_applied` apply ``Wᵢ`` (source
+    Lets :func:`~icl_lens.patches.kept_only.patches_applied` apply ``Wᵢ`` (source
     index i) to the query of a kept-only input. Needs every layer.
     """
     steps = traj.n_context + 1
@@ -346,7 +346,7 @@ def verify_trajectory(model: Model, prompt: Prompt, traj: Trajectory | None = No
 
     ``prefix``: patched ``[BOS, x_t]`` with ``Wᵢ`` vs the forward on ``[BOS, c₁..cᵢ, x_t]``.
     ``absorb``: ``[BOS, c_{i+1}..cₙ, x_t]`` with ``Wᵢ`` at the query and every kept context
-    token's own token patch for the removal of ``c₁..cᵢ`` (:func:`~icl_lens.model.patches.token_patches`)
+    token's own token patch for the removal of ``c₁..cᵢ`` (:func:`~icl_lens.patches.token_patches.token_patches`)
     vs the full-context forward. Each forward runs on the kept tokens only, every token
     at its original position id (sliding windows measured in original positions).
     ``order`` is used only when ``traj`` is None.

@@ -10,7 +10,7 @@ with ``.to_frame()``; ``python -m experiments.lab`` writes ``reports/eval_lab.md
 ``python -m experiments.finetune_alignment`` the implicit-vs-explicit section.
 
 The lab speaks the package's dialect: its token patches are a batched
-:class:`~icl_lens.core.patch_set.TokenPatches` (``layer × prompt × position``), its implicit
+:class:`~icl_lens.patches.patch_set.TokenPatches` (``layer × prompt × position``), its implicit
 trajectories are :class:`~icl_lens.dynamics.trajectory.Trajectory`, and its hook names come
 from its block-family entry :data:`LAB_FAMILY`.
 """

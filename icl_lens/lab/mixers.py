@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from icl_lens.core.kept_attention import bos_and_self_output
-from icl_lens.core.online_regression import delta_update, hebbian_update
+from icl_lens.lab.online_regression import delta_update, hebbian_update
 
 ARCHITECTURES = ("softmax", "linear", "delta", "gru")
 

@@ -25,7 +25,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from icl_lens.core.kept_attention import default_kept_mask, removal_kept_mask
-from icl_lens.core.patch_set import TokenPatches
+from icl_lens.patches.patch_set import TokenPatches
 from icl_lens.core.token_patch import token_patch
 from icl_lens.lab.model import LAB_FAMILY, RegressionModel
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
@@ -35,7 +35,7 @@ _MIXER_CACHE = ("attn_scores", "v")
 
 def _batched_patches(model: RegressionModel, u: Tensor, v: Tensor, correction: Tensor, zero: Tensor,
                 removed_prefix: int | None) -> TokenPatches:
-    """A batch of lab patches as a batched :class:`~icl_lens.core.patch_set.TokenPatches`.
+    """A batch of lab patches as a batched :class:`~icl_lens.patches.patch_set.TokenPatches`.
 
     The tokens are ``(x,y)`` pairs and the query; the kept set of position ``t`` is ``{t}``,
     or ``k..t`` when the first ``k`` tokens are removed (``{t}`` for ``t < k``).

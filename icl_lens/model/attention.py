@@ -23,7 +23,7 @@ def attention_pattern(
     """Attention weights of every head of ``layer`` for ``prompt`` (rows sum to 1).
 
     ``past``: a key/value cache of the prompt's first ``p`` positions
-    (:meth:`icl_lens.model.incremental.PatchSession.prefix_cache`); only the rows of
+    (:meth:`icl_lens.patches.incremental.PatchSession.prefix_cache`); only the rows of
     positions ``p..`` are computed then (``[head, pos − p, pos]``).
     """
     n_layers = int(model.cfg.n_layers)

@@ -3,7 +3,7 @@
 Prompts of equal length share a batch, so every row's last token sits at the same
 position and only the last position's logits are computed (``logits_to_keep=1``: for
 Gemma 3 the 262k-row unembedding is never applied to the whole prompt). The key/value
-cache is kept across steps (a plain ``DynamicCache``, as :mod:`icl_lens.model.incremental`
+cache is kept across steps (a plain ``DynamicCache``, as :mod:`icl_lens.patches.incremental`
 uses), so each step runs the new token only. Whatever hooks are active on the model (a
 thought patch, for example) act on every step, and the cached keys and values were
 computed under them.

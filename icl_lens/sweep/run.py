@@ -140,8 +140,8 @@ def _chunks(rows: list[SweepRow], batch_size: int) -> list[list[SweepRow]]:
 def _norm_frames(lm, chunk: list[tuple[SweepRow, torch.Tensor]], out: Path, stem: str, factors: bool,
                  layers: list[int] | None) -> pd.DataFrame:
     """Norms of one batch as one table; with ``factors``, the batch's factor shard is written first."""
-    from icl_lens.core.patch_set import TokenPatches
-    from icl_lens.model.batches import batched_token_patches, iter_patch_norms
+    from icl_lens.patches.patch_set import TokenPatches
+    from icl_lens.patches.batches import batched_token_patches, iter_patch_norms
     from icl_lens.model.prompts import str_tokens
 
     ids = [x for _, x in chunk]

@@ -19,18 +19,18 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from icl_lens.core.factored import gram_cosine
-from icl_lens.core.patch_set import TokenPatches
-from icl_lens.core.spike_scores import SpikeFlags, spike_scores
+from icl_lens.patches.patch_set import TokenPatches
+from icl_lens.spikes.scores import SpikeFlags, spike_scores
 from icl_lens.dynamics.trajectory import Trajectory
 from icl_lens.model.attention import attention_pattern
 from icl_lens.model.block_family import block_family
-from icl_lens.model.incremental import PatchSession
+from icl_lens.patches.incremental import PatchSession
 from icl_lens.model.model_check import check_model
 from icl_lens.model.prompts import PromptError, context_limit
 from icl_lens.model.reading import ForwardAbandoned
 from icl_lens.model.reading import abandoned_when as abandon_forward
-from icl_lens.model.spike_detector import spike_detector
-from icl_lens.model.spike_thresholds import spike_threshold
+from icl_lens.spikes.detector import spike_detector
+from icl_lens.spikes.thresholds import spike_threshold
 from icl_lens.dynamics.trajectory_capture import NoContextError, trajectory
 
 DEFAULT_MAX_TOKENS = 1024

@@ -25,8 +25,8 @@ import plotly.graph_objects as go
 from jaxtyping import Float
 from torch import Tensor
 
-from icl_lens.core.patch_set import TokenPatches
-from icl_lens.model.incremental import PatchSession
+from icl_lens.patches.patch_set import TokenPatches
+from icl_lens.patches.incremental import PatchSession
 from icl_lens.ui.layer_view import LayerView
 from icl_lens.ui.panels import MAX_MATRIX_TICKS, token_axis, token_label
 from icl_lens.ui.token_strip import TokenStrip

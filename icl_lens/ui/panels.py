@@ -13,7 +13,7 @@ import ipywidgets as W
 import numpy as np
 import plotly.graph_objects as go
 
-from icl_lens.core.patch_set import TokenPatches
+from icl_lens.patches.patch_set import TokenPatches
 from icl_lens.ui.layer_view import LayerView
 from icl_lens.ui.token_strip import TokenStrip
 

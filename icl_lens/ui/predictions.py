@@ -6,7 +6,7 @@ kept-only forward (BOS + query at its original position, docs/design.md §2) wit
 contextual logits again (the identity of Dherin et al. 2025, arXiv 2507.16003); the panel
 shows that forward's largest logit difference from the contextual one as a check. Both
 forwards are the library's (:func:`icl_lens.model.greedy.last_logits`,
-:func:`icl_lens.model.kept_only.kept_only_logits_many`); the patch parts are dropped with
+:func:`icl_lens.patches.kept_only.kept_only_logits_many`); the patch parts are dropped with
 ``TokenPatches.keep_parts``.
 """
 from __future__ import annotations
@@ -21,10 +21,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from icl_lens.core.patch_set import TokenPatches
-from icl_lens.model.generation import predictive_stats
+from icl_lens.patches.patch_set import TokenPatches
+from icl_lens.spikes.generation import predictive_stats
 from icl_lens.model.greedy import last_logits
-from icl_lens.model.kept_only import kept_only_logits_many
+from icl_lens.patches.kept_only import kept_only_logits_many
 from icl_lens.model.prompts import str_tokens
 from icl_lens.ui.panels import token_label
 
@@ -59,7 +59,7 @@ def next_token_predictions(model, ids: Int[Tensor, " pos"], patches: TokenPatche
     """Top-``k`` next tokens at ``query`` from the contextual and the unpatched kept-only forwards.
 
     ``contextual``: the contextual logits at ``query`` when the caller has them (the dashboard's
-    :meth:`~icl_lens.model.incremental.PatchSession.logits_at`); else a forward over ``ids[: query + 1]``."""
+    :meth:`~icl_lens.patches.incremental.PatchSession.logits_at`); else a forward over ``ids[: query + 1]``."""
     n = int(ids.numel())
     if not 0 <= query < n:
         raise ValueError(f"query {query} is outside the prompt's {n} positions")

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from icl_lens.core.kernel_regression import feature_kernel_regression, nadaraya_watson
-from icl_lens.core.online_regression import delta_loss, hebbian_loss, loss_gradient
+from icl_lens.lab.kernel_regression import feature_kernel_regression, nadaraya_watson
+from icl_lens.lab.online_regression import delta_loss, hebbian_loss, loss_gradient
 from icl_lens.lab.checkpoints import load_lab_model
 from icl_lens.lab.model import LAB_FAMILY
 from icl_lens.lab.tasks import sample_prompts

@@ -3,7 +3,7 @@
 For each prompt's query (``n`` context pairs), the query token is run ALONE with every
 layer's token patch split in two (Dherin et al. 2025, arXiv 2507.16003): the rank-1
 ``W_in`` edit ``u vᵀ`` and the skip-connection correction ``attn_C − attn_0``
-(:meth:`icl_lens.core.patch_set.TokenPatches.keep_parts`). Variants: ``none`` (the
+(:meth:`icl_lens.patches.patch_set.TokenPatches.keep_parts`). Variants: ``none`` (the
 context-free model), ``w_in`` (only the weight patches), ``correction`` (only the
 corrections), ``full`` (both: the contextual prediction, exactly). Reported per variant:
 

@@ -53,7 +53,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from icl_lens.core.kept_attention import removes_nothing
-from icl_lens.core.patch_set import TokenPatches
+from icl_lens.patches.patch_set import TokenPatches
 
 MAD_TO_SIGMA = 1.4826  # 1 / Φ⁻¹(3/4): MAD of a normal times this is its σ
 MEAN_AD_TO_SIGMA = 1.2533  # sqrt(π/2): mean absolute deviation of a normal times this is its σ

@@ -20,9 +20,9 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from icl_lens.core.kept_attention import default_kept_mask
-from icl_lens.core.patch_set import TokenPatches
+from icl_lens.patches.patch_set import TokenPatches
 from icl_lens.model.block_family import block_family
-from icl_lens.model.capture import LayerCapture, dense_weights, empty_factors, is_bos_kept, warn_zero_inputs
+from icl_lens.patches.capture import LayerCapture, dense_weights, empty_factors, is_bos_kept, warn_zero_inputs
 from icl_lens.model.greedy import last_logits
 from icl_lens.model.prompts import encode_prompt, str_tokens
 from icl_lens.model.reading import activations_captured

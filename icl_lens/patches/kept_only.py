@@ -11,7 +11,7 @@ with ``u = W δ`` formed for the patched positions only.
 The edit acts on the actual MLP input of the kept-only pass; nothing is copied from
 the contextual pass. Its logits at the query must equal the contextual logits at ``t``:
 that identity is what "exact" means in icl_lens (Dherin et al. 2025, arXiv 2507.16003),
-checked by :func:`icl_lens.model.patches.verify_equivalence`.
+checked by :func:`icl_lens.patches.token_patches.verify_equivalence`.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from icl_lens.core.patch_set import TokenPatches
+from icl_lens.patches.patch_set import TokenPatches
 from icl_lens.model.block_family import block_family
 from icl_lens.model.weight_edits import MLPEdit, edits_applied
 
@@ -37,7 +37,7 @@ def token_patch_edits(patches: TokenPatches, sources: Int[Tensor, "batch pos"],
 
     ``sources[b, i] = -1`` leaves that input position unpatched. Edits are keyed by the
     model layers the patches hold (``patches.layers``); every position must be held. ``u``
-    is formed for the picked positions only (:meth:`~icl_lens.core.patch_set.TokenPatches.u`).
+    is formed for the picked positions only (:meth:`~icl_lens.patches.patch_set.TokenPatches.u`).
     """
     if not patches.complete:
         raise ValueError("applying patches needs every position of the prompt; select layers only")

@@ -14,13 +14,13 @@ How ``A`` is formed (pre-MLP norm, raw residual, parallel block) is the block fa
 
 Everything is computed in-flight inside the hooks (memory O(layers·pos·d_model): ``δ``,
 ``v`` and the correction, never the ``d_mlp``-sized ``u``, which
-:class:`~icl_lens.core.patch_set.TokenPatches` forms from ``δ`` and the model's
+:class:`~icl_lens.patches.patch_set.TokenPatches` forms from ``δ`` and the model's
 :func:`dense_weights` when asked; no ``pos × pos`` score matrix kept, no dense
 ``d_mlp × d_model`` per token), and the
 forward stops after the last block's MLP input (:mod:`icl_lens.model.reading`), so the
 unembedding never runs. The capture works on right-padded batches of prompts (one prompt
-is the batch of one); :mod:`icl_lens.model.batches` forms them and adds the norms-only
-mode; :func:`icl_lens.model.patches.token_patches` is the public entry.
+is the batch of one); :mod:`icl_lens.patches.batches` forms them and adds the norms-only
+mode; :func:`icl_lens.patches.token_patches.token_patches` is the public entry.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from icl_lens.core.dense_weights import DenseWeights
+from icl_lens.patches.dense_weights import DenseWeights
 from icl_lens.core.kept_attention import bos_and_self_output, kept_set_output, removes_nothing
 from icl_lens.core.token_patch import input_pseudo_inverse
 from icl_lens.model.block_family import (
@@ -91,8 +91,8 @@ class LayerCapture:
     row; ``lengths`` the real length of each row (padding after it is never computed).
     ``out`` holds ``[layers, B, q, …]`` buffers, on any device (each layer's result is
     moved there): ``delta``, ``v``, ``correction``, ``zero_input``. ``norm_weights`` (a
-    :class:`~icl_lens.core.dense_weights.DenseWeights`) switches to norms only: ``out`` then
-    holds ``norm`` and ``correction_norm`` (see :mod:`icl_lens.model.batches`).
+    :class:`~icl_lens.patches.dense_weights.DenseWeights`) switches to norms only: ``out`` then
+    holds ``norm`` and ``correction_norm`` (see :mod:`icl_lens.patches.batches`).
     """
 
     def __init__(self, model, family: BlockFamily, kept: Tensor | None, default_kept: bool,
@@ -253,7 +253,7 @@ def materialised_dense_weights(model, layer: int) -> dict[str, Tensor]:
 def dense_weights(model: Model) -> DenseWeights:
     """The model's first dense weights of every layer (references, checked), cached per model.
 
-    What :class:`~icl_lens.core.patch_set.TokenPatches` forms ``u = W δ`` and the norms
+    What :class:`~icl_lens.patches.patch_set.TokenPatches` forms ``u = W δ`` and the norms
     (``R`` of the QR) from; a new one is made when the weights changed in place.
     """
     cache = model_cache(model, "dense_weights")

@@ -4,7 +4,7 @@ A token patch has two parts (Dherin et al. 2025, arXiv 2507.16003): the rank-1 e
 the first dense MLP weights (``u vᵀ``, gated MLPs: both ``W_gate`` and ``W_up``) and, in a
 block with a skip connection, the correction ``attn_C − attn_0`` added after the MLP. Only
 both together are exact. Run the kept-only forward (``[BOS, x_t]`` at original positions,
-:func:`icl_lens.model.kept_only.kept_only_logits_many`) with
+:func:`icl_lens.patches.kept_only.kept_only_logits_many`) with
 
     none        no patch (the context-free model)
     w_in        only the weight patches of every layer
@@ -28,8 +28,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from icl_lens.model.greedy import last_logits
-from icl_lens.model.kept_only import kept_only_logits_many
-from icl_lens.model.patches import token_patches
+from icl_lens.patches.kept_only import kept_only_logits_many
+from icl_lens.patches.token_patches import token_patches
 from icl_lens.model.prompts import encode_prompt
 
 if TYPE_CHECKING:

@@ -11,13 +11,13 @@ with ``u = W δ``, ``v = a/‖a‖²``, ``δ = A − a``. The patch norm plotted
 
 **Factors on demand.** A patch set keeps per layer and token only ``d_model``-sized data
 (``δ``, ``v``, the correction, the zero-input flag) and a reference to the model's dense
-weights (:class:`~icl_lens.core.dense_weights.DenseWeights`). ``u`` is formed when asked
+weights (:class:`~icl_lens.patches.dense_weights.DenseWeights`). ``u`` is formed when asked
 for: :meth:`TokenPatches.u` (one layer, optionally some positions), or the costly
 all-layer properties ``u_in``/``u_gate``. Norms and inner products of
 ``U = [u_gate; u_in]`` come from ``R δ`` (``R`` of the thin QR of ``[W_gate; W_in]``,
 ``‖U δ‖ = ‖R δ‖``): no ``d_mlp``-sized vector is formed for them. The weights must be the
 ones the patches were made from: edited in place, or another model's, they are refused
-(:class:`~icl_lens.core.dense_weights.StaleWeightsError`). Patch sets built from factors
+(:class:`~icl_lens.patches.dense_weights.StaleWeightsError`). Patch sets built from factors
 that exist already (a trajectory's steps, the regression lab, version-1 files) hold
 ``u`` itself instead (``stored_u_in``/``stored_u_gate``).
 
@@ -64,7 +64,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from icl_lens.core.dense_weights import DenseWeights, RecordedWeights, StaleWeightsError, checksums_match
+from icl_lens.patches.dense_weights import DenseWeights, RecordedWeights, StaleWeightsError, checksums_match
 from icl_lens.core.factored import stack_outputs
 from icl_lens.core.kept_attention import default_kept_mask
 
@@ -225,7 +225,7 @@ class TokenPatches:
 
         ``index``: position indices (any shape, e.g. ``[batch, pos]`` of source positions);
         the factors of ``δ[layer][index]`` only are formed. Raises
-        :class:`~icl_lens.core.dense_weights.StaleWeightsError` if the weights changed.
+        :class:`~icl_lens.patches.dense_weights.StaleWeightsError` if the weights changed.
         """
         pick = (lambda t: t[layer]) if index is None else (lambda t: t[layer][index])  # noqa: E731
         if self.stored_u_in is not None:

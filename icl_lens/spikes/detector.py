@@ -1,4 +1,4 @@
-"""The shipped wrong-answer detector of a model, read from ``icl_lens/data/spike_detectors.json``.
+"""The shipped wrong-answer detector of a model, read from ``icl_lens/spikes/data/spike_detectors.json``.
 
 ``python -m experiments.spikes`` measures several detectors of wrong answers on labelled
 questions and ships, per model, the one that wins by a rule fixed in code before the run
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from icl_lens.model.spike_thresholds import cached_json
+from icl_lens.spikes.thresholds import cached_json
 
-DETECTORS_FILE = Path(__file__).resolve().parent.parent / "data" / "spike_detectors.json"
+DETECTORS_FILE = Path(__file__).resolve().parent / "data" / "spike_detectors.json"
 PROMPT_TAIL = 4
 READOUTS = ("answer", "answer+last", "prompt", "spike")
 TINY = 1e-30  # floor before the log: a zero norm (no finite patch, docs/design.md §2) stays finite
@@ -77,7 +77,7 @@ def spike_readout(norms, informative, prompt_length: int, n_answer: int, *, stat
     """Maximum over the answer tokens of the spike score (NaN without enough context)."""
     import torch
 
-    from icl_lens.core.spike_scores import spike_scores_from_norms
+    from icl_lens.spikes.scores import spike_scores_from_norms
 
     flags = spike_scores_from_norms(torch.as_tensor(np.asarray(norms, dtype=float)),
                                     informative=torch.as_tensor(np.asarray(informative, dtype=bool)),

@@ -7,11 +7,11 @@ record holds (docs/design.md §2; Dherin et al. 2025, arXiv 2507.16003):
   as the query, with its context {prompt, g_0..g_{k-1}} removed),
 * its spike score and flag (:func:`icl_lens.spike_scores` over the whole sequence; the
   score is causal, so it equals the score computed online at step ``k``); by default the
-  flag threshold is the model's calibrated one (:mod:`icl_lens.model.spike_thresholds`:
+  flag threshold is the model's calibrated one (:mod:`icl_lens.spikes.thresholds`:
   at most 5% of the answer tokens of correct answers flagged), 3.5 for models, statistics
   or windows without a calibration,
 * ``answer_flag``: where the model has a shipped wrong-answer detector
-  (:mod:`icl_lens.model.spike_detector`), its reading of the answer (the generated tokens
+  (:mod:`icl_lens.spikes.detector`), its reading of the answer (the generated tokens
   before the first newline): ``p_wrong``, ``flagged`` and the detector's measured AUROC and
   its baselines'. It was measured on short factual answers asked in the detector's
   ``question_format``; for other prompts it is an extrapolation,
@@ -36,12 +36,12 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from icl_lens.core.patch_set import TokenPatches
-from icl_lens.core.spike_scores import SpikeFlags, spike_scores
-from icl_lens.model.incremental import PatchSession
+from icl_lens.patches.patch_set import TokenPatches
+from icl_lens.spikes.scores import SpikeFlags, spike_scores
+from icl_lens.patches.incremental import PatchSession
 from icl_lens.model.prompts import PromptError, context_limit, encode_prompt, str_tokens
-from icl_lens.model.spike_detector import PROMPT_TAIL, AnswerFlag, read_answer, spike_detector
-from icl_lens.model.spike_thresholds import SpikeThreshold, spike_threshold
+from icl_lens.spikes.detector import PROMPT_TAIL, AnswerFlag, read_answer, spike_detector
+from icl_lens.spikes.thresholds import SpikeThreshold, spike_threshold
 
 if TYPE_CHECKING:
     from icl_lens.model.types import Model

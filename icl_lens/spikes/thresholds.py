@@ -1,6 +1,6 @@
-"""Per-model spike-flag thresholds, calibrated on labelled answers (``icl_lens/data/spike_thresholds.json``).
+"""Per-model spike-flag thresholds, calibrated on labelled answers (``icl_lens/spikes/data/spike_thresholds.json``).
 
-A token is flagged when its spike score (:mod:`icl_lens.core.spike_scores`) is above a
+A token is flagged when its spike score (:mod:`icl_lens.spikes.scores`) is above a
 threshold. A fixed threshold means different things for different models, so
 ``python -m experiments.spikes`` calibrates one per model, statistic and window: the
 score above which at most 5% of the answer tokens of *correct* answers are flagged (a
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-THRESHOLDS_FILE = Path(__file__).resolve().parent.parent / "data" / "spike_thresholds.json"
+THRESHOLDS_FILE = Path(__file__).resolve().parent / "data" / "spike_thresholds.json"
 DEFAULT_SPIKE_THRESHOLD = 3.5
 
 

@@ -13,8 +13,8 @@ QR factorisation ``U = Q R`` (``Q`` orthonormal columns, ``R`` upper triangular
 ``d_model × d_model``), ``‖U δ‖ = ‖R δ‖``: the norms need one ``d_model × d_model``
 product per token instead of the ``d_mlp × d_model`` products of the factors, and no
 ``δ``/``v`` is kept. ``R`` is computed once per layer in float64 and cached per model
-(:func:`icl_lens.model.capture.dense_weights`, renewed if the weights change in place);
-:meth:`icl_lens.core.patch_set.TokenPatches.norms` uses the same ``R``.
+(:func:`icl_lens.patches.capture.dense_weights`, renewed if the weights change in place);
+:meth:`icl_lens.patches.patch_set.TokenPatches.norms` uses the same ``R``.
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from icl_lens.core.kept_attention import default_kept_mask, removal_kept_mask
-from icl_lens.core.patch_set import TokenPatches
+from icl_lens.patches.patch_set import TokenPatches
 from icl_lens.model.block_family import block_family
-from icl_lens.model.capture import (
+from icl_lens.patches.capture import (
     LayerCapture,
     dense_weights,
     empty_factors,

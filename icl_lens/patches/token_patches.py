@@ -6,12 +6,12 @@ A token patch of layer ``l`` and query ``t`` (Dherin et al. 2025, arXiv 2507.160
 
 with ``A`` the MLP input of the contextual pass and ``a`` the one of the kept-only pass
 (BOS + query by default). The patch set keeps ``δ = A − a`` and forms ``u`` from the
-model's dense weights when asked (:mod:`icl_lens.core.patch_set`). :func:`token_patches` computes every layer and position from
-one contextual forward (:mod:`icl_lens.model.capture`, batched by
-:mod:`icl_lens.model.batches`); :func:`token_patches_naive` recomputes them with one
+model's dense weights when asked (:mod:`icl_lens.patches.patch_set`). :func:`token_patches` computes every layer and position from
+one contextual forward (:mod:`icl_lens.patches.capture`, batched by
+:mod:`icl_lens.patches.batches`); :func:`token_patches_naive` recomputes them with one
 kept-only forward per query and layer. :func:`verify_equivalence` checks the identity
 that makes them exact: the kept-only forward with every patch applied
-(:mod:`icl_lens.model.kept_only`) gives the contextual logits at ``t``.
+(:mod:`icl_lens.patches.kept_only`) gives the contextual logits at ``t``.
 """
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from icl_lens.core.kept_attention import removes_nothing
-from icl_lens.core.patch_set import TokenPatches
+from icl_lens.patches.patch_set import TokenPatches
 from icl_lens.core.token_patch import input_pseudo_inverse
-from icl_lens.model.batches import batched_token_patches, is_prompt_list
+from icl_lens.patches.batches import batched_token_patches, is_prompt_list
 from icl_lens.model.block_family import block_family
-from icl_lens.model.kept_only import kept_only_logits, kept_only_masks, patches_applied
+from icl_lens.patches.kept_only import kept_only_logits, kept_only_masks, patches_applied
 from icl_lens.model.prompts import encode_prompt
 from icl_lens.model.reading import activations_captured
 
