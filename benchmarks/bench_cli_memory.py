@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks.common import TEXT
     from experiments.report import command, load_average, machine, write_fragment
-    from icl_lens.model.loading import prepare_embedded
+    from icl_lens.model import prepare_embedded
 
     tokenizer = AutoTokenizer.from_pretrained(prepare_embedded(args.model))
     prompt = exact_length_text(tokenizer, args.tokens, TEXT)

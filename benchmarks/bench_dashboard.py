@@ -82,8 +82,8 @@ def _latency(d, text: str) -> dict[str, float]:
 
 def _plain_analyzer(analyzer):
     """The analysis as before issue 28 (the baseline): plain library trajectory and attention calls."""
-    from icl_lens.dynamics.trajectory_capture import NoContextError, trajectory
-    from icl_lens.model.attention import attention_pattern
+    from icl_lens.dynamics import NoContextError, trajectory
+    from icl_lens.model import attention_pattern
 
     def plain_trajectory(prompt, query, order="prefix", layers=None, stale=None):
         def make():

@@ -26,7 +26,7 @@ from common import CLOCKS, flops, measure, prompt_ids, time_it, write_json  # no
 
 from experiments.report import command, load_average, machine, write_fragment  # noqa: E402
 from icl_lens import load_model, patch_norms, token_patches  # noqa: E402
-from icl_lens.patches.token_patches import token_patches_naive  # noqa: E402
+from icl_lens.patches import token_patches_naive  # noqa: E402
 
 
 def main() -> None:
@@ -129,7 +129,7 @@ def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: 
               "last MLP. A time ratio above the arithmetic ratio is overhead (hooks, small tensor operations); below it "
               "would take less arithmetic than the definitions ask for."]
     lines += ["", "Norms = `patch_norms` (norms only, no factors kept: `‖ΔW‖ = ‖Rδ‖/‖a‖` with `R` from the QR of "
-              "the stacked dense weights, see `icl_lens/patches/batches.py`; `TokenPatches.norms` uses the same `R`)."]
+              "the stacked dense weights, see `icl_lens/patches/_batches.py`; `TokenPatches.norms` uses the same `R`)."]
     if batched_rows:
         lines += ["", f"Many prompts ({args.prompts} prompts of {args.prompt_tokens - 8}..{args.prompt_tokens} tokens, "
                   f"batches of {args.batch_size}, right-padded; loop = one `token_patches` call per prompt, once; "
@@ -158,7 +158,7 @@ def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: 
 
 def batched(model, name: str, args) -> tuple:
     """Loop of single prompts vs batched patch_norms / token_patches vs a batched forward with logits."""
-    from icl_lens.patches.batches import prompt_batch
+    from icl_lens.patches import prompt_batch
 
     base = prompt_ids(model, args.prompt_tokens + args.prompts + 8).to(args.device)
     lengths = [args.prompt_tokens - (i % 9) for i in range(args.prompts)]

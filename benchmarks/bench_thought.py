@@ -20,9 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout roo
 from common import peak_memory, write_json  # noqa: E402
 from experiments.report import load_average, machine, write_fragment  # noqa: E402
 from icl_lens import load_model, load_task, thought_patch  # noqa: E402
-from icl_lens.thought.preserve import preserve_texts  # noqa: E402
-from icl_lens.thought.instruction_batches import continuation_ids, pad_id, query_batch, right_padded, text_ids  # noqa: E402
-from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS  # noqa: E402
+from icl_lens.thought import preserve_texts  # noqa: E402
+from icl_lens.model import pad_id, right_padded  # noqa: E402
+from icl_lens.thought import continuation_ids, query_batch, text_ids  # noqa: E402
+from icl_lens.thought import DEFAULT_ANSWER_TOKENS  # noqa: E402
 
 
 def _measure(fn, repeats: int) -> tuple[float, float]:

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from experiments.report import command, load_average, machine, write_fragment
     from icl_lens import load_model, trajectory
-    from icl_lens.dynamics.trajectory_capture import trajectory_naive
+    from icl_lens.dynamics import trajectory_naive
 
     torch.set_num_threads(args.threads)
     load_before = load_average()

@@ -37,7 +37,7 @@ from common import measure, write_json  # noqa: E402
 
 import icl_lens  # noqa: E402
 from experiments.report import command, machine, write_fragment  # noqa: E402
-from icl_lens.patches.token_patches import noise_floor  # noqa: E402
+from icl_lens.patches import noise_floor  # noqa: E402
 
 GEMMA_270M = dict(
     vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
@@ -82,8 +82,8 @@ def random_bridge(shape: dict, family: str, dtype: torch.dtype, device: str, nam
     """
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
-    from icl_lens.model.byte_tokenizer import BOS_ID, EOS_ID, PAD_ID, save_byte_tokenizer
-    from icl_lens.model.loading import bridge_from_hf, cache_dir
+    from icl_lens.model import BOS_ID, EOS_ID, PAD_ID, save_byte_tokenizer
+    from icl_lens.model import bridge_from_hf, cache_dir
 
     cls, cfg_cls = (Gemma3ForCausalLM, Gemma3TextConfig) if family == "gemma3" else (LlamaForCausalLM, LlamaConfig)
     cfg = cfg_cls(**shape, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
@@ -327,7 +327,7 @@ def main() -> None:
     args = ap.parse_args()
     started = time.monotonic()
     budget = Budget(args.budget)
-    from icl_lens.model.loading import check_device
+    from icl_lens.model import check_device
 
     check_device(args.device)
     results: dict = {"machine": machine(args.device)}

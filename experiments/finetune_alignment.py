@@ -9,26 +9,26 @@ same examples. This command measures, with the library's functions:
 
 1. loss curves: test error against the number of examples consumed, in context and by
    SGD on the first MLP matrix (one pair per step, a learning-rate sweep)
-   (:func:`icl_lens.lab.experiments.loss_curves.loss_curves`), for every lab model;
+   (:func:`icl_lens.lab.experiments._loss_curves.loss_curves`), for every lab model;
 2. weight-space alignment, cumulative and per step, in the prefix and the paper's
    absorb order, with a mismatched-prompt control, variants that isolate the cause and a
-   random-direction baseline (:func:`icl_lens.lab.experiments.implicit_explicit.implicit_vs_explicit`);
+   random-direction baseline (:func:`icl_lens.lab.experiments._implicit_explicit.implicit_vs_explicit`);
 3. function-space alignment (:meth:`LossCurves.function_cosines`);
 4. where the context effect lives: full patch, W_in patches only, corrections only
-   (:func:`icl_lens.lab.experiments.patch_parts.patch_parts`,
-   :func:`icl_lens.patches.context_effect.context_effect`);
+   (:func:`icl_lens.lab.experiments._patch_parts.patch_parts`,
+   :func:`icl_lens.patches._context_effect.context_effect`);
 5. the per-token protocol on Gemma 3 270M and SmolLM2-135M
-   (:func:`icl_lens.dynamics.context_alignment.context_alignment`), on few-shot prompts built
+   (:func:`icl_lens.dynamics._context_alignment.context_alignment`), on few-shot prompts built
    from the shipped thought-patch tasks.
 
-6. a capacity test beside one-pass SGD (:func:`icl_lens.lab.experiments.capacity.capacity_test`):
+6. a capacity test beside one-pass SGD (:func:`icl_lens.lab.experiments._capacity.capacity_test`):
    a damped ridge least-squares fit of ``W_in`` on the same pairs and small-step SGD;
 7. a one-factor-at-a-time ablation from ``single_block`` toward ``one_block``
-   (:data:`icl_lens.lab.checkpoints.ABLATION_MODELS`).
+   (:data:`icl_lens.lab._checkpoints.ABLATION_MODELS`).
 
 Every lab model is measured over its training seeds (:mod:`icl_lens.lab.seeds`; seeds not
 in the cache are skipped and the JSON lists the seeds used under ``seeds``); intervals
-resample seeds, then prompts (:func:`icl_lens.stats.bootstrap.bootstrap_mean_nested`).
+resample seeds, then prompts (:func:`icl_lens.stats._bootstrap.bootstrap_mean_nested`).
 The paper (arXiv 2507.16003) ran the protocol on regression only: the language-model rows
 are this project's extension of it. Every sentence of the reading is computed from the
 numbers with the rules stated in it.
@@ -61,9 +61,9 @@ DEMOS = 5
 
 def describe(name: str) -> str:
     """One line per lab model, read from its configuration."""
-    from icl_lens.lab.seeds import MODELS
+    from icl_lens.lab import seeds as lab_seeds
 
-    c = MODELS[name]
+    c = lab_seeds.MODELS[name]
     parts = [f"{c.n_layers} {c.arch} block{'s' if c.n_layers > 1 else ''}", f"d_model {c.d_model}",
              "skip" if c.skip else "no skip", "LayerNorm" if c.layer_norm else "no LayerNorm"]
     if not c.embed:
@@ -88,7 +88,7 @@ class Pooled:
         return [t.per_prompt[key].double().mean(1).numpy() for t in self.tables]
 
     def ci(self, key: str):
-        from icl_lens.stats.bootstrap import bootstrap_mean_nested
+        from icl_lens.stats import bootstrap_mean_nested
 
         return bootstrap_mean_nested(self.values(key))
 
@@ -146,18 +146,18 @@ def _fmt(ci) -> str:
 
 def run_lab(names, n_prompts: int, n_probes: int, progress: bool, seeds=SEEDS) -> dict:
     """Per model: the runs of every cached seed (loss curves, alignment, where the effect lives, capacity)."""
-    from icl_lens.lab.experiments.capacity import capacity_test
-    from icl_lens.lab.experiments.implicit_explicit import implicit_vs_explicit
-    from icl_lens.lab.experiments.loss_curves import loss_curves
-    from icl_lens.lab.experiments.patch_parts import patch_parts
-    from icl_lens.lab.seeds import seed_model
+    from icl_lens.lab.experiments import capacity_test
+    from icl_lens.lab.experiments import implicit_vs_explicit
+    from icl_lens.lab.experiments import loss_curves
+    from icl_lens.lab.experiments import patch_parts
+    from icl_lens.lab import seeds as lab_seeds
 
     out = {}
     for name in tqdm(names, desc="lab models", disable=not progress):
         runs = []
         for seed in seeds:
             try:
-                model, record = seed_model(name, seed, train_missing=False)
+                model, record = lab_seeds.seed_model(name, seed, train_missing=False)
             except FileNotFoundError:
                 continue
             curves = loss_curves(name, n_prompts=n_prompts, n_probes=n_probes, model=model)
@@ -173,8 +173,8 @@ def run_lab(names, n_prompts: int, n_probes: int, progress: bool, seeds=SEEDS) -
 
 def run_lm(names, n_per_task: int, progress: bool) -> dict:
     from icl_lens import load_model
-    from icl_lens.dynamics.context_alignment import context_alignment
-    from icl_lens.patches.context_effect import context_effect
+    from icl_lens.dynamics import context_alignment
+    from icl_lens.patches import context_effect
 
     prompts = few_shot_prompts(n_per_task)
     texts = [p for _, p in prompts]
@@ -194,7 +194,7 @@ class FromSummary:
     """A language model's alignment rows read back from an earlier report's JSON (``--reuse-lm``)."""
 
     def __init__(self, entry: dict):
-        from icl_lens.stats.bootstrap import MeanCI
+        from icl_lens.stats import MeanCI
 
         self.rows = {f"{r['comparison']}:{r['order']}:{r['kind']}": r for r in entry["alignment"]["summary"]}
         self.per_prompt = dict.fromkeys(self.rows)
@@ -254,7 +254,7 @@ def alignment_rows(tables: dict, lm_names=()) -> pd.DataFrame:
 
 def ablation_rows(tables: dict, lab: dict) -> pd.DataFrame:
     """The single block, each one-factor variant and one_block: every cosine beside its own control."""
-    from icl_lens.lab.checkpoints import ABLATION_FACTOR
+    from icl_lens.lab import ABLATION_FACTOR
 
     rows = []
     for name in [n for n in ABLATION if n in tables]:
@@ -323,7 +323,7 @@ def _ci_dict(ci) -> dict:
 
 
 def _nested(values) -> "object":
-    from icl_lens.stats.bootstrap import bootstrap_mean_nested
+    from icl_lens.stats import bootstrap_mean_nested
 
     return bootstrap_mean_nested([v.double().numpy() for v in values])
 
@@ -461,7 +461,7 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
     # 3. Capacity
     cap_rows = []
     if lab:
-        from icl_lens.lab.experiments.capacity import METHODS
+        from icl_lens.lab.experiments import METHODS
 
         for name, r in lab.items():
             entry = {}
@@ -480,7 +480,7 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
                   f"*SGD small steps*: {c0.epochs} passes at 1/{c0.epochs} of that rate; *ridge least squares*: "
                   f"{c0.iterations} damped Gauss–Newton steps on every layer's W_in, each a ridge least-squares fit "
                   f"(ridge {c0.ridge:g} × the mean eigenvalue of the pairs' kernel) through the package's "
-                  "`factored_least_squares` (`icl_lens.lab.experiments.capacity`).", "",
+                  "`factored_least_squares` (`icl_lens.lab.experiments.capacity_test`).", "",
                   markdown_table(pd.DataFrame(cap_rows)), ""]
 
     # 4. Function space
@@ -669,7 +669,7 @@ def reading(lab: dict, tables: dict, lm_tables: dict, numbers: dict) -> list[str
 
 
 def _mean_ci(values):
-    from icl_lens.stats.bootstrap import bootstrap_mean
+    from icl_lens.stats import bootstrap_mean
 
     return bootstrap_mean(values.double().numpy())
 

@@ -17,13 +17,13 @@ import torch
 from tqdm.auto import tqdm
 
 from experiments.report import load_average, machine, markdown_table, write_fragment
-from icl_lens.lab.checkpoints import training_record
-from icl_lens.lab.experiments.attention_regression import attention_as_regression
-from icl_lens.lab.experiments.convergence import convergence_by_architecture
-from icl_lens.lab.experiments.equivalence import numerical_equivalence
-from icl_lens.lab.experiments.memory_cost import memory_and_cost
-from icl_lens.lab.experiments.thought_patch import static_thought_patch
-from icl_lens.lab.mixers import ARCHITECTURES
+from icl_lens.lab import training_record
+from icl_lens.lab.experiments import attention_as_regression
+from icl_lens.lab.experiments import convergence_by_architecture
+from icl_lens.lab.experiments import numerical_equivalence
+from icl_lens.lab.experiments import memory_and_cost
+from icl_lens.lab.experiments import static_thought_patch
+from icl_lens.lab import ARCHITECTURES
 
 
 # Reading rules: each finding says on which side of these thresholds the measured numbers fall.
@@ -145,10 +145,10 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md", progress: bool = 
              f"Command: `python -m experiments.lab{' --quick' if quick else ''}` (shipped checkpoints and the seed cache of `python -m icl_lens.lab.seeds`, no training).",
              f"Machine: {machine(load_before=load_before)}.", ""]
 
-    from icl_lens.lab.seeds import is_cached
+    from icl_lens.lab import seeds as lab_seeds
 
     rec = pd.DataFrame([{"arch": a, **{k: training_record(a)[k] for k in ("steps", "batch", "seconds", "eval_loss_n_train")},
-                         "seeds": ", ".join(str(x) for x in SEEDS if is_cached(a, x))} for a in ARCHITECTURES])
+                         "seeds": ", ".join(str(x) for x in SEEDS if lab_seeds.is_cached(a, x))} for a in ARCHITECTURES])
     parts += ["### Models",
               "10-layer Pre-LN blocks (d_model 32, d_mlp 128, 4 heads, GELU MLP), tokens `[x, y, is_query]`, d_x = 4, "
               "trained on context lengths 1..16 (`python -m icl_lens.lab.seeds`; seed 0 is the shipped checkpoint, whose "
@@ -182,7 +182,7 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md", progress: bool = 
               f"{conv.n_train}). *drift n→N* = max over n < m ≤ N of ‖W(m) − W(n)‖/‖W(n) − W(0)‖ (how far the weights "
               "still move, relative to how far they came); *tail sum* = Σ_{n<i≤N} ‖W(i) − W(i−1)‖ / ‖W(n) − W(0)‖ (its "
               "upper bound); 95% intervals resample training seeds, then prompts. α: power-law fit of the step norm "
-              f"g(i) ≈ c·i^(−α) (`icl_lens.core.power_law`), a description only; late/early = mean step over the last "
+              f"g(i) ≈ c·i^(−α) (`icl_lens.core.power_law_fit`), a description only; late/early = mean step over the last "
               f"quarter / over the first {conv.n_train}; MSE: normalised in-context error of the query.", "",
               markdown_table(conv_table), ""]
 

@@ -1,6 +1,6 @@
 """``python -m experiments.lab_training_length``: has a lab model's in-context error stopped falling at its recipe?
 
-The alignment section's lab models are trained by a fixed recipe (``icl_lens.lab.checkpoints.RECIPES``:
+The alignment section's lab models are trained by a fixed recipe (``icl_lens.lab._checkpoints.RECIPES``:
 steps and rate). For the single block of Dherin et al. 2025 (arXiv 2507.16003, §5), whose one-pass
 alignment the report reads, this trains each seed for the recipe's steps and for twice as many (the same
 schedule stretched) and compares the in-context MSE at ``n_context_train`` pairs on 1,024 fresh prompts
@@ -21,8 +21,8 @@ import pandas as pd
 import torch
 
 from experiments.report import command, load_average, machine, markdown_table, write_fragment
-from icl_lens.lab.checkpoints import RECIPES
-from icl_lens.lab.seeds import BATCH, MODELS
+from icl_lens.lab import RECIPES
+from icl_lens.lab import seeds as lab_seeds
 
 TOLERANCE = 0.05
 SEEDS = (0, 1, 2)
@@ -34,14 +34,14 @@ def verdict(rows: list[dict], tolerance: float = TOLERANCE) -> bool:
 
 
 def measure(name: str, seeds, steps: int, factor: int = 2) -> list[dict]:
-    from icl_lens.lab.train import train
+    from icl_lens.lab import train as training
 
     lr = RECIPES[name]["lr"]
     rows = []
     for seed in seeds:
         runs = {}
         for label, n in (("recipe", steps), ("longer", factor * steps)):
-            _, record = train(MODELS[name], steps=n, lr=lr, batch=BATCH, seed=seed, progress=False)
+            _, record = training.train(lab_seeds.MODELS[name], steps=n, lr=lr, batch=lab_seeds.BATCH, seed=seed, progress=False)
             runs[label] = record["eval_loss_n_train"]
             runs[f"{label}_seconds"] = record["seconds"]
         rows.append({"seed": seed, "steps": steps, "longer_steps": factor * steps, **runs,
@@ -51,7 +51,7 @@ def measure(name: str, seeds, steps: int, factor: int = 2) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="single_block", choices=list(MODELS))
+    ap.add_argument("--model", default="single_block", choices=list(lab_seeds.MODELS))
     ap.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     ap.add_argument("--steps", type=int, default=None, help="the shorter run (default: the recipe's steps)")
     ap.add_argument("--out", default="reports/eval_lab_training.md")
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
              f"Command: `{command('python -m experiments.lab_training_length', argv)}`  ",
              f"Machine: {where}.  ",
              f"Run time: {time.perf_counter() - start:.0f} s.", "",
-             f"`{args.model}` trained by its recipe ({steps} steps, rate {RECIPES[args.model]['lr']}, batch {BATCH}, "
+             f"`{args.model}` trained by its recipe ({steps} steps, rate {RECIPES[args.model]['lr']}, batch {lab_seeds.BATCH}, "
              "AdamW with warm-up and cosine decay) and for twice the steps (the same schedule stretched); MSE: the "
              "normalised in-context query error (squared error / d_x) at the training context length on 1,024 fresh prompts. Rule, "
              f"fixed before the run: stopped falling when doubling lowers it by less than {TOLERANCE:.0%} on every seed.",

@@ -6,31 +6,53 @@ arXiv 2507.16003). icl_lens computes those patches exactly for every layer and t
 of real models, from one forward pass, and builds dynamics, thought patches and
 dashboards on them. Definitions: docs/design.md; usage: README.md.
 
-The names below are imported on first use (:mod:`icl_lens.lazy_exports`): ``import icl_lens``
+The names below are imported on first use (``icl_lens/_lazy_exports.py``): ``import icl_lens``
 alone imports neither torch nor TransformerLens, so the command line starts fast.
 """
 from typing import TYPE_CHECKING, Any
 
-from icl_lens.lazy_exports import lazy_exports
+from icl_lens._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads this block)
-    from icl_lens.model.names import DEFAULT_MODEL, EMBEDDED_MODELS, known_model_names
-    from icl_lens.patches.dense_weights import DenseWeights, StaleWeightsError
-    from icl_lens.patches.patch_set import TokenPatches
-    from icl_lens.spikes.scores import SpikeFlags, spike_scores, spike_scores_from_norms
-    from icl_lens.model.block_family import UnsupportedArchitectureError
-    from icl_lens.patches.batches import patch_norms
-    from icl_lens.patches.capture import ZeroNormWarning, dense_weights
-    from icl_lens.model.reading import NonFiniteActivationError
-    from icl_lens.spikes.generation import GenerationPatches, generate_with_patches
-    from icl_lens.patches.incremental import PatchSession, UpdateStats
-    from icl_lens.model.model_check import NotABridgeError, ProcessedWeightsError, ProcessedWeightsWarning
-    from icl_lens.model.loading import ModelNotFoundError, load_model
-    from icl_lens.patches.kept_only import patches_applied
-    from icl_lens.patches.token_patches import EquivalenceReport, token_patches, verify_equivalence
-    from icl_lens.model.prompts import PromptError
-    from icl_lens.spikes.thresholds import DEFAULT_SPIKE_THRESHOLD, SpikeThreshold, spike_threshold
-    from icl_lens.patches.context_effect import ContextEffect, context_effect
+    from icl_lens.model import (
+        DEFAULT_MODEL,
+        EMBEDDED_MODELS,
+        ModelNotFoundError,
+        NonFiniteActivationError,
+        NotABridgeError,
+        ProcessedWeightsError,
+        ProcessedWeightsWarning,
+        PromptError,
+        UnsupportedArchitectureError,
+        known_model_names,
+        load_model,
+    )
+    from icl_lens.patches import (
+        ContextEffect,
+        DenseWeights,
+        EquivalenceReport,
+        PatchSession,
+        StaleWeightsError,
+        TokenPatches,
+        UpdateStats,
+        ZeroNormWarning,
+        context_effect,
+        dense_weights,
+        patch_norms,
+        patches_applied,
+        token_patches,
+        verify_equivalence,
+    )
+    from icl_lens.spikes import (
+        DEFAULT_SPIKE_THRESHOLD,
+        GenerationPatches,
+        SpikeFlags,
+        SpikeThreshold,
+        generate_with_patches,
+        spike_scores,
+        spike_scores_from_norms,
+        spike_threshold,
+    )
     from icl_lens.dynamics import (
         AlignmentTable,
         ContextTokenSteps,
@@ -63,8 +85,8 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
 __getattr__, __dir__, _EXPORTED = lazy_exports(globals(), submodules=("lab",))
 
 if TYPE_CHECKING:
-    from icl_lens.model.types import Model
-    from icl_lens.ui.dashboard import Dashboard
+    from icl_lens.model import Model
+    from icl_lens.ui import Dashboard
 
 __version__ = "0.1.0"
 
@@ -72,7 +94,7 @@ __version__ = "0.1.0"
 
 def dashboard(model: "Model | str | None" = None, **kwargs: Any) -> "Dashboard":
     """The live JupyterLab dashboard (imports ipywidgets/plotly only when called); see ``icl_lens.ui``."""
-    from icl_lens.ui.dashboard import dashboard as _dashboard
+    from icl_lens.ui import dashboard as _dashboard
 
     return _dashboard(model, **kwargs)
 

@@ -22,8 +22,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from icl_lens.model.names import DEFAULT_MODEL, DTYPE_NAMES, EMBEDDED_MODELS, known_model_names
-from icl_lens.thought.defaults import (
+from icl_lens.model._names import DEFAULT_MODEL, DTYPE_NAMES, EMBEDDED_MODELS, known_model_names
+from icl_lens.thought._defaults import (
     CONDITIONS,
     DEFAULT_ANSWER_TOKENS,
     DEFAULT_KIND,
@@ -69,7 +69,7 @@ def check_prompt(prompt: str) -> None:
 
 
 def check_device_name(device: str, *, auto: bool = False) -> None:
-    """Only the syntax (availability needs torch: :func:`icl_lens.model.loading.check_device`)."""
+    """Only the syntax (availability needs torch: :func:`icl_lens.model._loading.check_device`)."""
     if not (DEVICE.fullmatch(device) or (auto and device == "auto")):
         choices = "auto, cpu, cuda, cuda:N or mps" if auto else "cpu, cuda, cuda:N or mps"
         raise CommandError(f"unknown device {device!r}; use {choices}")
@@ -168,8 +168,8 @@ def estimate_patches_memory(model, n_tokens: int, *, noise_floor: bool = False) 
     ``min(tokens, 128) · vocabulary`` for the (chunked) equivalence check and ``heads · tokens²`` for attention.
     ``noise_floor``: a float32 copy of the model and its logits too (half precision).
     """
-    from icl_lens.model.block_family import block_family
-    from icl_lens.model.types import patch_dtype
+    from icl_lens.model._block_family import block_family
+    from icl_lens.model._types import patch_dtype
 
     cfg, n = model.cfg, int(n_tokens)
     patch = patch_dtype(model).itemsize
@@ -210,8 +210,8 @@ def _patches(args: argparse.Namespace) -> int:
         check_out_file(args.out)
 
     from icl_lens import load_model, token_patches, verify_equivalence
-    from icl_lens.model.loading import check_device
-    from icl_lens.model.prompts import encode_prompt
+    from icl_lens.model._loading import check_device
+    from icl_lens.model._prompts import encode_prompt
 
     device = check_device(args.device)
     model = load_model(args.model, device=args.device, dtype=args.dtype)
@@ -229,7 +229,7 @@ def _patches(args: argparse.Namespace) -> int:
     if args.tolerance is not None:
         tolerance = args.tolerance
     elif args.dtype in HALF:
-        from icl_lens.patches.token_patches import noise_floor
+        from icl_lens.patches._token_patches import noise_floor
 
         reference = load_model(args.model, device=args.device, dtype="float32")
         floor = noise_floor(model, reference, args.prompt)
@@ -285,7 +285,7 @@ def _sweep(args: argparse.Namespace) -> int:
     check_device_name(args.device, auto=True)
     check_out_folder(args.out)
 
-    from icl_lens.model.loading import check_device
+    from icl_lens.model._loading import check_device
     from icl_lens.sweep import run_sweep
 
     if args.device != "auto":
@@ -353,7 +353,7 @@ def _thought_eval(args: argparse.Namespace) -> int:
 def _spikes(args: argparse.Namespace) -> int:
     check_prompt(args.prompt)
     check_device_name(args.device)
-    from icl_lens.spikes.detector import shipped_detectors, spike_detector  # numpy and json only
+    from icl_lens.spikes._detector import shipped_detectors, spike_detector  # numpy and json only
 
     detector = spike_detector(args.model)
     if detector is None:
@@ -386,7 +386,7 @@ def _prepare(args: argparse.Namespace) -> int:
     unknown = [m for m in args.models if m not in EMBEDDED_MODELS]
     if unknown:
         raise CommandError(f"not embedded models: {', '.join(unknown)}; embedded: {', '.join(EMBEDDED_MODELS)}")
-    from icl_lens.model.loading import prepare_embedded
+    from icl_lens.model._loading import prepare_embedded
 
     for name in args.models or list(EMBEDDED_MODELS):
         print(f"{name}: {prepare_embedded(name)}")

@@ -174,7 +174,7 @@ report.to_frame().tail()
 # evaluates `(W + ΔW) a − W A` for the last token of one layer, for both first dense matrices (gate and up). The residual is float32 rounding; without the patch the difference `W a − W A` is the context's effect.
 
 # %%
-from icl_lens.model.block_family import block_family, first_dense_weights
+from icl_lens.model import block_family, first_dense_weights
 
 layer, t = 6, len(patches.tokens) - 1
 _, cache = model.run_with_cache(prompt, names_filter=block_family(model).mlp_input(layer))

@@ -39,8 +39,8 @@ import plotly.graph_objects as go
 import torch
 
 import icl_lens
-from icl_lens.stats.bootstrap import bootstrap_mean
-from icl_lens.ui.panels import layer_lines
+from icl_lens.stats import bootstrap_mean
+from icl_lens.ui import layer_lines
 from workshop.claims import alignment_row, claim, claims_view, count_where, mean_ci, verdict_above
 from workshop.exercise_checks import check_answer, check_below, check_compare, missing, no_answer, solutions_on
 

@@ -87,7 +87,7 @@ patch.to_frame().round(3)
 # ### What the "thought vector" is on each block family
 #
 # The paper's thought vector is a constant added after the MLP branch; for Gemma, which has no bias there, the paper
-# absorbed it into `W_down`. icl_lens places it by block family (`icl_lens/thought/fit.py`, `model/block_family.py`):
+# absorbed it into `W_down`. icl_lens places it by block family (`icl_lens/thought/_fit.py`, `icl_lens/model/_block_family.py`):
 #
 # - **GPT-2, GPT-NeoX, Llama (SmolLM2)**: a real bias after the MLP (`c_proj.bias`, `dense_4h_to_h.bias`,
 #   `down_proj.bias`): the mean block-output residual, a classic steering vector.
@@ -130,8 +130,8 @@ assert result.n_test >= 24
 {c: f"{a:.0%}" for c, a in result.agreement_with_full.items()}
 
 # %%
-from icl_lens.model.greedy import greedy_continuations
-from icl_lens.thought.instruction_batches import text_ids, with_bos
+from icl_lens.model import greedy_continuations
+from icl_lens.thought import text_ids, with_bos
 
 queries = [q for q, _ in task.test[:5]]
 prompts = [patch.prompt_ids(q) for q in queries]  # [BOS] + newline + query, as fitted
@@ -172,7 +172,7 @@ else:
 # %% [markdown]
 # Read the shares against the 90% target (EVAL.md's thought section opens with it). Every patch here is fitted with
 # a *preserve term* by default: the least-squares fit also keeps the keys of general text where they were (the
-# model's own samples from BOS and shipped few-shot prompts, `icl_lens/thought/preserve.py`), as MEMIT does with a
+# model's own samples from BOS and shipped few-shot prompts, `icl_lens/thought/_preserve.py`), as MEMIT does with a
 # covariance of general text. `thought_patch(preserve=())` fits the paper's patch without it; EVAL.md's "Preserve
 # strength" table shows what the term costs the task and buys on held-out texts. The paper did not measure locality.
 #

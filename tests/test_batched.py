@@ -7,8 +7,8 @@ import torch
 
 import icl_lens
 from icl_lens import TokenPatches, patch_norms, token_patches
-from icl_lens.patches.dense_weights import StaleWeightsError
-from icl_lens.patches.patch_set import PatchFileError
+from icl_lens.patches._dense_weights import StaleWeightsError
+from icl_lens.patches._patch_set import PatchFileError
 
 # Different lengths (padding), one id tensor without BOS (its row keeps no BOS), one past
 # tiny-gemma3's sliding window of 6, one single token.

@@ -10,13 +10,13 @@ import pandas as pd
 import plotly.express as px
 import pytest
 
-from icl_lens.ui.panels import layer_lines, vertical_marker
+from icl_lens.ui._panels import layer_lines, vertical_marker
 from workshop import claims
 from workshop.claims import (
     NOT_MEASURED, alignment_row, auroc_ci, claim, claims_table, count_where, mean_ci, rate, read_report,
     spike_auroc, verdict_above,
 )
-from icl_lens.stats.bootstrap import bootstrap_mean
+from icl_lens.stats._bootstrap import bootstrap_mean
 from workshop.claims import spike_shipped, spike_without_copied_answers, thought_locality
 from workshop.exercise_checks import (
     NO_ANSWER, NOT_DISTINGUISHABLE, RIGHT, WRONG, ExerciseCheckFailed, check_answer, check_below, check_choice,

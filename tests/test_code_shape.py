@@ -1,6 +1,6 @@
 """Structural promises: imports point one way (core ← model ← concepts ← front ends) and never in a
-circle, no module borrows another's private names, hooks pass through the two doors (reading.py,
-weight_edits.py), and hooks never outlive the call that added them, even after an error raised
+circle, no module borrows another's private names, hooks pass through the two doors (model/_reading.py,
+model/_weight_edits.py), and hooks never outlive the call that added them, even after an error raised
 inside a hook."""
 import ast
 import pathlib
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from icl_lens import NonFiniteActivationError, thought_patch, token_patches, trajectory, verify_equivalence
-from icl_lens.model.weight_edits import MLPEdit, edits_applied
+from icl_lens.model._weight_edits import MLPEdit, edits_applied
 
 PACKAGE = pathlib.Path(__file__).parents[1] / "icl_lens"
 # What each layer must never import (prefix match on module names). Nothing in the package imports the
@@ -65,10 +65,10 @@ def test_no_private_names_cross_modules():
 def test_families_are_described_in_one_place():
     """No module but block_family.py decides anything by a family's name or a model class name
     (docs/design.md §2): everything that differs between families is data on its table entry."""
-    from icl_lens.model.block_family import FAMILIES
+    from icl_lens.model._block_family import FAMILIES
 
     names = {f.name for f in FAMILIES} | {a for f in FAMILIES for a in f.architectures}
-    allowed = {"block_family.py", "tiny_models.py", "loading.py"}  # the table; the tiny configs; GGUF classes
+    allowed = {"_block_family.py", "_tiny_models.py", "_loading.py"}  # the table; the tiny configs; GGUF classes
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.name in allowed:
@@ -120,7 +120,7 @@ def test_hooks_are_removed_after_an_error_inside_a_hook():
 def test_activations_captured_reads_stops_and_cleans_up(load):
     """The read door: recorded sites equal the cache, the forward stops after ``stop_after`` (a later
     site never fires), an inner block's stop is its own, and hooks go away after an error in a hook."""
-    from icl_lens.model.reading import activations_captured
+    from icl_lens.model._reading import activations_captured
 
     model = load("tiny-llama")
     ids = torch.tensor([[1, 40, 41, 42]])
@@ -240,7 +240,7 @@ def test_import_circle_is_found(tmp_path):
 
 HOOK_CALLS = {"add_hook", "add_perma_hook", "run_with_hooks", "register_forward_hook", "register_forward_pre_hook",
               "register_full_backward_hook", "register_backward_hook"}
-DOORS = {"model/reading.py", "model/weight_edits.py"}  # the one door to read, the one door to write
+DOORS = {"model/_reading.py", "model/_weight_edits.py"}  # the one door to read, the one door to write
 
 
 def hook_plumbing(path: pathlib.Path) -> list[str]:
@@ -261,7 +261,7 @@ def hook_plumbing(path: pathlib.Path) -> list[str]:
 
 
 def test_hooks_pass_through_the_two_doors():
-    """Only model/reading.py (activations_captured) and model/weight_edits.py (edits_applied) add hooks
+    """Only model/_reading.py (activations_captured) and model/_weight_edits.py (edits_applied) add hooks
     to a model or stop a forward; every other module reads and writes through them."""
     found = [line for path in sorted(PACKAGE.rglob("*.py")) if str(path.relative_to(PACKAGE)) not in DOORS
              for line in hook_plumbing(path)]
@@ -269,7 +269,7 @@ def test_hooks_pass_through_the_two_doors():
 
 
 def test_hook_plumbing_is_found(tmp_path):
-    """A hand-written read loop (the five of before model/reading.py) is caught; a capture's own ``hooks(layer)`` is not."""
+    """A hand-written read loop (the five of before the read door) is caught; a capture's own ``hooks(layer)`` is not."""
     loop = tmp_path / "loop.py"
     loop.write_text(
         "class StopForward(Exception):\n    pass\n\n"
@@ -294,3 +294,52 @@ def test_top_level_layout():
                ".ci"}
     files = {"pyproject.toml", "README.md", "EVAL.md", "BENCHMARKS.md", "Makefile", "jupytext.toml", ".gitignore"}
     assert top <= folders | files, f"unexpected at the top level: {sorted(top - folders - files)}"
+
+
+ROOT = PACKAGE.parent
+PACKAGES = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
+# Modules meant to be called by name: commands (``python -m ...``, the ``icl-lens`` script). Every other
+# module under a face is private (``_name.py``): callers use the face.
+COMMANDS = {"icl_lens.cli", "icl_lens.__main__", "icl_lens.lab.seeds", "icl_lens.lab.train"}
+
+
+def deep_imports(path: pathlib.Path) -> list[str]:
+    """Imports of ``path`` that reach into icl_lens below a face (a module file, not a package's ``__init__``)."""
+    found = []
+    for node in _imports(path):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        found += [f"{path.name}:{node.lineno}: {name}" for name in names
+                  if name.split(".")[0] == "icl_lens" and name not in PACKAGES]
+    return found
+
+
+def test_outside_code_imports_faces_only():
+    """experiments/, notebooks/ and benchmarks/ import icl_lens only through its faces (package ``__init__``)."""
+    files = sorted(p for folder in ("experiments", "notebooks", "benchmarks") for p in (ROOT / folder).rglob("*.py"))
+    assert files
+    found = [line for path in files for line in deep_imports(path)]
+    assert not found, f"imports below a face: {found}"
+
+
+def test_deep_import_is_found(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import icl_lens\nfrom icl_lens.patches import TokenPatches\nfrom icl_lens.lab import seeds\n"
+                      "def f():\n    from icl_lens.model._greedy import last_logits\n    import icl_lens.thought._fit\n")
+    assert [line.split(": ", 1)[1] for line in deep_imports(script)] == ["icl_lens.model._greedy",
+                                                                         "icl_lens.thought._fit"]
+
+
+def test_every_subpackage_has_a_face_and_private_rooms():
+    """Each subpackage's ``__init__`` lists its public names (``__all__``); its other modules are private
+    (``_name.py``) unless they are commands."""
+    import importlib
+
+    no_face = [pkg for pkg in sorted(PACKAGES) if not hasattr(importlib.import_module(pkg), "__all__")]
+    assert not no_face, f"packages without __all__: {no_face}"
+    public = [name for p in sorted(PACKAGE.rglob("*.py")) if not p.name.startswith("_")
+              and (name := _module_name(p)) not in COMMANDS]
+    assert not public, f"modules that are neither a face, a command nor private: {public}"
+    for pkg in PACKAGES:  # every name a face hands on exists
+        module = importlib.import_module(pkg)
+        missing = [n for n in module.__all__ if not hasattr(module, n)]
+        assert not missing, f"{pkg} lists {missing} but has no such names"

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 import icl_lens
-from icl_lens.ui.panels import short_label
+from icl_lens.ui._panels import short_label
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "tests" / "notebooks" / "dashboard_app.ipynb"

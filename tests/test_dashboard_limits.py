@@ -15,10 +15,10 @@ import transformers
 
 import icl_lens
 from dashboard_helpers import type_prompt
-from icl_lens.model.byte_tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, save_byte_tokenizer
-from icl_lens.model.loading import known_model_names
-from icl_lens.ui.analysis import ByteCappedCache, PromptAnalyzer, Superseded, held_bytes
-from icl_lens.ui.app_mode import APP_MODELS_ENV, in_app_mode, model_policy, redact_paths
+from icl_lens.model._byte_tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, save_byte_tokenizer
+from icl_lens.model._loading import known_model_names
+from icl_lens.ui._analysis import ByteCappedCache, PromptAnalyzer, Superseded, held_bytes
+from icl_lens.ui._app_mode import APP_MODELS_ENV, in_app_mode, model_policy, redact_paths
 
 
 

@@ -15,9 +15,9 @@ import torch
 
 import icl_lens
 from dashboard_helpers import type_prompt
-from icl_lens.core.factored import gram_cosine
-from icl_lens.model.attention import attention_pattern
-from icl_lens.ui.panels import short_label
+from icl_lens.core._factored import gram_cosine
+from icl_lens.model._attention import attention_pattern
+from icl_lens.ui._panels import short_label
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -174,7 +174,7 @@ def test_unknown_model_keeps_previous_one(load, dash_factory):
 
 
 def test_threshold_starts_at_the_models_calibrated_value(load, dash_factory, tmp_path, monkeypatch):
-    from icl_lens.spikes import thresholds as spike_thresholds
+    from icl_lens.spikes import _thresholds as spike_thresholds
 
     d = dash_factory(load("tiny-gpt2"))
     assert d.threshold.value == icl_lens.DEFAULT_SPIKE_THRESHOLD  # no calibration for tiny models
@@ -219,7 +219,7 @@ def _png_size(path) -> tuple[int, int]:
 
 
 def test_exports_write_html_png_svg_csv_at_their_sizes(load, dash_factory, tmp_path):
-    from icl_lens.ui.export import EXPORT_WIDTH
+    from icl_lens.ui._export import EXPORT_WIDTH
 
     d = dash_factory(load("tiny-llama"), export_dir=tmp_path)
     type_prompt(d, "abc abc")
@@ -257,7 +257,7 @@ def test_save_html_is_one_self_contained_file(load, dash_factory, tmp_path):
     assert page.count("<script") >= 2 and len(page) > 3_000_000  # plotly.js inlined
     assert "circuits-vis" in page and "icl-predictions" in page
     tokens = icl_lens.token_patches(model, "abc abc abd").tokens
-    from icl_lens.ui.panels import token_label
+    from icl_lens.ui._panels import token_label
     import html as html_lib
 
     for t in set(tokens):
@@ -298,7 +298,7 @@ def test_predictions_with_and_without_context(load, dash_factory):
 
 
 def test_layer_range_and_per_layer_colour_scale(load, dash_factory):
-    from icl_lens.ui.layer_view import SCALES
+    from icl_lens.ui._layer_view import SCALES
 
     model = load("tiny-llama")
     d = dash_factory(model)
@@ -322,7 +322,7 @@ def test_layer_range_and_per_layer_colour_scale(load, dash_factory):
 
 
 def test_compare_mode_shows_b_and_the_difference_on_shared_tokens(load, dash_factory):
-    from icl_lens.ui.compare import shared_tokens
+    from icl_lens.ui._compare import shared_tokens
 
     model = load("tiny-llama")
     d = dash_factory(model)

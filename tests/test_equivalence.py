@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from icl_lens import token_patches, verify_equivalence
-from icl_lens.model.block_family import block_family
-from icl_lens.model.tiny_models import TINY_NAMES
+from icl_lens.model._block_family import block_family
+from icl_lens.model._tiny_models import TINY_NAMES
 
 # Longer than the tiny models' sliding windows (6), so the window masks are exercised.
 PROMPT = "In-context learning: the cat sat on the mat, then the cat sat on the hat."
@@ -79,7 +79,7 @@ def test_single_token_has_zero_patch_and_identity_holds(load):
 @pytest.mark.parametrize("name", TINY_NAMES)
 def test_one_pass_equals_the_naive_method_float64(load, name):
     """One forward with renormalised cached scores == one kept-only forward per query and layer."""
-    from icl_lens.patches.token_patches import token_patches_naive
+    from icl_lens.patches._token_patches import token_patches_naive
 
     model = load(name, torch.float64)
     prompt = PROMPT[:16]  # past the sliding windows of 6; the naive method costs a forward per query and layer

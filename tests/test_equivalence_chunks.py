@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from icl_lens import token_patches, verify_equivalence
-from icl_lens.patches.kept_only import kept_only_logits
-from icl_lens.model.prompts import encode_prompt
-from icl_lens.model.reading import activations_captured
+from icl_lens.patches._kept_only import kept_only_logits
+from icl_lens.model._prompts import encode_prompt
+from icl_lens.model._reading import activations_captured
 
 PROMPT = "In-context learning: the cat sat on the mat, then the cat sat on the hat."
 

@@ -1,8 +1,8 @@
 """Closed-form rank-1 metrics agree with the dense matrices they stand for (tiny sizes)."""
 import torch
 
-from icl_lens.core.factored import diff_norm, gram_cosine, patch_cosine, patch_inner, patch_norm, sum_norm
-from icl_lens.core.token_patch import input_pseudo_inverse, token_patch
+from icl_lens.core._factored import diff_norm, gram_cosine, patch_cosine, patch_inner, patch_norm, sum_norm
+from icl_lens.core._token_patch import input_pseudo_inverse, token_patch
 
 
 _GEN = torch.Generator().manual_seed(0)

@@ -8,8 +8,8 @@ import torch
 
 import icl_lens
 from icl_lens import StaleWeightsError, TokenPatches, token_patches
-from icl_lens.core.factored import gram_cosine, patch_norm
-from icl_lens.model.block_family import first_dense_weights
+from icl_lens.core._factored import gram_cosine, patch_norm
+from icl_lens.model._block_family import first_dense_weights
 
 DATA = pathlib.Path(__file__).parent / "data"
 PROMPT = "The cat sat on the mat, then the cat sat."
@@ -90,8 +90,8 @@ def test_version_1_file_still_loads_equal(load):
 def test_dense_weights_follow_a_swapped_weight_tensor():
     """``functional_call`` (explicit SGD) swaps a module's weight for another tensor for a while; weights
     cached meanwhile must not outlive the swap (they were the model's only then)."""
-    from icl_lens.model.block_family import first_dense_modules, original
-    from icl_lens.patches.capture import dense_weights
+    from icl_lens.model._block_family import first_dense_modules, original
+    from icl_lens.patches._capture import dense_weights
 
     model = icl_lens.load_model("tiny-llama", dtype=torch.float64)
     module = original(first_dense_modules(model, 0)["in"])

@@ -24,10 +24,10 @@ from icl_lens import (
     token_patches,
     verify_equivalence,
 )
-from icl_lens.model.block_family import FAMILIES, FAMILY_OF_ARCHITECTURE, block_family
-from icl_lens.model.byte_tokenizer import save_byte_tokenizer
-from icl_lens.model.tiny_models import TINY_NAMES, build_tiny_model
-from icl_lens.ui.analysis import PromptAnalyzer, alignment_matrix
+from icl_lens.model._block_family import FAMILIES, FAMILY_OF_ARCHITECTURE, block_family
+from icl_lens.model._byte_tokenizer import save_byte_tokenizer
+from icl_lens.model._tiny_models import TINY_NAMES, build_tiny_model
+from icl_lens.ui._analysis import PromptAnalyzer, alignment_matrix
 
 PROMPT = "ab=1;cd=2;ef=3;ab=1;cd="  # past every tiny model's sliding window of 6
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from icl_lens import TokenPatches, token_patches
-from icl_lens.patches.patch_set import PatchFileError
+from icl_lens.patches._patch_set import PatchFileError
 from icl_lens.sweep import SweepLockedError, SweepRow, SweepSettingsError, read_rows, run_sweep
-from icl_lens.sweep.encode import char_limit, encode_row
-from icl_lens.sweep.parts import Part, check_settings
+from icl_lens.sweep._encode import char_limit, encode_row
+from icl_lens.sweep._parts import Part, check_settings
 
 ROOT = Path(__file__).parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

@@ -7,10 +7,10 @@ import torch
 from torch.func import functional_call
 
 from icl_lens import FinetuneAlignment, finetune_alignment
-from icl_lens.core.factored import stack_outputs
-from icl_lens.model.block_family import block_family, original
-from icl_lens.dynamics.explicit_finetune import contextual_target_loss
-from icl_lens.patches.kept_only import kept_only_masks
+from icl_lens.core._factored import stack_outputs
+from icl_lens.model._block_family import block_family, original
+from icl_lens.dynamics._explicit_finetune import contextual_target_loss
+from icl_lens.patches._kept_only import kept_only_masks
 
 TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
 PROMPT = "ab=1;cd=2;ef=3;ab=1;cd="
@@ -139,7 +139,7 @@ def test_custom_loss_and_bad_input(load):
 @pytest.mark.parametrize("name", TINY)
 def test_context_token_steps_equal_dense_gradients(load, name):
     """One descent direction per context token = −∇ of the dense weights (torch.func), BOS row included."""
-    from icl_lens.dynamics.explicit_finetune import context_token_steps, context_token_steps_many
+    from icl_lens.dynamics._explicit_finetune import context_token_steps, context_token_steps_many
 
     model = load(name, torch.float64)
     steps = context_token_steps(model, PROMPT)
@@ -179,7 +179,7 @@ def test_context_token_steps_equal_dense_gradients(load, name):
 def test_context_effect_parts(load, name):
     """The full patch reproduces the contextual distribution; no patch is the context-free model;
     each part alone is in between, and several prompts batched give the per-prompt numbers."""
-    from icl_lens.patches.context_effect import context_effect
+    from icl_lens.patches._context_effect import context_effect
 
     model = load(name, torch.float64)
     one = context_effect(model, PROMPT)
@@ -201,9 +201,9 @@ def test_context_effect_parts(load, name):
 
 
 def test_context_alignment_table_matches_direct_cosines(load):
-    from icl_lens.dynamics.sgd_alignment import trajectory_sgd_cosines
-    from icl_lens.dynamics.context_alignment import context_alignment
-    from icl_lens.dynamics.explicit_finetune import context_token_steps
+    from icl_lens.dynamics._sgd_alignment import trajectory_sgd_cosines
+    from icl_lens.dynamics._context_alignment import context_alignment
+    from icl_lens.dynamics._explicit_finetune import context_token_steps
     from icl_lens import trajectory
 
     model = load("tiny-llama", torch.float64)

@@ -71,7 +71,7 @@ def test_trajectory_reuses_the_sessions_prefix_and_equals_the_plain_one(load):
 
 
 def test_attention_rows_from_the_sessions_cache_equal_the_full_pattern(load):
-    from icl_lens.model.attention import attention_pattern
+    from icl_lens.model._attention import attention_pattern
 
     model = load("tiny-gemma3", torch.float64)
     session = PatchSession(model, logits=False)
@@ -89,7 +89,7 @@ def test_logits_at_a_query_from_the_sessions_cache_equal_a_full_forward(load):
     """``logits_at``: the next-token logits at a query from one token's forward over the session's cached prefix
     (the dashboard's predictions) equal a forward over the whole prefix; a session holding another prompt falls
     back to that forward."""
-    from icl_lens.model.greedy import last_logits
+    from icl_lens.model._greedy import last_logits
 
     for name in ("tiny-gemma3", "tiny-llama", "tiny-gpt2"):
         model = load(name, torch.float64)

@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from icl_lens import lab
-from icl_lens.lab.checkpoints import LAB_MODELS, CheckpointNotFoundError, checkpoint_path, load_lab_model, training_record
-from icl_lens.lab.experiments.attention_regression import attention_as_regression
-from icl_lens.lab.experiments.convergence import convergence_by_architecture
-from icl_lens.lab.experiments.equivalence import numerical_equivalence
-from icl_lens.lab.experiments.memory_cost import decode_matches_forward, memory_and_cost
-from icl_lens.lab.experiments.thought_patch import static_thought_patch
-from icl_lens.lab.mixers import ARCHITECTURES
-from icl_lens.patches.patch_set import TokenPatches
-from icl_lens.lab.model import LAB_FAMILY, LabConfig
-from icl_lens.lab.patching import lab_token_patches, patched_context_free
-from icl_lens.lab.tasks import prefix_batch, sample_prompts
+from icl_lens.lab._checkpoints import LAB_MODELS, CheckpointNotFoundError, checkpoint_path, load_lab_model, training_record
+from icl_lens.lab.experiments._attention_regression import attention_as_regression
+from icl_lens.lab.experiments._convergence import convergence_by_architecture
+from icl_lens.lab.experiments._equivalence import numerical_equivalence
+from icl_lens.lab.experiments._memory_cost import decode_matches_forward, memory_and_cost
+from icl_lens.lab.experiments._thought_patch import static_thought_patch
+from icl_lens.lab._mixers import ARCHITECTURES
+from icl_lens.patches._patch_set import TokenPatches
+from icl_lens.lab._model import LAB_FAMILY, LabConfig
+from icl_lens.lab._patching import lab_token_patches, patched_context_free
+from icl_lens.lab._tasks import prefix_batch, sample_prompts
 from icl_lens.lab.train import query_loss
 
 

@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from icl_lens.core.factored import sum_cosine, sum_inner, sum_norm
-from icl_lens.lab.kernel_regression import feature_kernel_regression, nadaraya_watson
-from icl_lens.lab.online_regression import delta_loss, delta_update, hebbian_loss, hebbian_update, loss_gradient
-from icl_lens.core.least_squares import input_map, mean_vector
-from icl_lens.core.power_law import power_law_fit
+from icl_lens.core._factored import sum_cosine, sum_inner, sum_norm
+from icl_lens.lab._kernel_regression import feature_kernel_regression, nadaraya_watson
+from icl_lens.lab._online_regression import delta_loss, delta_update, hebbian_loss, hebbian_update, loss_gradient
+from icl_lens.core._least_squares import input_map, mean_vector
+from icl_lens.core._power_law import power_law_fit
 
 G = torch.Generator().manual_seed(0)
 
@@ -86,7 +86,7 @@ def test_import_icl_lens_loads_no_lab_code_until_asked():
     import sys
 
     code = ("import icl_lens, sys; print([m for m in sys.modules if m.startswith('icl_lens.lab')]); "
-            "icl_lens.lab.loss_curves; print('icl_lens.lab.experiments.loss_curves' in sys.modules)")
+            "icl_lens.lab.loss_curves; print('icl_lens.lab.experiments._loss_curves' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "[]"
     assert out[1] == "True"

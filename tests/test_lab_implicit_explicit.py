@@ -8,14 +8,14 @@ import dataclasses
 import pytest
 import torch
 
-from icl_lens.dynamics.sgd_alignment import trajectory_sgd_cosines
-from icl_lens.lab.checkpoints import load_lab_model
-from icl_lens.dynamics.trajectory import Trajectory
-from icl_lens.lab.experiments.patch_parts import patch_parts
-from icl_lens.lab.experiments.implicit_explicit import implicit_vs_explicit
-from icl_lens.lab.experiments.loss_curves import loss_curves
-from icl_lens.lab.patching import lab_token_patches, patched_forward
-from icl_lens.lab.regression_dynamics import (
+from icl_lens.dynamics._sgd_alignment import trajectory_sgd_cosines
+from icl_lens.lab._checkpoints import load_lab_model
+from icl_lens.dynamics._trajectory import Trajectory
+from icl_lens.lab.experiments._patch_parts import patch_parts
+from icl_lens.lab.experiments._implicit_explicit import implicit_vs_explicit
+from icl_lens.lab.experiments._loss_curves import loss_curves
+from icl_lens.lab._patching import lab_token_patches, patched_forward
+from icl_lens.lab._regression_dynamics import (
     ORDERS,
     implicit_trajectory,
     pair_gradients,
@@ -24,7 +24,7 @@ from icl_lens.lab.regression_dynamics import (
     step_edits,
     trajectory_identity_errors,
 )
-from icl_lens.lab.tasks import sample_prompts
+from icl_lens.lab._tasks import sample_prompts
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from experiments import finetune_alignment as fa
-from icl_lens.dynamics.sgd_alignment import step_sides, trajectory_sgd_cosines
+from icl_lens.dynamics._sgd_alignment import step_sides, trajectory_sgd_cosines
 from icl_lens.lab import seeds
-from icl_lens.lab.checkpoints import RECIPES
-from icl_lens.lab.experiments.capacity import _predict, ridge_w_in
-from icl_lens.lab.experiments.convergence import convergence_by_architecture
-from icl_lens.lab.tasks import sample_prompts
-from icl_lens.stats.bootstrap import MeanCI, bootstrap_mean, bootstrap_mean_nested
+from icl_lens.lab._checkpoints import RECIPES
+from icl_lens.lab.experiments._capacity import _predict, ridge_w_in
+from icl_lens.lab.experiments._convergence import convergence_by_architecture
+from icl_lens.lab._tasks import sample_prompts
+from icl_lens.stats._bootstrap import MeanCI, bootstrap_mean, bootstrap_mean_nested
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

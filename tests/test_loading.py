@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from icl_lens import ModelNotFoundError, load_model, token_patches, verify_equivalence
-from icl_lens.model.loading import OwnModelError
-from icl_lens.model.byte_tokenizer import save_byte_tokenizer
-from icl_lens.model.tiny_models import build_tiny_model
+from icl_lens.model._loading import OwnModelError
+from icl_lens.model._byte_tokenizer import save_byte_tokenizer
+from icl_lens.model._tiny_models import build_tiny_model
 
 
 def test_local_directory_loads_and_is_exact(tmp_path):

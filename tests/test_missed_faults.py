@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from icl_lens import PatchSession, token_patches, trajectory
-from icl_lens.spikes.scores import MAD_TO_SIGMA, spike_scores_from_norms
-from icl_lens.model.block_family import block_family
-from icl_lens.patches.token_patches import noise_floor
-from icl_lens.model.prompts import encode_prompt
-from icl_lens.model.reading import activations_captured
-from icl_lens.stats.auroc import auroc
-from icl_lens.stats.logistic import choose_lambda, fit_logistic, grouped_folds
-from icl_lens.thought.fit import thought_patch
-from icl_lens.thought.instruction_batches import calibration_ids, with_bos
+from icl_lens.spikes._scores import MAD_TO_SIGMA, spike_scores_from_norms
+from icl_lens.model._block_family import block_family
+from icl_lens.patches._token_patches import noise_floor
+from icl_lens.model._prompts import encode_prompt
+from icl_lens.model._reading import activations_captured
+from icl_lens.stats._auroc import auroc
+from icl_lens.stats._logistic import choose_lambda, fit_logistic, grouped_folds
+from icl_lens.thought._fit import thought_patch
+from icl_lens.thought._instruction_batches import calibration_ids, with_bos
 from workshop.claims import verdict_above
 
 TEXT = "Typing a prompt one keystroke at a time, with edits in between."

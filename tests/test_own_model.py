@@ -19,8 +19,8 @@ from icl_lens import (
     trajectory,
     verify_equivalence,
 )
-from icl_lens.model.byte_tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, save_byte_tokenizer
-from icl_lens.model.loading import OwnModelError
+from icl_lens.model._byte_tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, save_byte_tokenizer
+from icl_lens.model._loading import OwnModelError
 
 PROMPT = "abc abd abc ab"
 SEED = 7

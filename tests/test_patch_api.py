@@ -9,8 +9,8 @@ import torch
 from torch import Tensor
 
 from icl_lens import TokenPatches, token_patches, verify_equivalence
-from icl_lens.patches.kept_only import kept_only_logits
-from icl_lens.model.reading import activations_captured
+from icl_lens.patches._kept_only import kept_only_logits
+from icl_lens.model._reading import activations_captured
 
 PROMPT = "The cat sat. The cat"
 

@@ -7,8 +7,8 @@ import torch
 
 import icl_lens
 from icl_lens import patch_norms, token_patches, verify_equivalence
-from icl_lens.patches.token_patches import noise_floor
-from icl_lens.model.loading import DeviceError, check_device, load_model
+from icl_lens.patches._token_patches import noise_floor
+from icl_lens.model._loading import DeviceError, check_device, load_model
 
 PROMPT = "In-context learning: the cat sat on the mat, then the cat sat on the hat."
 
@@ -43,7 +43,7 @@ def test_cli_half_precision_reports_the_floor():
 
 
 def test_dtype_names_and_bad_dtype():
-    assert icl_lens.model.loading.resolve_dtype("bfloat16") is torch.bfloat16
+    assert icl_lens.model._loading.resolve_dtype("bfloat16") is torch.bfloat16
     with pytest.raises(DeviceError, match="dtype must be one of"):
         load_model("tiny-llama", dtype="int8")
 

@@ -105,7 +105,7 @@ def test_thought_report_names_the_runs_and_reads_the_target_from_the_numbers(tmp
 
 def test_finetune_alignment_verdict_rule():
     from experiments.finetune_alignment import ALIGNED, verdict
-    from icl_lens.stats.bootstrap import MeanCI
+    from icl_lens.stats._bootstrap import MeanCI
 
     control = MeanCI(0.0, -0.02, 0.03, 64)
     assert verdict(MeanCI(ALIGNED + 0.1, ALIGNED, ALIGNED + 0.2, 64), control) == "holds"

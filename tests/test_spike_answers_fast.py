@@ -7,9 +7,9 @@ import torch
 
 from experiments.factual_prompts import FactualPrompt
 from experiments.spikes.answers import PROMPT_TAIL, answer_one, probe_layer
-from icl_lens.spikes.generation import generate_with_patches
-from icl_lens.patches.incremental import PatchSession
-from icl_lens.model.residual_stream import recording_residual
+from icl_lens.spikes._generation import generate_with_patches
+from icl_lens.patches._incremental import PatchSession
+from icl_lens.model._residual_stream import recording_residual
 
 ITEMS = [FactualPrompt("What is the capital of France?", ("Paris",), "capital", "France"),
          FactualPrompt("What is the capital of Peru?", ("Lima",), "capital", "Peru"),

@@ -9,8 +9,8 @@ import pytest
 
 import icl_lens
 from icl_lens import cli
-from icl_lens.spikes import detector as sd
-from icl_lens.ui.analysis import threshold_note
+from icl_lens.spikes import _detector as sd
+from icl_lens.ui._analysis import threshold_note
 
 
 def _write(path, model, *, beats: bool, weights, threshold=0.5):

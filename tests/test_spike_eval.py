@@ -24,7 +24,7 @@ from experiments.factual_prompts import (
     stratum,
 )
 from experiments.spikes.answers import PROMPT_TAIL, Answered, AnswerSet, cache_matches
-from icl_lens.spikes.scores import MAD_TO_SIGMA
+from icl_lens.spikes._scores import MAD_TO_SIGMA
 from experiments.spikes.calibration import (
     answer_token_scores,
     calibration_split,
@@ -35,9 +35,9 @@ from experiments.spikes.calibration import (
 )
 from experiments.spikes.run import DEFAULT_FLAG, QUICK_LAMBDAS, RATE, evaluate_model, main, write_detector
 from experiments.spikes.summary import LOGPROB_ANSWER, PATCH_CANDIDATES
-from icl_lens.spikes.detector import spike_detector
-from icl_lens.spikes import thresholds as spike_thresholds
-from icl_lens.model.residual_stream import recording_residual
+from icl_lens.spikes._detector import spike_detector
+from icl_lens.spikes import _thresholds as spike_thresholds
+from icl_lens.model._residual_stream import recording_residual
 
 # ---------------------------------------------------------------- questions and labels
 

@@ -21,7 +21,7 @@ from icl_lens import (
     token_patches,
 )
 from experiments.factual_prompts import is_correct, load_factual_prompts
-from icl_lens.spikes.scores import MAD_TO_SIGMA, MEAN_AD_TO_SIGMA, SCORE_CAP
+from icl_lens.spikes._scores import MAD_TO_SIGMA, MEAN_AD_TO_SIGMA, SCORE_CAP
 
 WINDOW = 16
 

@@ -62,7 +62,7 @@ def test_auroc_rejects_bad_input():
 
 def test_bootstrap_auroc_resamples_are_pair_counts():
     """The matrix-product resamples agree with the brute-force count on the same resampled examples."""
-    from icl_lens.stats.bootstrap import resample_counts
+    from icl_lens.stats._bootstrap import resample_counts
 
     rng = np.random.default_rng(0)
     s, y = rng.normal(size=30), rng.random(30) < 0.4

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from icl_lens import PromptError, thought_patch
-from icl_lens.core.least_squares import gain_vector, input_map
-from icl_lens.model.block_family import block_family
-from icl_lens.model.greedy import greedy_continuations, last_logits
-from icl_lens.model.tiny_models import TINY_NAMES
-from icl_lens.thought.instruction_batches import continuation_ids, text_ids, with_bos
-from icl_lens.thought.divergence import answer_kl
-from icl_lens.thought.defaults import DEFAULT_ANSWER_TOKENS
+from icl_lens.core._least_squares import gain_vector, input_map
+from icl_lens.model._block_family import block_family
+from icl_lens.model._greedy import greedy_continuations, last_logits
+from icl_lens.model._tiny_models import TINY_NAMES
+from icl_lens.thought._instruction_batches import continuation_ids, text_ids, with_bos
+from icl_lens.thought._divergence import answer_kl
+from icl_lens.thought._defaults import DEFAULT_ANSWER_TOKENS
 from icl_lens.thought.tasks import TaskFormatError, load_task, shipped_task_paths
 
 TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
@@ -47,7 +47,7 @@ def _final_resid(model, ids: list[int]) -> torch.Tensor:
 
 def _dense_outputs(model, ids: list[int]) -> dict[str, torch.Tensor]:
     """Outputs of every layer's first dense matrices (W_in/W_up, W_gate) at the last position."""
-    from icl_lens.model.block_family import block_family
+    from icl_lens.model._block_family import block_family
 
     family = block_family(model)
     names = [family.dense_in_out(l) for l in range(model.cfg.n_layers)]
@@ -153,7 +153,7 @@ def test_export_reloads_in_plain_transformers(load, name, tmp_path):
     refuses a patch with a vector before writing anything, and exports the matrix part."""
     from transformers import AutoModelForCausalLM
 
-    from icl_lens.thought.hf_export import VectorNotExportableError
+    from icl_lens.thought._hf_export import VectorNotExportableError
 
     model = load(name)
     queries = ["dog ->", "house ->", "tree ->"]
@@ -238,7 +238,7 @@ def test_singular_systems_fall_back_to_the_pseudo_inverse(load):
 
 
 def test_iterations_shrink_the_residual_with_small_eta(load):
-    """Sweeps with η < 1 approach the exact patch (bias site; the Gemma gain site need not, see icl_lens.thought.fit)."""
+    """Sweeps with η < 1 approach the exact patch (bias site; the Gemma gain site need not, see icl_lens.thought._fit)."""
     model = load("tiny-llama", torch.float64)
     contextual = _logits(model, INSTRUCTION, "q")
     errs = []
@@ -315,7 +315,7 @@ def test_preserve_penalty_keeps_the_preserved_text_and_fades_with_its_strength(l
         _rel(logits(kept[0], thought_patch(model, INSTRUCTION, ["q", "ab"], preserve=kept, preserve_strength=0.0,
                                             **setting)), logits(kept[0])), rel=1e-12)
     assert moved[100.0] < 0.5 * moved[1.0] < 0.5 * moved[0.0]
-    from icl_lens.thought.preserve import preserve_texts
+    from icl_lens.thought._preserve import preserve_texts
 
     default = thought_patch(model, INSTRUCTION, ["q", "ab"], **setting)  # preserve=None: the model's preserve texts
     given = thought_patch(model, INSTRUCTION, ["q", "ab"], preserve=preserve_texts(model), **setting)
@@ -331,7 +331,7 @@ def test_preserved_keys_read_a_group_of_layers_at_a_time(load, name, monkeypatch
     """The preserve covariances are read a group of layers per pass and the previous group is dropped (all layers at
     once held n_layers·d_mlp² floats for the whole fit): a budget of one layer gives one pass per fitted layer, never
     more than one layer held, and the same patch as one pass over every layer."""
-    import icl_lens.thought.preserved_keys as pk
+    import icl_lens.thought._preserved_keys as pk
 
     model = load(name, torch.float64)
     kept = ["The quiet river bends past the mill.", "Seven green boxes sat on a shelf by the door."]
@@ -348,7 +348,7 @@ def test_preserved_keys_read_a_group_of_layers_at_a_time(load, name, monkeypatch
             held.append(max(len(v) for v in self._held.values()))
             return out
 
-    monkeypatch.setattr("icl_lens.thought.fit.PreservedKeys", Watched)
+    monkeypatch.setattr("icl_lens.thought._fit.PreservedKeys", Watched)
     monkeypatch.setattr(pk, "KEY_BUDGET_BYTES", 2**60)
     whole = thought_patch(model, INSTRUCTION, ["q", "ab"], **setting)
     assert made[-1].passes == 1 and max(held) == model.cfg.n_layers
@@ -414,7 +414,7 @@ def test_task_files_are_validated(tmp_path):
 
 def test_empty_answers_are_rejected_before_any_fit(load):
     """Answers that tokenise to nothing (here: whitespace only) fail with the split and index named."""
-    from icl_lens.thought.evaluate import evaluate_thought
+    from icl_lens.thought._evaluate import evaluate_thought
     from icl_lens.thought.tasks import Task
 
     task = Task("t", "a: 1\n", (("a:", "1"),), (("b:", "2"), ("c:", " ")))
@@ -479,7 +479,7 @@ def test_accuracy_bookkeeping_against_a_hand_count(load):
     one token at a time, and each condition's count of right answers is counted here by the boundary rule
     (:func:`answer_correct`). evaluate_thought must report those counts and keep those continuations
     (batching by length must not mix answers up)."""
-    from icl_lens.thought.evaluate import answer_correct, evaluate_thought
+    from icl_lens.thought._evaluate import answer_correct, evaluate_thought
     from icl_lens.thought.tasks import Task
 
     model = load("tiny-llama")

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from icl_lens import thought_patch
-from icl_lens.core.least_squares import factored_least_squares, gain_vector, input_map, mean_vector, preserve_weight
-from icl_lens.model.block_family import block_family
-from icl_lens.model.greedy import last_logits
-from icl_lens.thought.preserve import bos_samples, preserve_texts
-from icl_lens.thought.result import ThoughtPatch
+from icl_lens.core._least_squares import factored_least_squares, gain_vector, input_map, mean_vector, preserve_weight
+from icl_lens.model._block_family import block_family
+from icl_lens.model._greedy import last_logits
+from icl_lens.thought._preserve import bos_samples, preserve_texts
+from icl_lens.thought._result import ThoughtPatch
 
 INSTRUCTION = "Remember: the secret word is banana, and 7 follows 3.\n"
 
@@ -52,8 +52,8 @@ def test_bos_samples_are_seeded_and_split_in_halves(load):
 def test_shipped_samples_never_hold_a_locality_text():
     import json
 
-    from icl_lens.thought.locality import load_locality
-    from icl_lens.thought.preserve import PRESERVE_DIR
+    from icl_lens.thought._locality import load_locality
+    from icl_lens.thought._preserve import PRESERVE_DIR
 
     measured = set(load_locality().texts)
     files = sorted(p for p in PRESERVE_DIR.glob("*.json") if p.name != "few_shot.json")
@@ -72,8 +72,8 @@ def test_few_shot_prompts_are_the_scripts_and_stay_apart_from_the_locality_measu
 
     from experiments.thought import few_shot_preserve as fsp
     from experiments.thought.preserve_samples import write_few_shot
-    from icl_lens.model.prompts import context_limit
-    from icl_lens.thought.preserve import FEW_SHOT_FILE, few_shot_texts
+    from icl_lens.model._prompts import context_limit
+    from icl_lens.thought._preserve import FEW_SHOT_FILE, few_shot_texts
 
     data = json.loads(FEW_SHOT_FILE.read_text(encoding="utf-8"))
     assert data["generated_by"] == "python -m experiments.thought.preserve_samples --few-shot-only"
@@ -159,7 +159,7 @@ def test_joint_fit_solves_the_normal_equations_over_every_tasks_rows(load):
     sum to zero over both tasks' query rows. Dropping a task, reading it after the other task's instruction or
     counting it twice breaks both."""
     from icl_lens import thought_patch_joint
-    from icl_lens.thought.instruction_batches import prefix_ids, text_ids, with_bos
+    from icl_lens.thought._instruction_batches import prefix_ids, text_ids, with_bos
 
     model = load("tiny-llama", torch.float64)
     family = block_family(model)

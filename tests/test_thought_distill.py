@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from icl_lens.thought.defaults import DISTILL_WARMUP
-from icl_lens.thought.distill import distill_patch, learning_rate
-from icl_lens.thought.divergence import answer_kl
+from icl_lens.thought._defaults import DISTILL_WARMUP
+from icl_lens.thought._distill import distill_patch, learning_rate
+from icl_lens.thought._divergence import answer_kl
 
 INSTRUCTION = "Remember: the secret word is banana, and 7 follows 3.\n"
 QUERIES = ["q", "ab", "xyz", "k"]

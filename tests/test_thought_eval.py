@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from icl_lens import thought_patch
-from icl_lens.model.block_family import block_family, down_weight
-from icl_lens.model.weight_edits import MLPEdit, edits_applied
-from icl_lens.thought.instruction_batches import prefix_ids, text_ids, with_bos
-from icl_lens.thought.locality import load_locality
+from icl_lens.model._block_family import block_family, down_weight
+from icl_lens.model._weight_edits import MLPEdit, edits_applied
+from icl_lens.thought._instruction_batches import prefix_ids, text_ids, with_bos
+from icl_lens.thought._locality import load_locality
 from icl_lens.thought.tasks import SHIPPED_TASKS, TASK_DIR, load_task
 
 INSTRUCTION = "Remember: the secret word is banana, and 7 follows 3.\n"
@@ -165,7 +165,7 @@ def test_fresh_split_is_scored_with_the_same_edits(load):
     applied to the fresh queries (evaluate_edit, split="fresh"); a task without a fresh split is refused."""
     from dataclasses import replace
 
-    from icl_lens.thought.evaluate import evaluate_edit, evaluate_thought
+    from icl_lens.thought._evaluate import evaluate_edit, evaluate_thought
 
     model = load("tiny-llama")
     task = replace(load_task("capitals"), test=load_task("capitals").test[:6], fresh=load_task("capitals").fresh[:5])
@@ -175,7 +175,7 @@ def test_fresh_split_is_scored_with_the_same_edits(load):
     assert alone.fresh is None and both.split == "test" and both.fresh.split == "fresh"
     assert both.outcomes == alone.outcomes and both.continuations == alone.continuations
     assert both.fresh.n_test == 5 and both.fresh.seconds is both.seconds
-    from icl_lens.thought.preserve import preserve_texts
+    from icl_lens.thought._preserve import preserve_texts
 
     patch = thought_patch(model, task.instruction, [q for q, _ in task.train[:2]], preserve=preserve_texts(model))
     again = evaluate_edit(model, task, patch, split="fresh")
@@ -216,7 +216,7 @@ def test_down_projection_edit_equals_editing_the_weight(load, name):
 
 
 def test_factored_least_squares_is_ridge_regression():
-    from icl_lens.core.least_squares import factored_least_squares, relative_ridge
+    from icl_lens.core._least_squares import factored_least_squares, relative_ridge
 
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(7, 11, generator=gen, dtype=torch.float64)
@@ -233,7 +233,7 @@ def test_factored_least_squares_is_ridge_regression():
 # --- steering vector -----------------------------------------------------------------------------
 
 def test_steering_vector_is_the_mean_residual_difference_by_hand(load):
-    from icl_lens.thought.steering import steering_vector
+    from icl_lens.thought._steering import steering_vector
 
     model = load("tiny-llama", torch.float64)
     queries = ["ab:", "xyz:"]
@@ -267,7 +267,7 @@ def test_steering_vector_is_the_mean_residual_difference_by_hand(load):
 def test_locality_is_zero_for_a_zero_patch_and_positive_for_a_real_one(load):
     from dataclasses import replace
 
-    from icl_lens.thought.locality import locality_probe
+    from icl_lens.thought._locality import locality_probe
 
     model = load("tiny-llama")
     data = load_locality()
@@ -363,7 +363,7 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
 def test_diagnosis_divergence_vanishes_for_the_exact_patch(load):
     """One single-token query fitted exactly: the patched query-alone pass matches the contextual one at every
     layer (divergence ≈ 0); unpatched it does not; attention rows are probabilities."""
-    from icl_lens.thought.diagnose import diagnose
+    from icl_lens.thought._diagnose import diagnose
 
     model = load("tiny-llama", torch.float64)
     patch = thought_patch(model, INSTRUCTION, ["q"], kind="both+down", ridge=0.0, query_prefix="\n", preserve=())
@@ -392,7 +392,7 @@ def _greedy_without_cache(model, prompt: list[int], n: int) -> list[int]:
 def test_greedy_with_cache_equals_decoding_without_it_under_a_thought_patch(load, name):
     """Token for token, prompts of two lengths batched, with a thought patch (matrix, vector, down edit) applied:
     the cached keys/values were computed under the patch, so the cache changes nothing."""
-    from icl_lens.model.greedy import greedy_continuations
+    from icl_lens.model._greedy import greedy_continuations
 
     model = load(name, torch.float64)
     patch = thought_patch(model, INSTRUCTION, ["ab", "cd ef"])
@@ -451,7 +451,7 @@ def test_down_fit_removes_the_block_output_residual_of_the_calibration_tokens(lo
     assert paper > 1e-3
     if exact.vector_site == "bias":  # exact interpolation: fewer calibration tokens than d_mlp
         assert residual(exact) <= 1e-8 * max(paper, 1.0)
-    else:  # linearised through the post-FFN RMSNorm (icl_lens.thought.fit)
+    else:  # linearised through the post-FFN RMSNorm (icl_lens.thought._fit)
         assert residual(exact) < 0.6 * paper
     assert float(exact.down_residual.max()) <= 1e-8  # its own (linearised) target: met exactly
     assert ridged < paper
@@ -462,7 +462,7 @@ def test_down_fit_removes_the_block_output_residual_of_the_calibration_tokens(lo
 # --- the steering baseline leaves the model as it found it --------------------------------------------
 
 def test_steering_edit_is_removed_after_use_also_after_an_error(load):
-    from icl_lens.thought.steering import steering_vector
+    from icl_lens.thought._steering import steering_vector
 
     model = load("tiny-llama", torch.float64)
     steer = steering_vector(model, INSTRUCTION, ["ab:", "xyz:"], query_prefix="\n")

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from icl_lens.model.greedy import greedy_continuations
-from icl_lens.thought.evaluate import answer_correct, gain_recovered, graded
-from icl_lens.thought.instruction_batches import text_ids, with_bos
+from icl_lens.model._greedy import greedy_continuations
+from icl_lens.thought._evaluate import answer_correct, gain_recovered, graded
+from icl_lens.thought._instruction_batches import text_ids, with_bos
 
 
 @pytest.mark.parametrize("continuation, answer, right", [
@@ -46,7 +46,7 @@ def test_graded_keeps_every_new_token_and_scores_by_the_boundary_rule(load):
 def _current() -> dict:
     """The settings a cached row names when the current default computed it."""
     from experiments.thought.settings import default_setting
-    from icl_lens.thought.defaults import DISTILL_LR
+    from icl_lens.thought._defaults import DISTILL_LR
 
     return {**default_setting(), "distill": {"lr": DISTILL_LR}}
 
@@ -126,8 +126,8 @@ def test_the_default_preserve_strength_is_the_rules_choice_on_the_committed_sele
 
     from experiments.thought.settings import PRESERVE_STRENGTHS, SELECT_TASKS, choose_strength
     from experiments.thought.targets import rule_scores, strength_scores
-    from icl_lens.thought.defaults import DEFAULT_PRESERVE_STRENGTH
-    from icl_lens.thought.preserve import PRESERVE_SET
+    from icl_lens.thought._defaults import DEFAULT_PRESERVE_STRENGTH
+    from icl_lens.thought._preserve import PRESERVE_SET
 
     caches = {p.name: json.loads(p.read_text()) for p in sorted(Path("reports").glob("eval_thought.*.json"))}
     got = strength_scores(caches, SELECT_TASKS, PRESERVE_SET)
@@ -146,7 +146,7 @@ def test_the_default_distillation_rate_is_the_rules_choice_on_the_committed_sele
 
     from experiments.thought.settings import DISTILL_LRS, DISTILL_TASKS, choose_lr
     from experiments.thought.targets import distill_lr_scores
-    from icl_lens.thought.defaults import DISTILL_LR
+    from icl_lens.thought._defaults import DISTILL_LR
 
     caches = {p.name: json.loads(p.read_text()) for p in sorted(Path("reports").glob("eval_thought.*.json"))}
     got = distill_lr_scores(caches)

@@ -14,10 +14,10 @@ from icl_lens import (
     trajectory,
     verify_trajectory,
 )
-from icl_lens.core.power_law import power_law_fit
-from icl_lens.model.block_family import block_family
+from icl_lens.core._power_law import power_law_fit
+from icl_lens.model._block_family import block_family
 
-from icl_lens.model.tiny_models import TINY_NAMES
+from icl_lens.model._tiny_models import TINY_NAMES
 
 TINY_PROMPT = "ab=1;cd=2;ef=3;ab=1;cd="  # longer than the tiny models' windows of 6
 
@@ -192,7 +192,7 @@ def test_bad_queries(load):
 
 @pytest.mark.parametrize("name", ("tiny-gpt2", "tiny-gemma3", "tiny-mistral"))
 def test_batched_equals_naive_prefix_forwards(load, name):
-    from icl_lens.dynamics.trajectory_capture import trajectory_naive
+    from icl_lens.dynamics._trajectory_capture import trajectory_naive
 
     model = load(name, torch.float64)
     fast, slow = trajectory(model, TINY_PROMPT, query=14), trajectory_naive(model, TINY_PROMPT, query=14)

@@ -28,9 +28,9 @@ import json, sys
 from importlib import resources
 import icl_lens
 from icl_lens.lab import load_lab_model
-from icl_lens.lab.mixers import ARCHITECTURES
+from icl_lens.lab._mixers import ARCHITECTURES
 from icl_lens.thought.tasks import SHIPPED_TASKS, load_task
-from icl_lens.ui.token_strip import TokenStrip
+from icl_lens.ui._token_strip import TokenStrip
 
 print(json.dumps({
     "icl_lens": icl_lens.__file__,

@@ -17,7 +17,7 @@ Two passes per question (:func:`answer_one`):
    position's patch exactly as the step-by-step generation did (tested against
    :func:`icl_lens.generate_with_patches`), and the residual stream entering layer
    ``n_layers // 2`` is recorded during that same forward
-   (:func:`icl_lens.model.residual_stream.recording_residual`).
+   (:func:`icl_lens.model._residual_stream.recording_residual`).
 
 Kept per question: patch norms ``‖ΔW[l, t]‖_F`` and correction norms ``‖attn_C − attn_0‖[l, t]``
 of every layer and position (the spike scores need the whole sequence for their windows),
@@ -46,11 +46,11 @@ import torch
 from transformers import DynamicCache
 
 from experiments.factual_prompts import FEW_SHOT, FactualPrompt, is_correct
-from icl_lens.spikes.scores import informative_positions
-from icl_lens.spikes.generation import predictive_stats
-from icl_lens.patches.incremental import PatchSession
-from icl_lens.model.prompts import encode_prompt, str_tokens
-from icl_lens.model.residual_stream import recording_residual
+from icl_lens.spikes import informative_positions
+from icl_lens.spikes import predictive_stats
+from icl_lens.patches import PatchSession
+from icl_lens.model import encode_prompt, str_tokens
+from icl_lens.model import recording_residual
 
 
 PROMPT_TAIL = 4  # prompt positions P - 4 … P - 1 whose residual is kept (prompt-only probe)

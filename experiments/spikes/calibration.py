@@ -24,7 +24,7 @@ On the held-out half the flag is measured:
 
 Precision is NaN when nothing is flagged. Thresholds are computed for each statistic and
 window listed, all layers, and written with the command that produced them to
-``icl_lens/spikes/data/spike_thresholds.json``, which :mod:`icl_lens.spikes.thresholds` reads.
+``icl_lens/spikes/data/spike_thresholds.json``, which :mod:`icl_lens.spikes._thresholds` reads.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import numpy as np
 
 from experiments.spikes.answers import Answered
 from experiments.spikes.features import token_spike_scores
-from icl_lens.stats.intervals import wilson_interval
+from icl_lens.stats import wilson_interval
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def write_thresholds(path: Path | str, model_name: str, checks: list[FlagCheck],
     data["about"] = (f"Spike-flag thresholds per model: the score above which at most {rate:.0%} of the answer tokens "
                      "of correct answers are flagged (one-sided 95% Wilson bound, from a calibration half of the "
                      "questions; held-out precision and recall in EVAL.md). Written by the command below; read by "
-                     "icl_lens.spikes.thresholds.")
+                     "icl_lens.spikes.spike_threshold.")
     data = {"about": data["about"], "generated_by": "python -m experiments.spikes",
             **{k: v for k, v in data.items() if k not in ("about", "generated_by")}}
     data["target_correct_token_flag_rate"] = rate

@@ -2,7 +2,7 @@
 
 * **Grouped K-fold** (:func:`held_out_scores`): answers are split into ``k`` folds by
   subject (every question about one entity in one fold,
-  :func:`icl_lens.stats.logistic.grouped_folds`); each fold is scored by an L2 logistic
+  :func:`icl_lens.stats._logistic.grouped_folds`); each fold is scored by an L2 logistic
   regression fitted on the others, ``λ`` chosen by an inner grouped K-fold on the training
   folds only. Single scores (``−log p``, entropy, length, spike score) need no fitting and
   are used as they are.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from icl_lens.stats.logistic import LAMBDAS, LogisticModel, fit_with_inner_cv, grouped_folds
+from icl_lens.stats import LAMBDAS, LogisticModel, fit_with_inner_cv, grouped_folds
 
 
 @dataclass(frozen=True)

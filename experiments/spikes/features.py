@@ -5,7 +5,7 @@ The label is per answer (is the answer line correct?), so every feature is per a
 the tokens of one answer as independent examples; one row per question avoids both.
 
 Feature sets for the supervised detectors (``L`` layers, ``d`` = d_model); the patch
-readouts are the library's (:func:`icl_lens.spikes.detector.patch_readout`), so the
+readouts are the library's (:func:`icl_lens.spikes._detector.patch_readout`), so the
 shipped detector computes exactly what was evaluated:
 
 * answer-token features:
@@ -34,7 +34,7 @@ import numpy as np
 
 from experiments.factual_prompts import completion_answer, normalise
 from experiments.spikes.answers import PROMPT_TAIL, Answered
-from icl_lens.spikes.detector import patch_readout, spike_readout
+from icl_lens.spikes import patch_readout, spike_readout
 
 ANSWER_SETS = ("patch, answer tokens", "patch, answer + last prompt token", "hidden, answer + last prompt token",
                "log-prob and entropy", "patch + log-prob", "bag of answer tokens")
@@ -131,7 +131,7 @@ def token_spike_scores(a: Answered, *, window: int, statistic: str) -> np.ndarra
     """Spike score of every position of the answer's sequence (NaN without enough context)."""
     import torch
 
-    from icl_lens.spikes.scores import spike_scores_from_norms
+    from icl_lens.spikes import spike_scores_from_norms
 
     flags = spike_scores_from_norms(torch.as_tensor(a.norms), informative=torch.as_tensor(a.informative),
                                     window=window, statistic=statistic)

@@ -34,11 +34,11 @@ from experiments.spikes.summary import (
     tables,
     to_json,
 )
-from icl_lens.model.loading import load_model
-from icl_lens.spikes.detector import DETECTORS_FILE
-from icl_lens.spikes.thresholds import THRESHOLDS_FILE
-from icl_lens.stats.auroc import bootstrap_auroc_difference
-from icl_lens.stats.logistic import LAMBDAS, NEWTON_MAX_FEATURES
+from icl_lens.model import load_model
+from icl_lens.spikes import DETECTORS_FILE
+from icl_lens.spikes import THRESHOLDS_FILE
+from icl_lens.stats import bootstrap_auroc_difference
+from icl_lens.stats import LAMBDAS, NEWTON_MAX_FEATURES
 
 FLAG_STATISTICS = ("mean", "median", "max", "norm")
 FLAG_WINDOWS = (16, 8)
@@ -165,10 +165,10 @@ def header(items: list[FactualPrompt], args, argv, lambdas) -> list[str]:
         "`experiments.factual_prompts.declines`) is correct and any other is wrong. Invented questions are kept in "
         "the within-kind AUROCs by stratifying within template: the invented \"capital of X\" questions share the "
         "`capital` stratum with the real ones.", "",
-        "Detectors: one example per answer. L2 logistic regression (`icl_lens/stats/logistic.py`; Newton up to "
+        "Detectors: one example per answer. L2 logistic regression (`icl_lens/stats/_logistic.py`; Newton up to "
         f"{NEWTON_MAX_FEATURES} features, L-BFGS above; λ by an inner grouped {args.inner_folds}-fold on the training "
         f"folds from {{{', '.join(f'{x:g}' for x in lambdas)}}}) on patch features (log patch and correction norms "
-        "per layer, `icl_lens/spikes/detector.py`), on hidden states (the residual entering the middle layer: "
+        "per layer, `icl_lens/spikes/_detector.py`), on hidden states (the residual entering the middle layer: "
         "a linear probe), on log-prob and entropy, and on the bag of answer tokens; single scores as they are "
         "(−log p, entropy, answer length, the unsupervised spike score, whether the answer repeats a question "
         f"word). Held-out scores from a grouped {args.folds}-fold by subject; intervals from a cluster bootstrap "
@@ -291,7 +291,7 @@ def write_detector(path: Path | str, model_name: str, entry: dict, *, command: s
     data = json.loads(path.read_text()) if path.exists() else {}
     data = {"about": "Per-model wrong-answer detectors, chosen by the rule in experiments/spikes/summary.py on a "
                      "calibration half of the subjects and measured on the other half (EVAL.md, 'Spike flags'). "
-                     "Read by icl_lens.spikes.detector.",
+                     "Read by icl_lens.spikes.spike_detector.",
             "generated_by": "python -m experiments.spikes",
             "question_format": FEW_SHOT + "Q: {question}\nA:", "max_new_tokens": max_new_tokens,
             "models": data.get("models", {})}

@@ -5,7 +5,7 @@ from experiments.factual_prompts import completion_answer
 from experiments.spikes.answers import AnswerSet
 from experiments.spikes.calibration import FlagCheck
 from experiments.spikes.summary import TARGET_RATE, FlagMeasure, Table
-from icl_lens.stats.auroc import AurocDifference, AurocResult
+from icl_lens.stats import AurocDifference, AurocResult
 
 
 def fmt(r: AurocResult | AurocDifference | None) -> str:

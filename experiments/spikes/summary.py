@@ -6,7 +6,7 @@ Every AUROC is for predicting an **incorrect** answer from held-out scores
 of X" question in the ``capital`` stratum), so telling kinds apart earns nothing and the
 invented questions count. Intervals are 95% **cluster** bootstrap intervals: subjects are
 resampled, every question about a subject entering a resample together
-(:func:`icl_lens.stats.bootstrap.resample_counts` with ``groups``), matching the folds,
+(:func:`icl_lens.stats._bootstrap.resample_counts` with ``groups``), matching the folds,
 which also group by subject.
 
 **Beats.** Detector ``A`` beats baseline ``B`` when the paired cluster-bootstrap 95% interval
@@ -44,9 +44,9 @@ import numpy as np
 
 from experiments.spikes.calibration import threshold_for_rate
 from experiments.spikes.detector import HeldOut, averaged_model, held_out_scores
-from icl_lens.stats.auroc import AurocDifference, AurocResult, auroc, bootstrap_auroc, bootstrap_auroc_difference
-from icl_lens.stats.bootstrap import bootstrap_ratio
-from icl_lens.stats.logistic import LAMBDAS, fit_logistic
+from icl_lens.stats import AurocDifference, AurocResult, auroc, bootstrap_auroc, bootstrap_auroc_difference
+from icl_lens.stats import bootstrap_ratio
+from icl_lens.stats import LAMBDAS, fit_logistic
 
 LENGTH = "answer length in tokens"
 BAG = "bag of answer tokens"
@@ -217,7 +217,7 @@ def measure_flag(winner: str, oof: np.ndarray, all_scores: np.ndarray, wrong, st
 
 
 def shipped_entry(measure: FlagMeasure, table: Table, model_fit, command: str) -> dict:
-    """The detectors file's entry for one model (read by :mod:`icl_lens.spikes.detector`)."""
+    """The detectors file's entry for one model (read by :mod:`icl_lens.spikes._detector`)."""
     row = table.rows.get(measure.detector)
     base_name = max(table.baselines.values(),
                     key=lambda n: -1.0 if table.rows.get(n) is None or table.rows[n].auroc is None

@@ -2,7 +2,7 @@
 
 For each embedded model and each shipped task (``icl_lens/thought/tasks/``), on the
 held-out test queries: accuracy with no instruction, with the full instruction, with
-the thought patch (default settings of :mod:`icl_lens.thought.fit`), with a random
+the thought patch (default settings of :mod:`icl_lens.thought._fit`), with a random
 control patch of the same norms and with a steering vector at its best layer, each
 with a 95% Wilson interval; the patched/full ratio with a paired bootstrap interval;
 the locality of every edit; the paper's settings (kind ``both``, λ = 0, no query prefix)

@@ -1,7 +1,7 @@
 """Few-shot prompts a thought patch must leave as they are: the second half of its preserve texts (issue 22).
 
 A thought patch is fitted on queries read *without* an instruction. The model's own samples from BOS
-(:mod:`icl_lens.thought.preserve`) cover general text, but hardly ever a few-shot prompt, so a fit that
+(:mod:`icl_lens.thought._preserve`) cover general text, but hardly ever a few-shot prompt, so a fit that
 preserves only them is free to change what the model computes at the positions where a prompt's
 demonstrations and queries sit (measured, SmolLM2-135M capitals: the edited model kept 22% of another
 few-shot task's answers). The prompts here are those positions: ``N_TASKS`` small tasks, each a header

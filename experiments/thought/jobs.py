@@ -41,7 +41,7 @@ def selection_split(task: Task, n_fit: int, n_validate: int) -> tuple[list[str],
 
 def strength_key(default: dict, strength: float, task: str) -> str:
     """The cache key of one third-stage result: the preserve set, the default at ``strength``, the task."""
-    from icl_lens.thought.preserve import PRESERVE_SET
+    from icl_lens.thought import PRESERVE_SET
 
     setting = default | {"preserve_strength": strength, "preserve_set": PRESERVE_SET}
     return f"strength/{PRESERVE_SET}/{setting_name(setting)}/{task}"
@@ -59,18 +59,18 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
 
     ``distill_on``: the tasks whose table row also runs context distillation (None: every task); the others' rows
     have every condition but ``distilled`` (the report shows them as not measured)."""
-    from icl_lens.model.loading import load_model
-    from icl_lens.thought.instruction_batches import text_ids, with_bos
-    from icl_lens.thought.diagnose import diagnose
-    from icl_lens.thought.divergence import answer_kl, text_kl
-    from icl_lens.thought.evaluate import evaluate_thought
-    from icl_lens.thought.defaults import CONDITIONS, DEFAULT_QUERY_PREFIX
-    from icl_lens.thought.distill import distill_patch
-    from icl_lens.thought.evaluate import evaluate_edit
-    from icl_lens.thought.fit import thought_patch, thought_patch_joint
-    from icl_lens.thought.locality import locality_probe
-    from icl_lens.thought.preserve import PRESERVE_SET, preserve_texts
-    from icl_lens.thought.result import ThoughtPatch
+    from icl_lens.model import load_model
+    from icl_lens.thought import text_ids, with_bos
+    from icl_lens.thought import diagnose
+    from icl_lens.thought import answer_kl, text_kl
+    from icl_lens.thought import evaluate_thought
+    from icl_lens.thought import CONDITIONS, DEFAULT_QUERY_PREFIX
+    from icl_lens.thought import distill_patch
+    from icl_lens.thought import evaluate_edit
+    from icl_lens.thought import thought_patch, thought_patch_joint
+    from icl_lens.thought import locality_probe
+    from icl_lens.thought import PRESERVE_SET, preserve_texts
+    from icl_lens.thought import ThoughtPatch
 
     default = default_setting()
     fit_default = {k: v for k, v in default.items() if k != "preserve_set"}  # thought_patch's keyword arguments

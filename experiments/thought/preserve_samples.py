@@ -1,7 +1,7 @@
 """``python -m experiments.thought.preserve_samples``: the texts a thought patch's fit preserves, as package data.
 
 Writes ``icl_lens/thought/tasks/preserve/<model>.json`` = ``{"generated_by", "model", "n", "tokens", "seed",
-"texts"}`` with :func:`icl_lens.thought.preserve.bos_samples` (``N_SAMPLES`` continuations of ``[BOS]`` alone,
+"texts"}`` with :func:`icl_lens.thought._preserve.bos_samples` (``N_SAMPLES`` continuations of ``[BOS]`` alone,
 ``SAMPLE_TOKENS`` tokens each, temperature 1, seed ``SAMPLE_SEED``), and ``tasks/preserve/few_shot.json`` =
 ``{"generated_by", "about", "texts"}``, the few-shot prompts of :mod:`experiments.thought.few_shot_preserve`
 (``--few-shot-only`` writes only these; no model is loaded). A sample that repeats one of the locality
@@ -20,9 +20,9 @@ GENERATED_BY = "python -m experiments.thought.preserve_samples"
 def write_samples(model_name: str) -> str:
     import torch
 
-    from icl_lens.model.loading import load_model
-    from icl_lens.thought.locality import load_locality
-    from icl_lens.thought.preserve import N_SAMPLES, PRESERVE_DIR, SAMPLE_SEED, SAMPLE_TOKENS, bos_samples, preserve_file
+    from icl_lens.model import load_model
+    from icl_lens.thought import load_locality
+    from icl_lens.thought import N_SAMPLES, PRESERVE_DIR, SAMPLE_SEED, SAMPLE_TOKENS, bos_samples, preserve_file
 
     torch.set_num_threads(1)
     model = load_model(model_name)
@@ -39,8 +39,8 @@ def write_samples(model_name: str) -> str:
 
 def write_few_shot() -> str:
     from experiments.thought import few_shot_preserve
-    from icl_lens.thought.locality import load_locality
-    from icl_lens.thought.preserve import FEW_SHOT_FILE, PRESERVE_DIR
+    from icl_lens.thought import load_locality
+    from icl_lens.thought import FEW_SHOT_FILE, PRESERVE_DIR
 
     loc = load_locality()
     items = {p.rstrip(":").strip() for p in loc.other_prompts}
@@ -55,7 +55,7 @@ def write_few_shot() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from icl_lens.model.loading import EMBEDDED_MODELS
+    from icl_lens.model import EMBEDDED_MODELS
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(EMBEDDED_MODELS), choices=list(EMBEDDED_MODELS))

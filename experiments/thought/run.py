@@ -58,7 +58,7 @@ from experiments.thought.settings import (
     setting_name,
     target_verdict,
 )
-from icl_lens.model.loading import EMBEDDED_MODELS
+from icl_lens.model import EMBEDDED_MODELS
 from icl_lens.thought.tasks import SHIPPED_TASKS, load_task
 
 
@@ -66,15 +66,15 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
                  select_tasks=SELECT_TASKS, answer_tokens: dict | None = None) -> str:
     """The report from the cached results; ``answer_tokens[(model, task)]``: tokens per test answer (optional),
     for the breakdown of the missed targets by answer length."""
-    from icl_lens.thought.defaults import (
+    from icl_lens.thought import (
         DEFAULT_ANSWER_TOKENS,
         DEFAULT_KIND,
         DEFAULT_PRESERVE_STRENGTH,
         DEFAULT_QUERY_PREFIX,
         DEFAULT_RIDGE,
     )
-    from icl_lens.thought.locality import load_locality
-    from icl_lens.thought.preserve import few_shot_texts
+    from icl_lens.thought import load_locality
+    from icl_lens.thought import few_shot_texts
 
     loc = load_locality()
     full_default = default_setting()
@@ -93,7 +93,7 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
         *runs,
         "",
         "Method (Mazzawi, Dherin et al. 2025, arXiv 2510.08734, Algorithm 1, layer by layer; "
-        "`icl_lens.thought.fit`). **Default settings** (the same for every task and model): "
+        "`icl_lens.thought.thought_patch`). **Default settings** (the same for every task and model): "
         f"kind `{DEFAULT_KIND}`, η = 1, one sweep, scale-free ridge {DEFAULT_RIDGE:g} "
         "(λ = ridge · tr(Σ x xᵀ)/d of each fit's inputs), all train queries (32) as calibration, query prefix "
         f"{DEFAULT_QUERY_PREFIX!r} (the query-alone prompt is `[BOS] + prefix + query` at fit and at use), "
@@ -105,7 +105,7 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
         "down projection, of the per-token block-output residual the constant vector leaves (an icl_lens "
         "extension; see the fit's docstring). "
         + (f"Preserve strength {DEFAULT_PRESERVE_STRENGTH:g} (the fit's locality term, MEMIT's covariance "
-           "penalty: the keys of the preserve texts, `icl_lens.thought.preserve` — the model's own samples from BOS "
+           "penalty: the keys of the preserve texts, `icl_lens.thought.preserve_texts` — the model's own samples from BOS "
            f"and {len(few_shot_texts())} few-shot prompts of other kinds of task, fit half — weigh that many times "
            "the calibration rows in every least squares; never the texts that measure locality). "
            if DEFAULT_PRESERVE_STRENGTH else "")
@@ -238,8 +238,8 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
 
 def _answer_tokens(out: Path, models: list[str], tasks: list[str]) -> dict:
     """Tokens per test answer (``" " + answer``) for every cached table row, read with each model's tokenizer."""
-    from icl_lens.model.loading import load_model
-    from icl_lens.thought.instruction_batches import text_ids
+    from icl_lens.model import load_model
+    from icl_lens.thought import text_ids
 
     counts = {}
     for model_name in models:

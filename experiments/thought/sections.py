@@ -226,7 +226,7 @@ def answer_selection_lines(caches: dict, select_tasks, default: dict) -> list[st
         cells = [f"{np.mean(kl[k][m]):.3f}" if m in kl[k] else "–" for m in models]
         lines.append(f"| {k} | " + " | ".join(cells) + f" | {means.get(k, float('nan')):.4f} | "
                      f"{np.mean(last[k]):.4f} | {'lowest' if k == best else ''} |")
-    lines += ["", f"The defaults in `icl_lens/thought/fit.py` ({setting_name(default)}) "
+    lines += ["", f"The defaults in `icl_lens/thought/_fit.py` ({setting_name(default)}) "
               + ("are the lowest setting." if setting_name(default) == best else f"differ from the lowest ({best}).")]
     return lines
 

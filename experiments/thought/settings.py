@@ -28,7 +28,7 @@ SELECT_ANSWER_GRID = ({"answer_tokens": 0}, {"answer_tokens": 4}, {"answer_token
 SCORE_ANSWER_TOKENS = 8
 SELECT_FIT, SELECT_VALIDATE = 24, 8
 # Third stage (issue 22): the second stage's winner fitted with the preserve penalty at each PRESERVE_STRENGTHS
-# (the preserve texts' split "fit": the model's own BOS samples and few-shot prompts, icl_lens.thought.preserve),
+# (the preserve texts' split "fit": the model's own BOS samples and few-shot prompts, icl_lens.thought._preserve),
 # scored by the answer KL of the held-out train queries and by the next-token KL(unpatched ‖ patched) on the held-out
 # preserve texts (split "held_out"; never the locality measure's own texts). Rule (choose_strength): the strength
 # with the lowest mean held-out text KL among those whose mean answer KL is at most strength 0's + PRESERVE_SLACK
@@ -87,15 +87,15 @@ def _lowest_text_kl(scores: dict[float, tuple[float, float]], limit: float) -> f
 
 
 def default_setting() -> dict:
-    """The frozen default of every fit (icl_lens.thought.defaults), with the preserve set it reads."""
-    from icl_lens.thought.defaults import (
+    """The frozen default of every fit (icl_lens.thought._defaults), with the preserve set it reads."""
+    from icl_lens.thought import (
         DEFAULT_ANSWER_TOKENS,
         DEFAULT_KIND,
         DEFAULT_PRESERVE_STRENGTH,
         DEFAULT_QUERY_PREFIX,
         DEFAULT_RIDGE,
     )
-    from icl_lens.thought.preserve import PRESERVE_SET
+    from icl_lens.thought import PRESERVE_SET
 
     return {"kind": DEFAULT_KIND, "ridge": DEFAULT_RIDGE, "query_prefix": DEFAULT_QUERY_PREFIX,
             "answer_tokens": DEFAULT_ANSWER_TOKENS, "preserve_strength": DEFAULT_PRESERVE_STRENGTH,
@@ -104,7 +104,7 @@ def default_setting() -> dict:
 
 def is_current(row: dict | None, default: dict | None = None) -> bool:
     """A cached result computed with the current default (``default_setting()``), distillation's rate included."""
-    from icl_lens.thought.defaults import DISTILL_LR
+    from icl_lens.thought import DISTILL_LR
 
     return (row is not None and {"kind", "ridge", "query_prefix"} <= set(row)
             and setting_name(row) == setting_name(default or default_setting())

@@ -190,9 +190,9 @@ def distill_lines(caches: dict, models, tasks, split: str = "fresh") -> list[str
                         f"{'–' if speed is None else f'{speed:.1f}×'} |")
     if not rows:
         return []
-    from icl_lens.thought.defaults import DISTILL_BATCH, DISTILL_LR, DISTILL_STEPS
+    from icl_lens.thought import DISTILL_BATCH, DISTILL_LR, DISTILL_STEPS
 
-    return ["", f"**Against context distillation** ({SPLIT_NAMES[split]} queries; `icl_lens.thought.distill`: Adam "
+    return ["", f"**Against context distillation** ({SPLIT_NAMES[split]} queries; `icl_lens.thought.distill_patch`: Adam "
             "on the same parameters — input maps, vectors, down projections — the same calibration rows and answer "
             f"positions, minimising KL(prompted ‖ edited); {DISTILL_STEPS} steps of {DISTILL_BATCH} queries, peak "
             f"learning rate {DISTILL_LR:g} (chosen by the rule below), warm-up then cosine decay). Gain recovered = "
@@ -262,7 +262,7 @@ def rule_scores(got: dict[float, dict[str, list[float]]]) -> dict[float, tuple[f
 def strength_lines(caches: dict, select_tasks) -> list[str]:
     """Third selection stage: the preserve penalty's strength, by held-out answer KL and held-out text KL; the
     earlier stage with the samples alone beside it."""
-    from icl_lens.thought.preserve import PRESERVE_SET
+    from icl_lens.thought import PRESERVE_SET
 
     lines = []
     for preserve_set, texts in ((PRESERVE_SET, "the model's own samples from BOS and the few-shot prompts, fit half"),

@@ -2,7 +2,7 @@
 
 A verdict about a trained model is a verdict about one training run unless it is repeated
 over seeds. :func:`seed_model` returns the model ``name`` trained with seed ``s`` by its
-recipe (:data:`icl_lens.lab.checkpoints.RECIPES`): seed 0 of a shipped model is the shipped
+recipe (:data:`icl_lens.lab._checkpoints.RECIPES`): seed 0 of a shipped model is the shipped
 checkpoint when its record matches the recipe; every other seed is trained once and cached
 under ``.cache/lab/<name>-s<seed>-<key>.pt``, where ``key`` hashes the configuration, the
 recipe and the batch size, so a changed configuration never reads a stale file.
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from icl_lens.lab.checkpoints import (
+from icl_lens.lab._checkpoints import (
     ABLATION_MODELS, CHECKPOINT_DIR, LAB_MODELS, RECIPES, load_checkpoint_file, checkpoint_path,
 )
-from icl_lens.lab.model import LabConfig, RegressionModel
+from icl_lens.lab._model import LabConfig, RegressionModel
 
 CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "lab"
 MODELS: dict[str, LabConfig] = {**LAB_MODELS, **ABLATION_MODELS}

@@ -3,7 +3,7 @@
 Loss: mean squared error of the query prediction, normalised by ``d_x`` (the variance of
 ``y = wᵀx``), so a model that ignores the context scores about 1 and least squares 0.
 Each step draws a fresh batch with a context length uniform in ``1..n_context_train``.
-The named models and their recipes are in :mod:`icl_lens.lab.checkpoints`.
+The named models and their recipes are in :mod:`icl_lens.lab._checkpoints`.
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from icl_lens.lab.checkpoints import CHECKPOINT_DIR, LAB_MODELS, RECIPES, save_checkpoint
-from icl_lens.lab.model import LabConfig, RegressionModel, build_model
-from icl_lens.lab.tasks import sample_prompts
+from icl_lens.lab._checkpoints import CHECKPOINT_DIR, LAB_MODELS, RECIPES, save_checkpoint
+from icl_lens.lab._model import LabConfig, RegressionModel, build_model
+from icl_lens.lab._tasks import sample_prompts
 
 
 def query_loss(model: RegressionModel, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -62,7 +62,7 @@ def train(cfg: LabConfig, *, steps: int = 3000, batch: int = 64, lr: float = 2e-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", "--arch", dest="model", choices=[*LAB_MODELS, "all"], default="all",
-                    help="named lab model (icl_lens.lab.checkpoints.LAB_MODELS)")
+                    help="named lab model (icl_lens.lab._checkpoints.LAB_MODELS)")
     ap.add_argument("--steps", type=int, default=None, help="default: the model's recipe")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=None, help="default: the model's recipe")

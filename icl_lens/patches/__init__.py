@@ -2,23 +2,24 @@
 
 Dherin et al. 2025, arXiv 2507.16003 (docs/design.md §2): :class:`TokenPatches` (factored, with
 the model's :class:`DenseWeights` for the output factors on demand), :func:`token_patches` (one
-contextual forward; a list of prompts is batched; its reference method and
-:func:`verify_equivalence`), :func:`patch_norms` (norms of many prompts, no factors),
-:class:`PatchSession` (a growing prompt), :func:`patches_applied` (the kept-only forward) and
-:func:`context_effect` (where the context effect lives).
+contextual forward; a list of prompts is batched), its reference method
+:func:`token_patches_naive` and :func:`verify_equivalence`, :func:`patch_norms` (norms of many
+prompts, no factors), :class:`PatchSession` (a growing prompt), :func:`patches_applied` (the
+kept-only forward) and :func:`context_effect` (where the context effect lives).
 """
 from typing import TYPE_CHECKING
 
-from icl_lens.lazy_exports import lazy_exports
+from icl_lens._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads this block)
-    from icl_lens.patches.batches import NORM_COLUMNS, patch_norms
-    from icl_lens.patches.capture import ZeroNormWarning, dense_weights
-    from icl_lens.patches.context_effect import ContextEffect, context_effect
-    from icl_lens.patches.dense_weights import DenseWeights, StaleWeightsError
-    from icl_lens.patches.incremental import PatchSession, UpdateStats
-    from icl_lens.patches.kept_only import patches_applied
-    from icl_lens.patches.patch_set import PatchFileError, TokenPatches
-    from icl_lens.patches.token_patches import EquivalenceReport, noise_floor, token_patches, verify_equivalence
+    from icl_lens.patches._batches import NORM_COLUMNS, PromptBatch, patch_norms, prompt_batch
+    from icl_lens.patches._capture import ZeroNormWarning, dense_weights
+    from icl_lens.patches._context_effect import ContextEffect, context_effect
+    from icl_lens.patches._dense_weights import DenseWeights, StaleWeightsError
+    from icl_lens.patches._incremental import PatchSession, UpdateStats
+    from icl_lens.patches._kept_only import patches_applied
+    from icl_lens.patches._patch_set import PatchFileError, TokenPatches
+    from icl_lens.patches._token_patches import (EquivalenceReport, noise_floor, token_patches, token_patches_naive,
+                                                 verify_equivalence)
 
 __getattr__, __dir__, __all__ = lazy_exports(globals())

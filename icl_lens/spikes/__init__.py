@@ -1,18 +1,19 @@
 """Spike flags: tokens whose patch norm jumps above the tokens just before them, and the answers they flag.
 
 :func:`spike_scores` (robust trailing z-scores of the token-patch norms, docs/design.md §2),
-the shipped per-model thresholds (:func:`spike_threshold`, from ``data/spike_thresholds.json``)
-and wrong-answer detectors (:func:`spike_detector`, from ``data/spike_detectors.json``), and
+the shipped per-model thresholds (:func:`spike_threshold`, ``data/spike_thresholds.json``) and
+wrong-answer detectors (:func:`spike_detector`, ``data/spike_detectors.json``), and
 :func:`generate_with_patches` (generation that records every new token's norms, score and flag).
 """
 from typing import TYPE_CHECKING
 
-from icl_lens.lazy_exports import lazy_exports
+from icl_lens._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads this block)
-    from icl_lens.spikes.detector import AnswerFlag, SpikeDetector, read_answer, shipped_detectors, spike_detector
-    from icl_lens.spikes.generation import GenerationPatches, generate_with_patches
-    from icl_lens.spikes.scores import SpikeFlags, spike_scores, spike_scores_from_norms
-    from icl_lens.spikes.thresholds import DEFAULT_SPIKE_THRESHOLD, SpikeThreshold, spike_threshold
+    from icl_lens.spikes._detector import (DETECTORS_FILE, AnswerFlag, SpikeDetector, patch_readout, read_answer,
+                                           shipped_detectors, spike_detector, spike_readout)
+    from icl_lens.spikes._generation import GenerationPatches, generate_with_patches, predictive_stats
+    from icl_lens.spikes._scores import SpikeFlags, informative_positions, spike_scores, spike_scores_from_norms
+    from icl_lens.spikes._thresholds import THRESHOLDS_FILE, DEFAULT_SPIKE_THRESHOLD, SpikeThreshold, spike_threshold
 
 __getattr__, __dir__, __all__ = lazy_exports(globals())

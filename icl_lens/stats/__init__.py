@@ -1,10 +1,10 @@
 """Statistics for evaluations on small samples (numpy and torch only, no TransformerLens).
 
-* :mod:`.auroc`: AUROC with ties, ``AUROC = P(s⁺ > s⁻) + ½ P(s⁺ = s⁻)`` over (positive,
+* ``_auroc.py``: AUROC with ties, ``AUROC = P(s⁺ > s⁻) + ½ P(s⁺ = s⁻)`` over (positive,
   negative) pairs (Mann–Whitney U / ``n⁺ n⁻``); ``strata=`` counts only pairs within one
   group (within-kind AUROC, ``Σ S_ij K_ij / Σ S_ij``); bootstrap intervals of one AUROC and of
   the paired difference of two scores on the same resamples.
-* :mod:`.bootstrap`: percentile bootstrap over examples. A resample is a count vector ``w``
+* ``_bootstrap.py``: percentile bootstrap over examples. A resample is a count vector ``w``
   (``Σ w = n``), so a weighted-sum statistic costs one matrix product over all resamples; the
   interval is the ``(1−level)/2`` and ``(1+level)/2`` quantiles of the resampled statistic
   (Efron); ``groups=`` resamples clusters (subjects) instead of examples, every example
@@ -12,27 +12,28 @@
   :func:`bootstrap_mean_nested` (groups such as training seeds resampled, then the examples within
   each) and :func:`bootstrap_ratio` (paired
   ``Σx / Σy``).
-* :mod:`.intervals`: Wilson score interval of a proportion ``k/n``,
+* ``_intervals.py``: Wilson score interval of a proportion ``k/n``,
   ``(p̂ + z²/2n ± z·sqrt(p̂(1−p̂)/n + z²/4n²)) / (1 + z²/n)`` (Wilson 1927).
-* :mod:`.logistic`: L2-regularised logistic regression on standardised features,
+* ``_logistic.py``: L2-regularised logistic regression on standardised features,
   ``L(w, b) = (1/n) Σ_i [log(1 + exp(s_i)) − y_i s_i] + (λ/2)‖w‖²``, ``s_i = w·x̃_i + b``,
   minimised by Newton (few features) or L-BFGS (many) until ``‖∇L‖_∞ < tol``; ``λ`` by an
   inner grouped K-fold (:func:`fit_with_inner_cv`); :func:`grouped_folds` keeps each group
   in one fold.
 """
-from icl_lens.stats.auroc import (
+from icl_lens.stats._auroc import (
     AurocDifference,
     AurocResult,
     auroc,
     bootstrap_auroc,
     bootstrap_auroc_difference,
 )
-from icl_lens.stats.bootstrap import (
+from icl_lens.stats._bootstrap import (
     MeanCI, bootstrap_mean, bootstrap_mean_nested, bootstrap_ratio, percentile_interval, resample_counts,
 )
-from icl_lens.stats.intervals import wilson_interval
-from icl_lens.stats.logistic import (
+from icl_lens.stats._intervals import wilson_interval
+from icl_lens.stats._logistic import (
     LAMBDAS,
+    NEWTON_MAX_FEATURES,
     LogisticModel,
     choose_lambda,
     fit_logistic,
@@ -45,6 +46,6 @@ __all__ = [
     "AurocDifference", "AurocResult", "auroc", "bootstrap_auroc", "bootstrap_auroc_difference",
     "MeanCI", "bootstrap_mean", "bootstrap_mean_nested", "bootstrap_ratio", "percentile_interval", "resample_counts",
     "wilson_interval",
-    "LAMBDAS", "LogisticModel", "choose_lambda", "fit_logistic", "fit_with_inner_cv", "grouped_folds",
-    "logistic_loss",
+    "LAMBDAS", "NEWTON_MAX_FEATURES", "LogisticModel", "choose_lambda", "fit_logistic", "fit_with_inner_cv",
+    "grouped_folds", "logistic_loss",
 ]

@@ -87,7 +87,7 @@ def _text(x: Any) -> str:
 # --- intervals written for a table --------------------------------------------------------------------
 
 def rate(correct: int, n: int, level: float = 0.95) -> str:
-    """``"0.75 [0.55, 0.88] (18/24)"``: an accuracy with its Wilson interval (:mod:`icl_lens.stats.intervals`)."""
+    """``"0.75 [0.55, 0.88] (18/24)"``: an accuracy with its Wilson interval (:mod:`icl_lens.stats._intervals`)."""
     low, high = wilson_interval(correct, n, level)
     return f"{correct / n:.2f} [{low:.2f}, {high:.2f}] ({correct}/{n})"
 

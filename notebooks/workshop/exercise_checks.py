@@ -110,7 +110,7 @@ def check_choice(answer: Any, expected: str, choices: tuple[str, ...], what: str
 
 def _interval(x: Any) -> tuple[float, float, float]:
     """``(estimate, low, high)`` from a mapping (``mean``/``auroc``/``rate`` + ``low``/``high``), an object with
-    ``mean``/``low``/``high`` (``icl_lens.stats.bootstrap.MeanCI``) or a ``(estimate, low, high)`` triple."""
+    ``mean``/``low``/``high`` (``icl_lens.stats._bootstrap.MeanCI``) or a ``(estimate, low, high)`` triple."""
     if isinstance(x, Mapping):
         estimate = next(x[k] for k in ("mean", "estimate", "auroc", "rate") if k in x)
         return float(estimate), float(x["low"]), float(x["high"])

@@ -6,7 +6,7 @@ Format: ``{"name": str, "kind": str (optional), "instruction": str, "train": [{"
 thought patch; ``test`` queries are held out. ``fresh``: held out from every selection and
 tuning stage; scored once by the frozen default (absent: ``Task.fresh == ()``). An answer
 is correct when the greedy continuation of the query starts with it and the answer ends at
-a word boundary (:func:`icl_lens.thought.evaluate.answer_correct`). Shipped (``SHIPPED_TASKS``, written by
+a word boundary (``answer_correct`` in ``icl_lens/thought/_evaluate.py``). Shipped (``SHIPPED_TASKS``, written by
 ``python -m experiments.build_tasks``, which documents them): arithmetic,
 word transformations, translations, factual lookups and formats. ``locality.json`` holds
 the fixed inputs of the locality measure (:mod:`icl_lens.thought.locality`).
@@ -93,3 +93,6 @@ def load_task(path: str | Path) -> Task:
 
 def shipped_task_paths() -> list[Path]:
     return [TASK_DIR / f"{name}.jsonl" for name in SHIPPED_TASKS]
+
+
+__all__ = ["SHIPPED_TASKS", "TASK_DIR", "Task", "TaskFormatError", "load_task", "shipped_task_paths"]

@@ -1,0 +1,193 @@
+"""`Trajectory`: the implicit weights W₀..Wₙ of one query as context is consumed (docs/design.md §3).
+
+Dherin et al. 2025 (arXiv 2507.16003, §3, "implicit learning dynamics"). For query ``t``
+with context ``c₁..cₙ`` (the positions strictly between a kept BOS and ``t``), ``Wᵢ`` is
+the set of per-layer weights that makes the context-free input (``[BOS, x_t]``, ``x_t``
+at its original position) reproduce the output the model gives with context
+``c₁..cᵢ``. Per layer ``l`` it is a token patch (docs/design.md §2) for the kept set
+``{BOS, c₁..cᵢ, t}``:
+
+    W_in,i   = W_in   + u_in[l,i] v[l,i]ᵀ       (W_up for gated MLPs)
+    W_gate,i = W_gate + u_gate[l,i] v[l,i]ᵀ     (gated MLPs)
+    b_out,i  = b_out  + correction[l,i]         (skip-connection term)
+
+``W₀`` is the unpatched weight (``u = 0``, ``correction = 0``). That is the *prefix*
+order. In the *absorb* order (the paper's) ``Wᵢ`` is the patch for the kept set
+``{BOS, c_{i+1}..cₙ, t}``: ``c₁..cᵢ`` are absorbed into the weights while ``c_{i+1}..cₙ`` stay
+in context, and the input ``[BOS, c_{i+1}..cₙ, x_t]`` (kept context tokens patched likewise)
+reproduces the full-context output. Both orders start at ``W₀ = W`` and end at the same
+``Wₙ``, the query's token patch. The meta-gradient of token ``cᵢ`` is ``Wᵢ − Wᵢ₋₁``; all metrics are closed-form in the factors
+(:mod:`icl_lens.dynamics._trajectory_metrics`), never dense matrices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from icl_lens.core._factored import stack_outputs
+from icl_lens.core._power_law import power_law_fit
+from icl_lens.dynamics._trajectory_metrics import (
+    consecutive_alignment,
+    cumulative_norms,
+    meta_gradient_norms,
+    step_norms_and_alignment,
+    total_alignment,
+)
+
+
+@dataclass(frozen=True, eq=False)
+class DecayFit:
+    """Per layer: meta-gradient norm ``‖Wᵢ − Wᵢ₋₁‖ ≈ prefactor · i^(−exponent)`` (log-log least squares).
+
+    ``exponent > 0`` means the steps shrink as context grows; the implicit weights
+    converge only if the steps are summable as well (``exponent > 1``). ``r_squared``
+    is the goodness of fit in log-log space; ``n_points`` counts the steps with nonzero
+    norm that entered the fit (NaN fit values where it is below 2).
+    """
+
+    layers: tuple[int, ...]
+    exponent: Float[Tensor, " layer"]
+    prefactor: Float[Tensor, " layer"]
+    r_squared: Float[Tensor, " layer"]
+    n_points: Int[Tensor, " layer"]
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame({
+            "layer": list(self.layers),
+            "exponent": self.exponent.double().numpy(),
+            "prefactor": self.prefactor.double().numpy(),
+            "r_squared": self.r_squared.double().numpy(),
+            "n_points": self.n_points.numpy(),
+        })
+
+
+@dataclass(frozen=True, eq=False)
+class StepMetrics:
+    """Per layer: meta-gradient norms ``‖Wᵢ − Wᵢ₋₁‖`` (column k: step k+1), the cosine of consecutive
+    meta-gradients (column k: ``cos(G_{k+1}, G_{k+2})``) and the power-law :class:`DecayFit` of the norms."""
+
+    layers: tuple[int, ...]
+    meta_gradient_norms: Float[Tensor, "layer n"]
+    consecutive_alignment: Float[Tensor, "layer m"]
+    fit: DecayFit
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy table (layer, step, metric, value); ``step`` is the prefix length i."""
+        rows = []
+        for metric, values, first in (("meta_gradient_norm", self.meta_gradient_norms, 1),
+                                      ("consecutive_alignment", self.consecutive_alignment, 2)):
+            values = values.detach().cpu().double()
+            for k, layer in enumerate(self.layers):
+                rows += [(layer, first + j, metric, float(values[k, j])) for j in range(values.shape[1])]
+        return pd.DataFrame(rows, columns=["layer", "step", "metric", "value"])
+
+
+@dataclass(frozen=True, eq=False)
+class Trajectory:
+    """Implicit weights ``Wᵢ`` (i = 0..n context tokens) of one query, per layer, factored.
+
+    Tensor rows follow ``layers`` (row k is model layer ``layers[k]``); steps follow the
+    prefix length i = 0..n; ``context_positions[i-1]`` is the prompt position of ``cᵢ``.
+
+    ``compact``: ``u_in`` holds ``R δ`` (d_model floats) instead of ``U = [W_gate; W_in] δ``, with
+    ``R`` of the thin QR ``[W_gate; W_in] = Q R`` (as :func:`icl_lens.patch_norms` uses), and
+    ``u_gate`` is None. ``Uᵢ·Uⱼ = (R δᵢ)·(R δⱼ)``, so every Frobenius metric below (norms,
+    cosines, fits, :meth:`to_frame`) is the same; the factors themselves cannot be applied or
+    compared with other updates (:meth:`stacked_u` refuses).
+    """
+
+    tokens: tuple[str, ...]
+    query: int
+    layers: tuple[int, ...]
+    context_positions: tuple[int, ...]
+    u_in: Float[Tensor, "layer step d_u"]  # d_mlp (d_model when compact)
+    u_gate: Float[Tensor, "layer step d_mlp"] | None
+    v: Float[Tensor, "layer step d_model"]
+    correction: Float[Tensor, "layer step d_model"]
+    model_name: str = ""
+    kept_bos: bool = True
+    order: str = "prefix"
+    compact: bool = False
+
+    @property
+    def n_context(self) -> int:
+        """n, the number of context tokens (steps are 0..n)."""
+        return len(self.context_positions)
+
+    def stacked_u(self) -> Float[Tensor, "layer step d_u"]:
+        """``[u_gate; u_in]`` (or ``u_in``): the output factor of each step's whole patch."""
+        if self.compact:
+            raise ValueError("a compact trajectory holds R δ, not the output factors: compute it with compact=False")
+        return self._outputs()
+
+    def _outputs(self) -> Tensor:
+        """The output factors as the Frobenius metrics read them (``R δ`` when compact)."""
+        return stack_outputs(self.u_in, self.u_gate)
+
+    def meta_gradient_norms(self) -> Float[Tensor, "layer n"]:
+        """``‖Wᵢ₊₁ − Wᵢ‖_F``; column k is the meta-gradient of context token ``c_{k+1}``."""
+        return meta_gradient_norms(self._outputs(), self.v)
+
+    def step_metrics(self) -> StepMetrics:
+        """Meta-gradient norms, consecutive alignment and decay fit from one pass over the factors
+        (what the dashboard's trajectory panel draws; the same numbers as the three methods)."""
+        outputs = [self.u_in] if self.u_gate is None else [self.u_gate, self.u_in]
+        norms, consecutive = step_norms_and_alignment(outputs, self.v)
+        fit = power_law_fit(norms)
+        return StepMetrics(layers=self.layers, meta_gradient_norms=norms, consecutive_alignment=consecutive,
+                           fit=DecayFit(layers=self.layers, exponent=fit.exponent, prefactor=fit.prefactor,
+                                        r_squared=fit.r_squared, n_points=fit.n_points))
+
+    def cumulative_norms(self) -> Float[Tensor, "layer step"]:
+        """``‖Wᵢ − W₀‖_F`` for i = 0..n (column n is the full token patch norm)."""
+        return cumulative_norms(self._outputs(), self.v)
+
+    def consecutive_alignment(self) -> Float[Tensor, "layer m"]:
+        """Cosine of consecutive meta-gradients; column k is ``cos(G_{k+1}, G_{k+2})`` (n−1 columns)."""
+        return consecutive_alignment(self._outputs(), self.v)
+
+    def total_alignment(self) -> Float[Tensor, "layer n"]:
+        """Cosine of each meta-gradient ``G_{k+1}`` with the total update ``Wₙ − W₀``."""
+        return total_alignment(self._outputs(), self.v)
+
+    def correction_norms(self) -> Float[Tensor, "layer step"]:
+        """``‖attn_C − attn_0‖`` of each step (the skip-connection term, reported beside the patch)."""
+        return torch.linalg.vector_norm(self.correction.double(), dim=-1)
+
+    def decay_fit(self) -> DecayFit:
+        """Power-law fit of the meta-gradient norm against the number of consumed tokens i."""
+        fit = power_law_fit(self.meta_gradient_norms())
+        return DecayFit(layers=self.layers, exponent=fit.exponent, prefactor=fit.prefactor,
+                        r_squared=fit.r_squared, n_points=fit.n_points)
+
+    def step_tokens(self) -> tuple[str, ...]:
+        """Token consumed at each step i = 0..n ('' at step 0, which consumes nothing)."""
+        return ("",) + tuple(self.tokens[p] for p in self.context_positions)
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy table (layer, step, token, metric, value); ``step`` is the prefix length i.
+
+        Metrics: ``cumulative_norm`` and ``correction_norm`` (steps 0..n),
+        ``meta_gradient_norm`` and ``total_alignment`` (steps 1..n, the step that consumed
+        token cᵢ), ``consecutive_alignment`` (steps 2..n: ``cos(Gᵢ₋₁, Gᵢ)``).
+        """
+        series = {
+            "cumulative_norm": (self.cumulative_norms(), 0),
+            "correction_norm": (self.correction_norms(), 0),
+            "meta_gradient_norm": (self.meta_gradient_norms(), 1),
+            "total_alignment": (self.total_alignment(), 1),
+            "consecutive_alignment": (self.consecutive_alignment(), 2),
+        }
+        words = self.step_tokens()
+        rows = []
+        for metric, (values, first_step) in series.items():
+            values = values.detach().cpu().double()
+            for k, layer in enumerate(self.layers):
+                for j in range(values.shape[1]):
+                    step = first_step + j
+                    rows.append((layer, step, words[step], metric, float(values[k, j])))
+        return pd.DataFrame(rows, columns=["layer", "step", "token", "metric", "value"])

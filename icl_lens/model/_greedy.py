@@ -1,0 +1,79 @@
+"""Greedy continuations of many prompts, batched by prompt length.
+
+Prompts of equal length share a batch, so every row's last token sits at the same
+position and only the last position's logits are computed (``logits_to_keep=1``: for
+Gemma 3 the 262k-row unembedding is never applied to the whole prompt). The key/value
+cache is kept across steps (a plain ``DynamicCache``, as :mod:`icl_lens.patches._incremental`
+uses), so each step runs the new token only. Whatever hooks are active on the model (a
+thought patch, for example) act on every step, and the cached keys and values were
+computed under them.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from transformers import DynamicCache
+
+
+@torch.no_grad()
+def greedy_continuations(
+    model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, batch_size: int = 16,
+    finished: Callable[[int, list[int]], bool] | None = None,
+) -> list[list[int]]:
+    """Token ids greedily generated after each prompt (at most ``max_new_tokens`` each).
+
+    ``finished(i, new_ids)``: optional early stop; a batch stops once it holds for every row.
+    """
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    device = model.cfg.device
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(len(p), []).append(i)
+    out: list[list[int]] = [[] for _ in prompts]
+    for _, rows in sorted(groups.items()):
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            ids = torch.tensor([list(prompts[i]) for i in chunk], dtype=torch.long, device=device)
+            step, cache = ids, DynamicCache()
+            for _ in range(max_new_tokens):
+                logits, cache = model(step, past_key_values=cache, return_type="logits_and_cache", logits_to_keep=1)
+                step = logits[:, -1].argmax(-1)[:, None]
+                ids = torch.cat([ids, step], dim=1)
+                if finished is not None and all(
+                    finished(i, ids[k, len(prompts[i]) :].tolist()) for k, i in enumerate(chunk)
+                ):
+                    break
+            for k, i in enumerate(chunk):
+                out[i] = ids[k, len(prompts[i]) :].tolist()
+    return out
+
+
+def tail_logits(model, prompts: Sequence[Sequence[int]], counts: Sequence[int], *,
+                batch_size: int = 16) -> list[torch.Tensor]:
+    """Logits at the last ``counts[i]`` positions of each prompt, ``[counts[i], vocab]`` each.
+
+    Prompts of equal length and count share a batch; only those positions are unembedded.
+    """
+    if len(counts) != len(prompts) or any(not 1 <= c <= len(p) for c, p in zip(counts, prompts)):
+        raise ValueError("counts must give, for each prompt, between 1 and its length positions")
+    device = model.cfg.device
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (p, c) in enumerate(zip(prompts, counts)):
+        groups.setdefault((len(p), c), []).append(i)
+    out: list[torch.Tensor | None] = [None] * len(prompts)
+    with torch.no_grad():
+        for (_, count), rows in sorted(groups.items()):
+            for start in range(0, len(rows), batch_size):
+                chunk = rows[start : start + batch_size]
+                ids = torch.tensor([list(prompts[i]) for i in chunk], dtype=torch.long, device=device)
+                logits = model(ids, logits_to_keep=count)[:, -count:]
+                for k, i in enumerate(chunk):
+                    out[i] = logits[k]
+    return out
+
+
+def last_logits(model, prompts: Sequence[Sequence[int]], *, batch_size: int = 16) -> torch.Tensor:
+    """Logits at the last position of each prompt, ``[n_prompts, vocab]``."""
+    return torch.cat(tail_logits(model, prompts, [1] * len(prompts), batch_size=batch_size))

@@ -1,0 +1,116 @@
+"""The one way icl_lens reads a model's activations: hooks inside a block, and a forward stopped early.
+
+Writing has one door, :func:`icl_lens.model._weight_edits.edits_applied`; this is the door
+beside it for reading. Every quantity of docs/design.md is read from hook points of the
+forward: the residual ``r``, values and scores, the attention output ``attn_C`` and the
+MLP input ``A = ln2(r + attn_C)`` of the token patches (Dherin et al. 2025, arXiv
+2507.16003), the block outputs of thought patches (arXiv 2510.08734), attention
+patterns. A read that needs only layers ``≤ l`` stops the forward right after the last
+hook point it needs, so no later layer and no unembedding run:
+
+    with activations_captured(model, [name], stop_after=name) as acts:
+        model(ids, return_type=None)          # stops after ``name`` fires
+    x = acts[name]
+
+``sites`` are hook names (the activation is recorded, detached, into the yielded dict;
+a later forward in the same block overwrites it) or ``(name, fn)`` pairs whose ``fn(x,
+hook)`` runs at that hook point (as any TransformerLens hook), in the order given. The
+stop is raised after every site of its hook point has run, and only from the forward
+itself: a site that calls model components (e.g. the pre-MLP norm, which fires its hook
+point again) does not stop anything. The stop ends the ``with`` block: the forward is the
+last statement inside it. Hooks are removed on exit, also when a hook raises.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+
+from torch import Tensor
+
+Hook = Callable[..., Tensor | None]
+Sites = Mapping[str, Hook] | Iterable[str | tuple[str, Hook]]
+
+
+class NonFiniteActivationError(FloatingPointError):
+    """An activation read from the model is NaN or infinite; the message names layer and position."""
+
+
+class _ForwardStopped(Exception):
+    """Raised by the stop hook of one :func:`activations_captured` block, and caught by that block only."""
+
+    def __init__(self, owner: object):
+        super().__init__("forward stopped after its last read hook point")
+        self.owner = owner
+
+
+def _pairs(sites: Sites, acts: dict[str, Tensor]) -> list[tuple[str, Hook]]:
+    items = sites.items() if isinstance(sites, Mapping) else sites
+    if isinstance(items, str):
+        raise TypeError("sites must be a list of hook names or (name, fn) pairs, not one string")
+    pairs = []
+    for site in items:
+        if isinstance(site, str):
+            pairs.append((site, lambda x, hook, name=site: acts.__setitem__(name, x.detach())))
+        elif isinstance(site, tuple) and len(site) == 2 and isinstance(site[0], str) and callable(site[1]):
+            pairs.append(site)
+        else:
+            raise TypeError(f"a site is a hook name or a (name, fn) pair, got {site!r}")
+    return pairs
+
+
+@contextmanager
+def activations_captured(model, sites: Sites, *, stop_after: str | None = None) -> Iterator[dict[str, Tensor]]:
+    """Within the block, ``sites`` are read during every forward of ``model`` (module docstring).
+
+    Yields ``{name: activation}`` for the sites given as bare hook names. ``stop_after``: a
+    hook name; the forward stops once every site there has run (its later layers never
+    run) and the block exits quietly. An unknown hook name raises ``KeyError`` (TransformerLens's).
+    Hooks are removed on exit, also after an error.
+    """
+    acts: dict[str, Tensor] = {}
+    owner, running = object(), [0]  # running: how many sites are executing (a site may call model components)
+
+    def inside(fn: Hook) -> Hook:
+        def counted(x, hook):
+            running[0] += 1
+            try:
+                return fn(x, hook)
+            finally:
+                running[0] -= 1
+        return counted
+
+    def stop(x, hook):
+        if running[0] == 0:
+            raise _ForwardStopped(owner)
+
+    hooks = [(name, inside(fn)) for name, fn in _pairs(sites, acts)]
+    if stop_after is not None:
+        hooks.append((stop_after, stop))
+    try:
+        with model.hooks(fwd_hooks=hooks):
+            yield acts
+    except _ForwardStopped as stopped:
+        if stopped.owner is not owner:
+            raise
+
+
+class ForwardAbandoned(Exception):
+    """Raised by :func:`abandoned_when`: the forward was given up because its result is no longer wanted."""
+
+
+@contextmanager
+def abandoned_when(model, stale: Callable[[], bool] | None, sites: Iterable[str]) -> Iterator[None]:
+    """Within the block, every forward of ``model`` checks ``stale()`` at each hook point of ``sites``
+    (e.g. every block's input) and raises :class:`ForwardAbandoned` once it is true, so a result
+    nobody waits for any more (a live view's superseded request) stops at the next block.
+    ``stale=None`` adds nothing. The exception leaves the block; hooks are removed on exit."""
+    if stale is None:
+        yield
+        return
+
+    def check(x, hook):
+        if stale():
+            raise ForwardAbandoned("a newer request is waiting")
+
+    with activations_captured(model, [(name, check) for name in sites]):
+        yield

@@ -1,0 +1,157 @@
+"""Context distillation: the baseline a thought patch is measured against (gradient steps instead of one fit).
+
+Context distillation (Askell et al. 2021, arXiv 2112.00861; Snell, Klein, Zhong 2022,
+arXiv 2209.15189) trains the model without the prompt to imitate the model with it. Here
+it trains *the same parameters a thought patch edits* (:mod:`icl_lens.thought._fit`,
+kind ``both+down`` by default), on the same calibration rows, and applies the result
+through the same mechanism (:class:`~icl_lens.thought._result.ThoughtPatch`, i.e.
+:mod:`icl_lens.model._weight_edits`), so the two differ only in how the edit is found:
+
+- per patched layer ``l``: the input map ``M[l]`` (``d_model × d_model``; every first dense
+  weight ``W_d`` changes by ``W_d M[l]``), the vector ``c[l]`` (the MLP-branch bias, or
+  the post-FFN norm gain on Gemma-style blocks) and a dense down-projection change
+  ``ΔW_out[l]`` (``d_model × d_mlp``, one per layer; stored as the factors
+  ``down_u[l] = I``, ``down_v[l] = ΔW_out[l]``); kind ``both`` drops the last, ``matrix`` /
+  ``vector`` keep one part; all start at zero (the unpatched model);
+- rows: for every calibration query ``x`` and the full model's own greedy answer ``y``
+  (its first ``answer_tokens`` tokens, up to its first newline, as the fit reads them),
+  every position of ``x y``;
+- loss: the mean over those positions of ``KL(P_full ‖ P_edited)`` between the next-token
+  distributions of ``[BOS, I, x, y]`` (fixed, computed once) and of the edited model on
+  ``[BOS, p, x, y]`` (``p``: the query prefix);
+- schedule (:mod:`icl_lens.thought._defaults`: ``DISTILL_STEPS``, ``DISTILL_LR``, ``DISTILL_BATCH``,
+  ``DISTILL_WARMUP``): Adam
+  (β = 0.9, 0.999), ``steps`` steps of ``batch`` queries each (the queries shuffled
+  once per pass, seeded), learning rate warmed up linearly over the first 10% of the
+  steps, then cosine-decayed to 0. The model's own weights are frozen
+  (``requires_grad`` restored afterwards).
+
+A tqdm bar shows the steps and the running loss (``progress=False`` hides it).
+"""
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+import torch
+from tqdm import tqdm
+
+from icl_lens.model._block_family import block_family
+from icl_lens.model._greedy import tail_logits
+from icl_lens.model._prompts import pad_id, right_padded
+from icl_lens.model._types import patch_dtype
+from icl_lens.model._weight_edits import edits_applied
+from icl_lens.thought._defaults import (
+    DEFAULT_ANSWER_TOKENS,
+    DEFAULT_KIND,
+    DEFAULT_QUERY_PREFIX,
+    DISTILL_BATCH,
+    DISTILL_LR,
+    DISTILL_STEPS,
+    DISTILL_WARMUP,
+    KIND_PARTS,
+    KINDS,
+)
+from icl_lens.thought._instruction_batches import calibration_ids, continuation_ids, with_bos
+from icl_lens.thought._result import ThoughtPatch, thought_edits
+
+def learning_rate(step: int, steps: int, lr: float) -> float:
+    """Linear warm-up over the first ``DISTILL_WARMUP`` share of the steps, then cosine decay to 0."""
+    warm = max(1, int(DISTILL_WARMUP * steps))
+    if step < warm:
+        return lr * (step + 1) / warm
+    return lr * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+
+
+def distill_patch(
+    model, instruction: str, queries: Sequence[str], *, kind: str = DEFAULT_KIND,
+    query_prefix: str = DEFAULT_QUERY_PREFIX, answer_tokens: int = DEFAULT_ANSWER_TOKENS,
+    layers: Sequence[int] | None = None, steps: int = DISTILL_STEPS, lr: float = DISTILL_LR,
+    batch: int = DISTILL_BATCH, seed: int = 0, progress: bool = True,
+) -> ThoughtPatch:
+    """Context distillation of ``instruction`` into the thought patch's parameters (see the module docstring)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    for name, value in (("steps", steps), ("batch", batch)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    instr, q_ids, pre = calibration_ids(model, instruction, queries, query_prefix)
+    cfg, family, dtype = model.cfg, block_family(model), patch_dtype(model)
+    chosen = list(range(cfg.n_layers)) if layers is None else sorted({int(l) for l in layers})
+    if not chosen or not all(0 <= l < cfg.n_layers for l in chosen):
+        raise ValueError(f"layers must be a non-empty subset of 0..{cfg.n_layers - 1}, got {layers}")
+    answers = continuation_ids(model, instr, q_ids, answer_tokens) if answer_tokens else [[] for _ in q_ids]
+    rows = [q + a for q, a in zip(q_ids, answers)]
+    # The teacher: next-token log-probabilities of the full prompt at every position of x y (fixed).
+    teacher = [t.double().log_softmax(-1).to(dtype) for t in
+               tail_logits(model, [with_bos(model, instr + r) for r in rows], [len(r) for r in rows])]
+    student = [with_bos(model, pre + r) for r in rows]
+    parts = KIND_PARTS[kind]
+    d, dev = cfg.d_model, cfg.device
+    n = cfg.n_layers
+    params = {"maps": torch.zeros(n, d, d, dtype=dtype, device=dev, requires_grad="matrix" in parts),
+              "vectors": torch.zeros(n, d, dtype=dtype, device=dev, requires_grad="vector" in parts),
+              "down": torch.zeros(n, d, cfg.d_mlp, dtype=dtype, device=dev, requires_grad="down" in parts)}
+    trained = [p for p in params.values() if p.requires_grad]
+    eye = torch.eye(d, dtype=dtype, device=dev)
+
+    def edits():
+        maps = {l: params["maps"][l] for l in chosen} if "matrix" in parts else {}
+        vecs = {l: params["vectors"][l] for l in chosen} if "vector" in parts else {}
+        downs = {l: (eye, params["down"][l]) for l in chosen} if "down" in parts else {}
+        return thought_edits(model, maps, vecs, family.vector_site, downs)
+
+    optimizer = torch.optim.Adam(trained, lr=lr, betas=(0.9, 0.999))
+    frozen = [(p, p.requires_grad) for p in model.parameters()]
+    rng, order, losses = random.Random(seed), [], []
+    try:
+        for p, _ in frozen:
+            p.requires_grad_(False)
+        bar = tqdm(range(steps), desc="distill", disable=not progress, leave=False)
+        for step in bar:
+            if len(order) < batch:
+                perm = list(range(len(rows)))
+                rng.shuffle(perm)
+                order += perm
+            chunk, order = order[:batch], order[batch:]
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, steps, lr)
+            ids = right_padded([student[i] for i in chunk], pad_id(model), dev)
+            with edits_applied(model, edits()):
+                logits = model(ids)
+            loss = 0.0
+            count = sum(len(rows[i]) for i in chunk)
+            for k, i in enumerate(chunk):
+                start = len(student[i]) - len(rows[i])
+                q = logits[k, start : len(student[i])].to(dtype).log_softmax(-1)
+                p_log = teacher[i]
+                loss = loss + (p_log.exp() * (p_log - q)).sum()
+            loss = loss / count
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            bar.set_postfix(kl=f"{losses[-1]:.3f}")
+    finally:
+        for p, flag in frozen:
+            p.requires_grad_(flag)
+    with torch.no_grad():
+        maps, vecs, down = (params[k].detach().clone() for k in ("maps", "vectors", "down"))
+        down_u = eye.expand(n, d, d).clone() if "down" in parts else torch.zeros(n, 0, d, dtype=dtype, device=dev)
+        down_v = down if "down" in parts else torch.zeros(n, 0, cfg.d_mlp, dtype=dtype, device=dev)
+        for l in range(n):
+            if l not in chosen and "down" in parts:
+                down_u[l] = 0
+    zeros = torch.zeros(n, dtype=torch.float64)
+    return ThoughtPatch(
+        model_name=cfg.model_name, family=family.name, vector_site=family.vector_site, instruction=instruction,
+        queries=tuple(queries), kind=kind, eta=1.0, ridge=0.0, iterations=1, layers=tuple(chosen),
+        query_prefix=query_prefix, maps=maps, vectors=vecs, down_u=down_u, down_v=down_v,
+        matrix_residual=zeros, vector_residual=zeros, down_residual=zeros.clone(),
+        n_tokens=sum(len(r) for r in rows), answer_tokens=answer_tokens, model=model,
+        method="distill", settings={"steps": steps, "lr": lr, "batch": batch, "seed": seed, "warmup": DISTILL_WARMUP,
+                                    "first_loss": losses[0], "last_loss": losses[-1]},
+    )

@@ -1,0 +1,176 @@
+"""Token ids of instruction + query prompts, batched with right padding, and reading them.
+
+Thought patches (arXiv 2510.08734) compare a query read after an instruction,
+``[BOS] + ids(instruction) + ids(query)``, with the same query without it,
+``[BOS] + ids(prefix) + ids(query)``, where ``prefix`` is the patch's fixed *query
+prefix* (empty, or e.g. a newline: the same few tokens at fit and at use, see
+:mod:`icl_lens.thought._fit`). Instruction, prefix and query are tokenised separately so
+the query's tokens are identical in both sequences. BOS is kept as in the rest of
+icl_lens (attention sink, docs/design.md §2). Right padding needs no attention mask in
+a causal model: real tokens never see the padding after them, and position ids stay
+0, 1, 2, … for every row.
+
+:func:`read_query_tokens` runs a batch (with any hooks, e.g. weight edits) and gathers
+hook points at every query token, and optionally at every position before the query
+(BOS and the prefix, the *anchor* positions): fits and steering vectors read
+activations through it.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from icl_lens.model._greedy import greedy_continuations
+from icl_lens.model._model_check import check_model
+from icl_lens.model._prompts import PromptError, bos_id, context_limit, pad_id, right_padded
+from icl_lens.model._reading import activations_captured
+from icl_lens.model._weight_edits import edits_applied
+
+
+def text_ids(model, text: str, *, what: str = "text") -> list[int]:
+    """Token ids of ``text`` without special tokens; a clear error if there are none."""
+    check_model(model)
+    if not isinstance(text, str):
+        raise PromptError(f"{what} must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise PromptError(f"{what} is empty (or only whitespace)")
+    ids = list(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise PromptError(f"{what} {text!r} tokenises to nothing")
+    return ids
+
+
+def prefix_ids(model, prefix: str) -> list[int]:
+    """Token ids of a query prefix (may be empty or whitespace, e.g. ``"\\n"``)."""
+    if not isinstance(prefix, str):
+        raise PromptError(f"query prefix must be a string, got {type(prefix).__name__}")
+    return list(model.tokenizer(prefix, add_special_tokens=False)["input_ids"]) if prefix else []
+
+
+def calibration_ids(model, instruction: str, queries: Sequence[str], query_prefix: str
+                    ) -> tuple[list[int], list[list[int]], list[int]]:
+    """Token ids of the instruction, of each calibration query and of the query prefix, checked."""
+    if isinstance(queries, str):
+        raise PromptError("queries must be a list of strings, not one string")
+    queries = list(queries)
+    if not queries:
+        raise PromptError("the list of calibration queries is empty")
+    return (text_ids(model, instruction, what="instruction"),
+            [text_ids(model, q, what=f"query {i}") for i, q in enumerate(queries)],
+            prefix_ids(model, query_prefix))
+
+
+def continuation_ids(model, instruction: Sequence[int], queries: Sequence[Sequence[int]], max_tokens: int,
+                     *, batch_size: int = 16) -> list[list[int]]:
+    """The model's own greedy continuation of each ``[BOS] + instruction + query``, ``≤ max_tokens`` tokens.
+
+    Each continuation ends after its first token whose text holds a newline (the end of
+    a few-shot answer line), or at ``max_tokens``. These are the answer tokens the
+    thought-patched model will read while it writes its answer without the instruction.
+    """
+    if max_tokens < 1:
+        return [[] for _ in queries]
+
+    def line_done(_: int, new: list[int]) -> bool:
+        return "\n" in model.tokenizer.decode(new)
+
+    outs = greedy_continuations(model, [with_bos(model, list(instruction) + list(q)) for q in queries], max_tokens,
+                                batch_size=batch_size, finished=line_done)
+    cut = []
+    for new in outs:
+        for k in range(len(new)):
+            if "\n" in model.tokenizer.decode(new[k : k + 1]):
+                new = new[: k + 1]
+                break
+        cut.append(new)
+    return cut
+
+
+def with_bos(model, ids: Sequence[int]) -> list[int]:
+    """``[BOS] + ids`` when the tokenizer has a BOS token, else ``ids``."""
+    bos = bos_id(model)
+    return ([bos] if bos is not None else []) + list(ids)
+
+
+@dataclass(frozen=True)
+class QueryBatch:
+    """Sequences that each end with a query, and where the query's tokens sit."""
+
+    sequences: tuple[tuple[int, ...], ...]
+    query_start: tuple[int, ...]
+    query_len: tuple[int, ...]
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(self.query_len)
+
+
+def query_batch(model, queries: Sequence[Sequence[int]], prefix: Sequence[int] = ()) -> QueryBatch:
+    """``[BOS] + prefix + query`` for each query (token ids), checked against the context length."""
+    head = with_bos(model, prefix)
+    seqs = tuple(tuple(head + list(q)) for q in queries)
+    limit = context_limit(model)
+    longest = max(len(s) for s in seqs)
+    if longest > limit:
+        raise PromptError(f"instruction + query is {longest} tokens; the model handles at most {limit}")
+    return QueryBatch(seqs, tuple(len(head) for _ in seqs), tuple(len(q) for q in queries))
+
+
+def anchor_positions(batch: QueryBatch, rows: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """Flat (row-in-chunk, position) indices of every position before the query (BOS, prefix) of ``rows``."""
+    r, p = [], []
+    for k, row in enumerate(rows):
+        r.extend([k] * batch.query_start[row])
+        p.extend(range(batch.query_start[row]))
+    return torch.tensor(r, dtype=torch.long), torch.tensor(p, dtype=torch.long)
+
+
+def query_positions(batch: QueryBatch, rows: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """Flat (row-in-chunk, position) indices of every query token of ``rows``, in order."""
+    r, p = [], []
+    for k, row in enumerate(rows):
+        start, n = batch.query_start[row], batch.query_len[row]
+        r.extend([k] * n)
+        p.extend(range(start, start + n))
+    return torch.tensor(r, dtype=torch.long), torch.tensor(p, dtype=torch.long)
+
+
+def _gather(x: Tensor, rows: Tensor, pos: Tensor, dtype) -> Tensor:
+    return x.detach()[rows.to(x.device), pos.to(x.device)].to(dtype)
+
+
+@torch.no_grad()
+def read_query_tokens(model, batch: QueryBatch, reads: dict[str, str], *, hooks: Sequence[tuple[str, object]] = (),
+                      stop: str | None = None, anchors: bool = False, batch_size: int = 16,
+                      dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+    """Run ``batch`` with ``hooks`` active and gather each hook point of ``reads`` (key → hook name).
+
+    Returns ``{key: [n_tokens, d]}`` (every query token, in order) and, with ``anchors``,
+    ``{key + "_anchor": [n_anchor, d]}`` (every position before the query of every
+    sequence, in order). The forward stops right after ``stop`` (one of the read hook
+    names) when given.
+    """
+    if stop is not None and stop not in reads.values():
+        raise ValueError(f"stop hook {stop!r} is not read")
+    keys = [*reads, *(f"{k}_anchor" for k in reads if anchors)]
+    got: dict[str, list[Tensor]] = {k: [] for k in keys}
+    pad = pad_id(model)
+    for start in range(0, len(batch.sequences), batch_size):
+        rows = list(range(start, min(len(batch.sequences), start + batch_size)))
+        ids = right_padded([batch.sequences[r] for r in rows], pad, model.cfg.device)
+        r_idx, p_idx = query_positions(batch, rows)
+        r0, p0 = anchor_positions(batch, rows)
+        sites = []
+        for key, name in reads.items():
+            def read(x, hook, key=key):
+                got[key].append(_gather(x, r_idx, p_idx, dtype))
+                if anchors:
+                    got[f"{key}_anchor"].append(_gather(x, r0, p0, dtype))
+
+            sites.append((name, read))
+        with edits_applied(model, {}, extra_hooks=hooks), activations_captured(model, sites, stop_after=stop):
+            model(ids, return_type=None)
+    return {k: torch.cat(v) for k, v in got.items()}

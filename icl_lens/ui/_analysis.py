@@ -1,0 +1,263 @@
+"""What the dashboard computes for a prompt, kept apart from how it is drawn.
+
+``PromptAnalyzer`` wraps one model and answers the dashboard's questions with the
+library's results (never its own math): token patches of every layer × position
+(``PatchSession``: only positions after the common token prefix with the previous
+prompt are recomputed, docs/design.md §3), spike flags, the implicit trajectory of one query
+(Dherin et al. 2025, arXiv 2507.16003) and one layer's attention pattern. Results are
+cached by token ids, so moving a slider recomputes only what that slider shows.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, fields, is_dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from icl_lens.core._factored import gram_cosine
+from icl_lens.patches._patch_set import TokenPatches
+from icl_lens.spikes._scores import SpikeFlags, spike_scores
+from icl_lens.dynamics._trajectory import Trajectory
+from icl_lens.model._attention import attention_pattern
+from icl_lens.model._block_family import block_family
+from icl_lens.patches._incremental import PatchSession
+from icl_lens.model._model_check import check_model
+from icl_lens.model._prompts import PromptError, context_limit
+from icl_lens.model._reading import ForwardAbandoned
+from icl_lens.model._reading import abandoned_when as abandon_forward
+from icl_lens.spikes._detector import spike_detector
+from icl_lens.spikes._thresholds import spike_threshold
+from icl_lens.dynamics._trajectory_capture import NoContextError, trajectory
+
+DEFAULT_MAX_TOKENS = 1024
+DEFAULT_CACHE_BYTES = 512 * 2**20  # the analysis caches together (patches, trajectories, attention)
+
+
+@dataclass(frozen=True, eq=False)
+class EncodedPrompt:
+    """Token ids of the prompt as analysed (cut to the limit) and the notice if cut."""
+
+    ids: Int[Tensor, " pos"]
+    n_typed: int
+    limit: int
+
+    @property
+    def cut(self) -> bool:
+        return self.n_typed > self.ids.numel()
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        return tuple(self.ids.tolist())
+
+    def notice(self, model_name: str, n_ctx: int) -> str:
+        if not self.cut:
+            return ""
+        why = "its context length" if self.limit == n_ctx else f"the dashboard's max_tokens (model context {n_ctx})"
+        return (f"The prompt has {self.n_typed} tokens; {model_name} is shown on the first {self.limit} "
+                f"({why}). The rest was cut.")
+
+
+def held_bytes(value) -> int:
+    """Bytes of tensor memory ``value`` holds: each distinct tensor storage once, found in tensors,
+    tuples, lists, dicts and dataclass fields (a TokenPatches, a Trajectory)."""
+    seen: dict[int, int] = {}
+
+    def walk(x) -> None:
+        if isinstance(x, Tensor):
+            storage = x.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(x, (tuple, list)):
+            for item in x:
+                walk(item)
+        elif isinstance(x, dict):
+            for item in x.values():
+                walk(item)
+        elif is_dataclass(x) and not isinstance(x, type):
+            for f in fields(x):
+                walk(getattr(x, f.name))
+
+    walk(value)
+    return sum(seen.values())
+
+
+class ByteCappedCache(OrderedDict):
+    """A least-recently-used cache capped in bytes of tensor memory (:func:`held_bytes` of each entry).
+
+    ``total_bytes`` never exceeds ``cap_bytes``: older entries are evicted first, and an entry
+    larger than the whole cap is returned but not kept.
+    """
+
+    def __init__(self, cap_bytes: int):
+        super().__init__()
+        if int(cap_bytes) < 0:
+            raise ValueError(f"cache_bytes must be >= 0, got {cap_bytes}")
+        self.cap_bytes = int(cap_bytes)
+        self.total_bytes = 0
+        self._sizes: dict = {}
+
+    def get_or(self, key, make):
+        if key in self:
+            self.move_to_end(key)
+            return self[key], False
+        value = make()
+        size = held_bytes(value)
+        if size <= self.cap_bytes:
+            while self and self.total_bytes + size > self.cap_bytes:
+                old, _ = self.popitem(last=False)
+                self.total_bytes -= self._sizes.pop(old)
+            self[key] = value
+            self._sizes[key] = size
+            self.total_bytes += size
+        return value, True
+
+    def clear(self) -> None:
+        super().clear()
+        self._sizes.clear()
+        self.total_bytes = 0
+
+
+Superseded = ForwardAbandoned  # a newer request arrived while a computation ran: it was abandoned (nothing cached)
+
+
+def abandoned_when(model, stale: Callable[[], bool] | None):
+    """Within the block, a forward of ``model`` raises :class:`Superseded` at the next block
+    boundary once ``stale()`` is true (a keystroke never waits behind a stale forward)."""
+    family = block_family(model)
+    return abandon_forward(model, stale, [family.resid_pre(layer) for layer in range(model.cfg.n_layers)])
+
+
+def _common_prefix(a: Tensor, b: Tensor) -> int:
+    m = min(a.numel(), b.numel())
+    diff = torch.nonzero(a[:m] != b[:m])
+    return int(diff[0]) if len(diff) else m
+
+
+class PromptAnalyzer:
+    """The dashboard's computations for one model, with one cache keyed by token ids and capped in bytes.
+
+    ``cache_bytes`` caps the tensor memory the cache holds (patches, trajectories, attention
+    patterns together; default :data:`DEFAULT_CACHE_BYTES`, 512 MiB): least recently used
+    entries go first, so memory stays flat however long the session types.
+    """
+
+    def __init__(self, model, max_tokens: int | None = DEFAULT_MAX_TOKENS, cache_bytes: int = DEFAULT_CACHE_BYTES):
+        check_model(model)
+        self.model = model
+        self.name = model.cfg.model_name
+        self.n_ctx = context_limit(model)
+        self.limit = self.n_ctx if max_tokens is None else min(self.n_ctx, int(max_tokens))
+        self.session = PatchSession(model, logits=False)  # the dashboard needs no logits
+        self.cache = ByteCappedCache(cache_bytes)
+        self._last_attention: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> (ids, pattern), the newest
+        self.last_patch_stats = ""
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.model.cfg.n_layers)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.model.cfg.n_heads)
+
+    def encode(self, text: str) -> EncodedPrompt:
+        """Token ids of ``text`` cut to the limit; ``PromptError`` if there is nothing to analyse."""
+        if not text or not text.strip():
+            raise PromptError("The prompt is empty (or only whitespace); type some text to analyse.")
+        ids = self.model.to_tokens(text, truncate=False)[0]
+        return EncodedPrompt(ids=ids[: self.limit], n_typed=int(ids.numel()), limit=self.limit)
+
+    def patches(self, prompt: EncodedPrompt) -> tuple[TokenPatches, bool]:
+        """Token patches of the prompt and whether anything was recomputed."""
+        def make():
+            result = self.session.update(prompt.ids)
+            stats = self.session.last_stats
+            self.last_patch_stats = f"{stats.recomputed} of {stats.n_positions} positions (PatchSession)"
+            return result
+
+        patches, fresh = self.cache.get_or(("patches", prompt.key), make)
+        if not fresh:
+            self.last_patch_stats = "cached"
+        return patches, fresh
+
+    def trajectory(self, prompt: EncodedPrompt, query: int, order: str = "prefix",
+                   layers: tuple[int, ...] | None = None,
+                   stale: Callable[[], bool] | None = None) -> tuple[Trajectory | str, bool]:
+        """``icl_lens.trajectory`` of ``query`` in ``order`` ("prefix" or the paper's "absorb") for
+        ``layers`` (None: all), or a message saying why there is none.
+
+        Only what is shown is computed: the tokens up to the query (a pinned query keeps its
+        trajectory while text is typed after it), the layers asked for (the forward stops after
+        the last), ``R δ`` instead of the d_mlp-sized output factors (``compact=True``: the same
+        norms, cosines and fits), and the prompt prefix's keys and values come from the
+        PatchSession when it holds them. ``stale()`` true aborts the forward with :class:`Superseded`.
+        """
+        ids = prompt.ids[: query + 1]
+
+        def make():
+            try:
+                with abandoned_when(self.model, stale):
+                    return trajectory(self.model, ids, query=query, order=order, layers=layers, session=self.session,
+                                      compact=True)
+            except NoContextError as exc:
+                return str(exc)
+        return self.cache.get_or(("trajectory", tuple(ids.tolist()), order, layers), make)
+
+    def attention(self, prompt: EncodedPrompt, layer: int,
+                  stale: Callable[[], bool] | None = None) -> tuple[Float[Tensor, "head query key"], bool]:
+        """Attention pattern of every head of ``layer``. Rows of the longest token prefix shared with
+        the layer's previous pattern are kept (attention is causal); the others are computed from
+        the PatchSession's cached keys, for the new positions only."""
+        def make():
+            ids = prompt.ids
+            old = self._last_attention.get(layer)
+            p = 0 if old is None else min(_common_prefix(old[0], ids), ids.numel() - 1)
+            past = self.session.prefix_cache(ids, p) if p > 0 else None
+            with abandoned_when(self.model, stale):
+                if past is None:
+                    pattern = attention_pattern(self.model, ids, layer)
+                else:
+                    rows = attention_pattern(self.model, ids, layer, past=past[0])
+                    top = torch.nn.functional.pad(old[1][:, :p, :p], (0, ids.numel() - p))
+                    pattern = torch.cat([top, rows], dim=1)
+            self._last_attention[layer] = (ids, pattern)
+            return pattern
+        return self.cache.get_or(("attention", prompt.key, layer), make)
+
+
+def spike_flags(patches: TokenPatches, threshold: float) -> SpikeFlags:
+    """``icl_lens.spike_scores`` of the patches (default window and statistic) at the chosen threshold."""
+    return spike_scores(patches, threshold=threshold)
+
+
+def default_threshold(model_name: str) -> float:
+    """The model's calibrated flag threshold for :func:`spike_flags`' statistic and window, else 3.5."""
+    return spike_threshold(model_name).value
+
+
+def threshold_note(model_name: str) -> str:
+    """Where :func:`default_threshold` comes from, in words (calibrated for this model, or the 3.5 fallback),
+    and, where the model has a shipped wrong-answer detector, whether it beats its baselines, with the numbers:
+    where it does not, the marks are exploration, not an error flag."""
+    note = f"default flag threshold {spike_threshold(model_name).describe()}"
+    detector = spike_detector(model_name)
+    if detector is None:
+        return note
+    if not detector.beats_baseline:
+        return f"Patch norms and spike marks are exploration, not an error flag: the {detector.describe()}. ({note})"
+    return f"{note}. The {detector.describe()}."
+
+
+def alignment_matrix(patches: TokenPatches, layer: int) -> Float[Tensor, "pos pos"]:
+    """Token × token cosine of the token patches of ``layer`` (factored, never dense)."""
+    return gram_cosine(patches.u_coordinates(layer), patches.v[layer])
+
+
+def timed(fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), seconds)``."""
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - start
