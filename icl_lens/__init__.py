@@ -73,6 +73,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
         Task,
         TaskFormatError,
         ThoughtEval,
+        ThoughtFit,
         ThoughtPatch,
         VectorNotExportableError,
         evaluate_thought,

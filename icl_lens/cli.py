@@ -23,16 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from icl_lens.model._names import DEFAULT_MODEL, DTYPE_NAMES, EMBEDDED_MODELS, known_model_names
-from icl_lens.thought._defaults import (
-    CONDITIONS,
-    DEFAULT_ANSWER_TOKENS,
-    DEFAULT_KIND,
-    DEFAULT_PRESERVE_STRENGTH,
-    DEFAULT_QUERY_PREFIX,
-    DEFAULT_RIDGE,
-    DISTILL_STEPS,
-    KINDS,
-)
+from icl_lens.thought._defaults import CONDITIONS, DISTILL_STEPS, KINDS, ThoughtFit
 
 # Default tolerance of the equivalence identity (relative to the largest |logit|), docs/design.md §2.
 # Half precision has none fixed: it is twice the model's own noise floor, measured in the same run.
@@ -317,13 +308,17 @@ def _thought_eval(args: argparse.Namespace) -> int:
         raise CommandError(f"--distill-steps must be >= 1, got {args.distill_steps}")
     if not args.preserve_strength >= 0:
         raise CommandError(f"--preserve-strength must be >= 0, got {args.preserve_strength}")
+    try:
+        fit = ThoughtFit(kind=args.kind, eta=args.eta, ridge=args.ridge,
+                         query_prefix=args.query_prefix.replace("\\n", "\n"), answer_tokens=args.answer_tokens,
+                         preserve_strength=args.preserve_strength)
+    except ValueError as err:
+        raise CommandError(str(err)) from None
     from icl_lens import evaluate_thought, load_model
     from icl_lens.stats import wilson_interval
 
     model = load_model(args.model)
-    result = evaluate_thought(model, task, kind=args.kind, eta=args.eta, ridge=args.ridge, n_train=args.n_train,
-                              query_prefix=args.query_prefix.replace("\\n", "\n"), answer_tokens=args.answer_tokens,
-                              preserve_strength=args.preserve_strength, distill={"steps": args.distill_steps},
+    result = evaluate_thought(model, task, fit, n_train=args.n_train, distill={"steps": args.distill_steps},
                               conditions=tuple(args.conditions), progress=not args.json)
     out = result.to_dict()
     out["interval95"] = {c: list(wilson_interval(out["correct"][c], result.n_test)) for c in out["correct"]}
@@ -462,20 +457,21 @@ def build_parser() -> argparse.ArgumentParser:
                                    "next-token KL on unrelated texts, other-task answers kept) of every edit.")
     p.add_argument("task", help="task .jsonl file, or the name of a shipped task (e.g. capitals)")
     p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
-    p.add_argument("--kind", choices=KINDS, default=DEFAULT_KIND,
-                   help=f"parts to fit (default {DEFAULT_KIND}; 'both' is the paper's matrix + vector)")
-    p.add_argument("--eta", type=float, default=1.0, help="step size η (default 1)")
-    p.add_argument("--ridge", type=float, default=DEFAULT_RIDGE,
-                   help=f"scale-free ridge ≥ 0 (default {DEFAULT_RIDGE:g}; 0: pseudo-inverse)")
-    p.add_argument("--query-prefix", default=DEFAULT_QUERY_PREFIX,
+    fit = ThoughtFit()  # the documented default: every option's default is its field
+    p.add_argument("--kind", choices=KINDS, default=fit.kind,
+                   help=f"parts to fit (default {fit.kind}; 'both' is the paper's matrix + vector)")
+    p.add_argument("--eta", type=float, default=fit.eta, help=f"step size η (default {fit.eta:g})")
+    p.add_argument("--ridge", type=float, default=fit.ridge,
+                   help=f"scale-free ridge ≥ 0 (default {fit.ridge:g}; 0: pseudo-inverse)")
+    p.add_argument("--query-prefix", default=fit.query_prefix,
                    help="text between BOS and the query when the instruction is absent (default: a newline; "
                         "write \\n for a newline, '' for none)")
-    p.add_argument("--answer-tokens", type=int, default=DEFAULT_ANSWER_TOKENS,
+    p.add_argument("--answer-tokens", type=int, default=fit.answer_tokens,
                    help="also fit at the first N tokens of the model's own answer under the instruction "
-                        f"(default {DEFAULT_ANSWER_TOKENS}; 0: query tokens only, as in the paper)")
-    p.add_argument("--preserve-strength", type=float, default=DEFAULT_PRESERVE_STRENGTH,
+                        f"(default {fit.answer_tokens}; 0: query tokens only, as in the paper)")
+    p.add_argument("--preserve-strength", type=float, default=fit.preserve_strength,
                    help="weight of the locality term (the model's own samples' keys, MEMIT-style covariance "
-                        f"penalty; default {DEFAULT_PRESERVE_STRENGTH:g}; 0: off)")
+                        f"penalty; default {fit.preserve_strength:g}; 0: off)")
     p.add_argument("--distill-steps", type=int, default=DISTILL_STEPS,
                    help=f"Adam steps of the context-distillation baseline (default {DISTILL_STEPS})")
     p.add_argument("--n-train", type=int, default=None, help="calibration queries to use (default: all train)")

@@ -243,16 +243,29 @@ HOOK_CALLS = {"add_hook", "add_perma_hook", "run_with_hooks", "register_forward_
 DOORS = {"model/_reading.py", "model/_weight_edits.py"}  # the one door to read, the one door to write
 
 
+def _reference_calls(tree: ast.AST) -> set[int]:
+    """Line numbers of the calls inside a reference method (a function named ``*_naive``), which may read
+    through TransformerLens's own ``run_with_cache``."""
+    return {n.lineno for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and f.name.endswith("_naive") for n in ast.walk(f) if isinstance(n, ast.Call)}
+
+
 def hook_plumbing(path: pathlib.Path) -> list[str]:
-    """Lines of ``path`` that add hooks to a model, or define an exception that stops a forward."""
+    """Lines of ``path`` that add hooks to a model, read through ``run_with_cache`` (outside a reference method),
+    pass extra hooks through the write door, or define an exception that stops a forward."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    reference = _reference_calls(tree)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             attr = node.func.attr
             scoped = attr == "hooks" and (any(k.arg in ("fwd_hooks", "bwd_hooks") for k in node.keywords)
                                           or (node.args and isinstance(node.args[0], (ast.List, ast.ListComp))))
-            if attr in HOOK_CALLS or scoped:
+            cached = attr == "run_with_cache" and node.lineno not in reference
+            if attr in HOOK_CALLS or scoped or cached:
                 found.append((node.lineno, f"{ast.unparse(node.func)}(…)"))
+        if isinstance(node, ast.Call) and any(k.arg == "extra_hooks" for k in node.keywords):
+            found.append((node.lineno, f"{ast.unparse(node.func)}(extra_hooks=…)"))
         elif isinstance(node, ast.ClassDef) and any(w in node.name.lower() for w in ("stop", "halt", "abort")):
             bases = {ast.unparse(b) for b in node.bases}
             if bases & {"Exception", "BaseException", "RuntimeError", "StopIteration"} or any("Error" in b or "Exception" in b for b in bases):
@@ -262,7 +275,8 @@ def hook_plumbing(path: pathlib.Path) -> list[str]:
 
 def test_hooks_pass_through_the_two_doors():
     """Only model/_reading.py (activations_captured) and model/_weight_edits.py (edits_applied) add hooks
-    to a model or stop a forward; every other module reads and writes through them."""
+    to a model or stop a forward; every other module reads and writes through them (``run_with_cache`` only in
+    a reference method, ``*_naive``; no extra hooks through the write door)."""
     found = [line for path in sorted(PACKAGE.rglob("*.py")) if str(path.relative_to(PACKAGE)) not in DOORS
              for line in hook_plumbing(path)]
     assert not found, f"hooks outside the doors: {found}"
@@ -277,9 +291,13 @@ def test_hook_plumbing_is_found(tmp_path):
         "    with model.hooks(fwd_hooks=[(name, grab)]):\n"
         "        try:\n            model(ids)\n        except StopForward:\n            pass\n"
         "    model.blocks[0].hook_resid_pre.add_hook(grab)\n"
-        "    capture.hooks(3)\n")
+        "    capture.hooks(3)\n"
+        "    model.run_with_cache(ids)\n"
+        "    with edits_applied(model, {}, extra_hooks=[(name, grab)]):\n        pass\n"
+        "def patches_naive(model, ids):\n    return model.run_with_cache(ids)\n")
     assert hook_plumbing(loop) == ["loop.py:1: class StopForward", "loop.py:5: model.hooks(…)",
-                                   "loop.py:10: model.blocks[0].hook_resid_pre.add_hook(…)"]
+                                   "loop.py:10: model.blocks[0].hook_resid_pre.add_hook(…)",
+                                   "loop.py:12: model.run_with_cache(…)", "loop.py:13: edits_applied(extra_hooks=…)"]
 
 
 def test_top_level_layout():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from icl_lens import lab
+from icl_lens.model import activations_captured
 from icl_lens.lab._checkpoints import LAB_MODELS, CheckpointNotFoundError, checkpoint_path, load_lab_model, training_record
 from icl_lens.lab.experiments._attention_regression import attention_as_regression
 from icl_lens.lab.experiments._convergence import convergence_by_architecture
@@ -87,12 +88,13 @@ def test_token_patches_are_a_batched_token_patches(tmp_path):
     assert torch.equal(one.norms(), patches.norms()[:, 1]) and not one.batched
     # the patch maps the kept input a (the MLP input of the patched context-free run) onto the contextual A:
     # (W + u vᵀ) a = W A
-    _, cache = model.run_with_cache(p.tokens, names_filter=LAB_FAMILY.mlp_input(3))
-    got = {}
-    patched_context_free(model, p.tokens, patches,
-                         extra_hooks=[(LAB_FAMILY.mlp_input(3), lambda x, hook: got.__setitem__("a", x))])
+    site = LAB_FAMILY.mlp_input(3)
+    with activations_captured(model, [site]) as cache:
+        model(p.tokens)
+    with activations_captured(model, [site]) as got:
+        patched_context_free(model, p.tokens, patches)
     W = model.blocks[3].mlp.W_in.weight
-    a, A = got["a"].reshape(2, 6, -1)[1], cache[LAB_FAMILY.mlp_input(3)][1]
+    a, A = got[site].reshape(2, 6, -1)[1], cache[site][1]
     assert float((a - A).abs().max()) > 1e-3  # the context changes the MLP input
     lhs = a @ W.T + patches.u_in[3, 1] * (a * patches.v[3, 1]).sum(-1, keepdim=True)
     assert torch.allclose(lhs, A @ W.T, atol=1e-12)

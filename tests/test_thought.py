@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from icl_lens import PromptError, thought_patch
+from icl_lens import PromptError, ThoughtFit, thought_patch
 from icl_lens.core._least_squares import gain_vector, input_map
 from icl_lens.model._block_family import block_family
 from icl_lens.model._greedy import greedy_continuations, last_logits
@@ -166,6 +166,7 @@ def test_export_reloads_in_plain_transformers(load, name, tmp_path):
     patch = thought_patch(model, INSTRUCTION, queries, kind=kind)
     assert (float(patch.down_norms().max()) > 0) == (kind == "both+down")
     patch.save_pretrained(tmp_path)
+    assert patch.fit == ThoughtFit(kind=kind) == ThoughtFit.load(tmp_path)  # the settings travel with the export
     hf = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert type(hf) is type(model.original_model)
     prompts = [with_bos(model, text_ids(model, q)) for q in ("sun ->", "a much longer test query ->")]
@@ -510,3 +511,42 @@ def test_accuracy_bookkeeping_against_a_hand_count(load):
             assert (g == a) == answer_correct(t, a) and t.lstrip(" ").startswith(g)
     assert result.agreement_with_full == {"none": sum(a == b for a, b in zip(result.answers["none"],
                                                                              result.answers["full"])) / 6}
+
+
+def test_thought_fit_is_the_documented_default_and_travels_as_a_dict():
+    """``ThoughtFit()`` holds the documented defaults; to_dict/from_dict round-trip; the key changes with every
+    setting but not with preserve texts the fit never reads (strength 0); bad settings fail on construction."""
+    from icl_lens.thought import (DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_PRESERVE_STRENGTH, DEFAULT_QUERY_PREFIX,
+                                  DEFAULT_RIDGE)
+
+    fit = ThoughtFit()
+    assert (fit.kind, fit.ridge, fit.query_prefix, fit.answer_tokens, fit.preserve_strength) == (
+        DEFAULT_KIND, DEFAULT_RIDGE, DEFAULT_QUERY_PREFIX, DEFAULT_ANSWER_TOKENS, DEFAULT_PRESERVE_STRENGTH)
+    given = fit.replace(layers=[2, 0, 2], preserve=["a", "b"], eta=1)
+    assert given.layers == (0, 2) and given.preserve == ("a", "b") and given.eta == 1.0
+    assert ThoughtFit.from_dict(json.loads(json.dumps(given.to_dict()))) == given
+    keys = {f.key() for f in (fit, given, fit.replace(ridge=0.5), fit.replace(batch_size=8), fit.replace(preserve=()))}
+    assert len(keys) == 5
+    assert fit.replace(preserve_strength=0.0).key() == fit.replace(preserve_strength=0.0, preserve=("x",)).key()
+    assert fit.key("another set") != fit.key() == ThoughtFit().key()  # the shipped texts a preserve=None fit reads
+    with pytest.raises(TypeError, match="unknown thought-fit setting"):
+        fit.replace(ridg=1.0)
+    with pytest.raises(ValueError, match="not thought-fit settings"):
+        ThoughtFit.from_dict({"ridge": 1.0, "lr": 2})
+    with pytest.raises(PromptError):
+        ThoughtFit(preserve="one text")
+    with pytest.raises(ValueError, match="batch_size"):
+        ThoughtFit(batch_size=0)
+
+
+def test_thought_patch_takes_a_fit_and_keeps_it(load):
+    """A fit object and the keyword arguments are one mechanism: the same patch either way, carrying its fit."""
+    model = load("tiny-llama")
+    fit = ThoughtFit(kind="both", ridge=0.5, answer_tokens=0, preserve=())
+    a = thought_patch(model, INSTRUCTION, ["q", "ab"], fit)
+    b = thought_patch(model, INSTRUCTION, ["q", "ab"], kind="both", ridge=0.5, answer_tokens=0, preserve=())
+    c = thought_patch(model, INSTRUCTION, ["q", "ab"], ThoughtFit(), kind="both", ridge=0.5, answer_tokens=0,
+                      preserve=())
+    assert a.fit == b.fit == c.fit == fit and torch.equal(a.maps, b.maps) and torch.equal(a.maps, c.maps)
+    with pytest.raises(TypeError, match="unknown thought-fit setting"):
+        thought_patch(model, INSTRUCTION, ["q"], rigde=0.5)

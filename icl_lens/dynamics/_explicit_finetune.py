@@ -30,7 +30,7 @@ contextual argmax) comes from the same batched forward and backward.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -44,6 +44,7 @@ from icl_lens.core._factored import stack_outputs
 from icl_lens.dynamics._sgd_alignment import FinetuneAlignment
 from icl_lens.model._block_family import block_family
 from icl_lens.model._greedy import last_logits
+from icl_lens.model._reading import activations_captured
 from icl_lens.patches._kept_only import kept_only_masks
 from icl_lens.dynamics._trajectory_capture import Prompt, resolve_query, trajectory
 from icl_lens.model._weight_edits import MLPEdit, edits_applied
@@ -99,22 +100,18 @@ def dense_gradient_factors(model, forward_loss: Callable[[], Tensor], shape: tup
                 for layer in layers}
 
     probes_in, probes_gate = zeros(), zeros() if family.gated else {}
-    inputs: dict[int, Tensor] = {}
-
-    def read(x, hook, layer):
-        inputs[layer] = x
-
-    hooks = [(family.mlp_input(layer), lambda x, hook, layer=layer: read(x, hook, layer)) for layer in layers]
-    hooks += [(family.dense_in_out(layer), lambda x, hook, p=probes_in[layer]: x + p) for layer in layers]
-    hooks += [(family.dense_gate_out(layer), lambda x, hook, p=probes_gate[layer]: x + p) for layer in probes_gate]
-    with torch.enable_grad(), edits_applied(model, edits or {}, family=family, extra_hooks=hooks):
+    edits = dict(edits or {})
+    for layer in layers:  # the probes are biases on the dense outputs, applied after each layer's own edit
+        edits[layer] = replace(edits.get(layer, MLPEdit()), in_bias=probes_in[layer], gate_bias=probes_gate.get(layer))
+    sites = [family.mlp_input(layer) for layer in layers]
+    with torch.enable_grad(), edits_applied(model, edits, family=family), activations_captured(model, sites) as inputs:
         value = forward_loss()
         wrt = [probes_in[layer] for layer in layers] + [probes_gate[layer] for layer in probes_gate]
         grads = torch.autograd.grad(value, wrt, allow_unused=True)
     grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, wrt)]
     g_in = torch.stack(grads[: len(layers)]).detach()
     g_gate = torch.stack(grads[len(layers):]).detach() if family.gated else None
-    x = torch.stack([inputs[layer] for layer in layers]).detach()
+    x = torch.stack([inputs[site] for site in sites])
     return value.detach(), g_in, g_gate, x
 
 

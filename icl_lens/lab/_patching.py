@@ -28,6 +28,7 @@ from icl_lens.core._kept_attention import default_kept_mask, removal_kept_mask
 from icl_lens.patches._patch_set import TokenPatches
 from icl_lens.core._token_patch import token_patch
 from icl_lens.lab._model import LAB_FAMILY, RegressionModel
+from icl_lens.model._reading import activations_captured
 from icl_lens.model._weight_edits import MLPEdit, edits_applied
 
 _MIXER_CACHE = ("attn_scores", "v")
@@ -94,7 +95,8 @@ def patches_by_removed_prefix(model: RegressionModel, tokens: Float[Tensor, "bat
         if k is not None and not 0 <= k <= tokens.shape[1]:
             raise ValueError(f"removed_prefix must lie in 0..{tokens.shape[1]}, got {k}")
     names = _hook_names(model)
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    with activations_captured(model, sorted(names)) as cache:
+        model(tokens)
     outs = [{k: [] for k in ("u", "v", "correction", "zero")} for _ in removed_prefixes]
     for l, block in enumerate(model.blocks):
         r, h = cache[LAB_FAMILY.resid_pre(l)], cache[LAB_FAMILY.mix_in(l)]
@@ -119,27 +121,28 @@ def patches_by_removed_prefix(model: RegressionModel, tokens: Float[Tensor, "bat
 
 @torch.no_grad()
 def patched_forward(model: RegressionModel, tokens: Float[Tensor, "batch pos d_token"], patches: TokenPatches, *,
-                    removed_prefix: int | None = None, extra_hooks: list | None = None) -> Float[Tensor, "batch pos"]:
+                    removed_prefix: int | None = None) -> Float[Tensor, "batch pos"]:
     """The kept tokens run with their patches applied in every layer: predictions per position.
 
     ``removed_prefix=None``: each token runs ALONE (``batch × pos`` sequences of length 1);
     ``removed_prefix=k``: tokens ``k..`` run as one sequence per prompt and the first ``k``
-    positions are dropped from the output. ``extra_hooks`` run after the patches.
+    positions are dropped from the output. Read activations under the patches by nesting
+    :func:`~icl_lens.model.activations_captured` around the call.
     """
     tokens = model.check_tokens(tokens)
     B, T, d = tokens.shape
     if not patches.batched or patches.u_in.shape[1:3] != (B, T):
         raise ValueError(f"patches are for {tuple(patches.u_in.shape[1:-1])} prompts × positions, tokens are {(B, T)}")
     if removed_prefix is None:
-        with edits_applied(model, patch_edits(patches), extra_hooks=extra_hooks or ()):
+        with edits_applied(model, patch_edits(patches)):
             return model(tokens.reshape(B * T, 1, d)).reshape(B, T)
     k = removed_prefix
     edits = {l: MLPEdit(v=e.v[:, k:], u_in=e.u_in[:, k:], bias=e.bias[:, k:]) for l, e in patch_edits(patches, per_prompt=True).items()}
-    with edits_applied(model, edits, extra_hooks=extra_hooks or ()):
+    with edits_applied(model, edits):
         return model(tokens[:, k:])
 
 
 def patched_context_free(model: RegressionModel, tokens: Float[Tensor, "batch pos d_token"],
-                         patches: TokenPatches, extra_hooks: list | None = None) -> Float[Tensor, "batch pos"]:
+                         patches: TokenPatches) -> Float[Tensor, "batch pos"]:
     """Each token run ALONE (no context) with its patches applied in every layer: predictions per position."""
-    return patched_forward(model, tokens, patches, extra_hooks=extra_hooks)
+    return patched_forward(model, tokens, patches)

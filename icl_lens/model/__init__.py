@@ -13,7 +13,7 @@ from icl_lens._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads this block)
     from icl_lens.model._attention import attention_pattern
-    from icl_lens.model._block_family import (BlockFamily, UnsupportedArchitectureError, block_family,
+    from icl_lens.model._block_family import (BlockFamily, UnsupportedArchitectureError, VectorSite, block_family,
                                               first_dense_weights)
     from icl_lens.model._byte_tokenizer import BOS_ID, EOS_ID, PAD_ID, save_byte_tokenizer
     from icl_lens.model._greedy import greedy_continuations, last_logits, tail_logits

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 from jaxtyping import Float
@@ -34,6 +35,25 @@ from icl_lens.model._model_check import check_model
 
 class UnsupportedArchitectureError(ValueError):
     """The model's blocks are not one of the supported families."""
+
+
+class VectorSite(str, Enum):
+    """Where a thought vector enters a block, and the :class:`~icl_lens.model.MLPEdit` field that carries it.
+
+    ``BIAS``: added to the MLP branch output (``MLPEdit.bias``). ``GAIN``: a gain on the post-FFN
+    RMSNorm, ``(1 + w + g) ⊙ ŷ`` with ``ŷ`` its normalised input (``MLPEdit.gain``; Gemma 2/3, OLMo-2),
+    fitted against ``ŷ`` rather than as a constant. Compares equal to its value (``"bias"``, ``"gain"``).
+    """
+
+    BIAS = "bias"
+    GAIN = "gain"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def edit(self, vector: Tensor | None) -> dict[str, Tensor]:
+        """The :class:`~icl_lens.model.MLPEdit` keyword that puts ``vector`` at this site (none for ``None``)."""
+        return {} if vector is None else {self.value: vector}
 
 
 @dataclass(frozen=True)
@@ -134,9 +154,9 @@ class BlockFamily:
         return f"blocks.{layer}.ln2_post.hook_in"
 
     @property
-    def vector_site(self) -> str:
-        """Where a thought vector goes: ``"gain"`` of the post-FFN norm if there is one, else ``"bias"``."""
-        return "gain" if self.post_mlp_norm else "bias"
+    def vector_site(self) -> VectorSite:
+        """Where a thought vector goes: the gain of the post-FFN norm if there is one, else the branch bias."""
+        return VectorSite.GAIN if self.post_mlp_norm else VectorSite.BIAS
 
     def kept_attention_output(self, block, z0: Float[Tensor, "pos head d_head"]) -> Float[Tensor, "pos d_model"]:
         """``attn_0``: the kept-key attention ``z0`` through the output projection and any post-attention norm."""

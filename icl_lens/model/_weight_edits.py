@@ -7,6 +7,8 @@ dense layer(s) ``W`` (``W_in``; ``W_gate`` and ``W_up`` for gated MLPs) and/or i
 projection ``W_out`` by sums of rank-1 terms, and may add a vector after the MLP branch:
 
     W_d  ←  W_d + Σ_k u_d[k] v[k]ᵀ          for d ∈ {in, gate}  (v shared by both)
+    W_d x  ←  W_d x + b_d                    a bias on a first dense layer's output (per position:
+                                             zero "probes" whose gradient is ∂L/∂(W_d x), explicit SGD)
     W_out  ←  W_out + Σ_k out_u[k] out_v[k]ᵀ                     (down projection)
     branch output  ←  branch output + bias                       (skip correction, bias site)
     post-FFN norm output  ←  (1 + w + g) ⊙ ŷ                     (gain site, Gemma-style)
@@ -30,7 +32,6 @@ the result is cast to the activation's dtype. Hooks live only inside
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -44,9 +45,11 @@ from icl_lens.model._block_family import BlockFamily, block_family, post_norm_ep
 
 @dataclass(frozen=True, eq=False)
 class MLPEdit:
-    """One layer's edit: ``ΔW_d = Σ_k u_d[k] v[k]ᵀ`` (d = in, gate), ``ΔW_out``, a branch bias, a post-norm gain.
+    """One layer's edit: ``ΔW_d = Σ_k u_d[k] v[k]ᵀ`` (d = in, gate), ``ΔW_out``, a branch bias, a post-norm gain,
+    and biases ``in_bias``/``gate_bias`` on the first dense layers' outputs.
 
-    ``v``/``u_in``/``u_gate`` are ``[*lead, k, d]`` and ``bias`` is ``[*lead, d_model]`` with
+    ``v``/``u_in``/``u_gate`` are ``[*lead, k, d]``, ``bias`` is ``[*lead, d_model]`` and
+    ``in_bias``/``gate_bias`` are ``[*lead, d_mlp]`` with
     ``lead = ()`` (shared) or ``(batch, pos)`` (per input position); ``out_u``/``out_v``
     (``ΔW_out = Σ_j out_u[j] out_v[j]ᵀ``, ``[j, d_model]`` and ``[j, d_mlp]``) and ``gain``
     are always shared.
@@ -59,6 +62,8 @@ class MLPEdit:
     gain: Float[Tensor, " d_model"] | None = None
     out_u: Float[Tensor, "j d_model"] | None = None
     out_v: Float[Tensor, "j d_mlp"] | None = None
+    in_bias: Float[Tensor, "*lead d_mlp"] | None = None
+    gate_bias: Float[Tensor, "*lead d_mlp"] | None = None
 
     def __post_init__(self) -> None:
         if (self.out_u is None) != (self.out_v is None):
@@ -88,8 +93,8 @@ def _combine(coef: Tensor, u: Tensor) -> Tensor:
     return coef @ u if u.ndim == 2 else torch.einsum("bpk,bpkd->bpd", coef, u)
 
 
-def edit_hooks(model, edits: dict[int, MLPEdit], family: BlockFamily | None = None) -> list[tuple[str, object]]:
-    """Forward hooks ``(name, fn)`` that apply ``edits`` (layer → edit); use :func:`edits_applied`."""
+def _edit_hooks(model, edits: dict[int, MLPEdit], family: BlockFamily | None = None) -> list[tuple[str, object]]:
+    """Forward hooks ``(name, fn)`` that apply ``edits`` (layer → edit); only :func:`edits_applied` adds them."""
     family = family or block_family(model)
     n_layers = len(model.blocks)
     hooks: list[tuple[str, object]] = []
@@ -105,6 +110,9 @@ def edit_hooks(model, edits: dict[int, MLPEdit], family: BlockFamily | None = No
             for name, u in ((family.dense_in_out(layer), edit.u_in), (family.dense_gate_out(layer), edit.u_gate)):
                 if u is not None:
                     hooks.append((name, lambda out, hook, u=u, state=state: out + _combine(state["coef"], u).to(out.dtype)))
+        for name, b in ((family.dense_in_out(layer), edit.in_bias), (family.dense_gate_out(layer), edit.gate_bias)):
+            if b is not None:
+                hooks.append((name, lambda out, hook, b=b: out + b.to(device=out.device, dtype=out.dtype)))
         if edit.out_u is not None:
             def read_hidden(h, hook, v=edit.out_v, state=state):
                 state["out_coef"] = h.to(v.dtype) @ v.T
@@ -127,8 +135,10 @@ def edit_hooks(model, edits: dict[int, MLPEdit], family: BlockFamily | None = No
 
 
 @contextmanager
-def edits_applied(model, edits: dict[int, MLPEdit], *, family: BlockFamily | None = None,
-                  extra_hooks: Iterable[tuple[str, object]] = ()):
-    """Within the block, ``model`` runs with ``edits``; ``extra_hooks`` run after them. Hooks removed on exit."""
-    with model.hooks(fwd_hooks=edit_hooks(model, edits, family) + list(extra_hooks)):
+def edits_applied(model, edits: dict[int, MLPEdit], *, family: BlockFamily | None = None):
+    """Within the block, ``model`` runs with ``edits`` (layer → :class:`MLPEdit`). Hooks removed on exit.
+
+    Reading activations under the edits is the read door's (:func:`~icl_lens.model.activations_captured`,
+    nested inside this block)."""
+    with model.hooks(fwd_hooks=_edit_hooks(model, edits, family)):
         yield model

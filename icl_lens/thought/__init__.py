@@ -7,7 +7,7 @@ edited weights), ``_evaluate.py`` (accuracy on a task), ``_steering.py`` and ``_
 keys the fit preserves), ``_locality.py`` (what an edit changes outside its task),
 ``_divergence.py`` (KL to the full instruction), ``_diagnose.py`` (where a patched forward
 departs from it), ``_instruction_batches.py`` (instruction + query token batches), ``_defaults.py``
-(the kinds and documented defaults) and :mod:`icl_lens.thought.tasks` (the shipped tasks). The
+(the kinds, the :class:`ThoughtFit` settings and the documented defaults) and :mod:`icl_lens.thought.tasks` (the shipped tasks). The
 least-squares fit itself is the math core's (:func:`icl_lens.core.factored_least_squares`).
 """
 from typing import TYPE_CHECKING
@@ -17,7 +17,7 @@ from icl_lens._lazy_exports import lazy_exports
 if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads this block)
     from icl_lens.thought._defaults import (CONDITIONS, DEFAULT_ANSWER_TOKENS, DEFAULT_KIND, DEFAULT_PRESERVE_STRENGTH,
                                             DEFAULT_QUERY_PREFIX, DEFAULT_RIDGE, DISTILL_BATCH, DISTILL_LR,
-                                            DISTILL_STEPS, KINDS)
+                                            DISTILL_STEPS, KINDS, PRESERVE_SET, ThoughtFit)
     from icl_lens.thought._diagnose import LayerDiagnosis, diagnose
     from icl_lens.thought._distill import distill_patch
     from icl_lens.thought._divergence import answer_kl, text_kl
@@ -27,8 +27,8 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
     from icl_lens.thought._instruction_batches import (QueryBatch, continuation_ids, prefix_ids, query_batch, text_ids,
                                                        with_bos)
     from icl_lens.thought._locality import LocalityProbe, load_locality, locality_probe
-    from icl_lens.thought._preserve import (FEW_SHOT_FILE, N_SAMPLES, PRESERVE_DIR, PRESERVE_SET, SAMPLE_SEED,
-                                            SAMPLE_TOKENS, bos_samples, few_shot_texts, preserve_file, preserve_texts)
+    from icl_lens.thought._preserve import (FEW_SHOT_FILE, N_SAMPLES, PRESERVE_DIR, SAMPLE_SEED, SAMPLE_TOKENS,
+                                            bos_samples, few_shot_texts, preserve_file, preserve_texts)
     from icl_lens.thought._result import ThoughtPatch
     from icl_lens.thought._steering import SteeringVector, steering_vector
     from icl_lens.thought.tasks import SHIPPED_TASKS, Task, TaskFormatError, load_task

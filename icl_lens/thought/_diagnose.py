@@ -28,6 +28,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from icl_lens.model._block_family import block_family
+from icl_lens.model._reading import activations_captured
 from icl_lens.thought._instruction_batches import prefix_ids, text_ids, with_bos
 
 
@@ -65,7 +66,8 @@ def diagnose(model, instruction: str, queries: Sequence[str], edit=None, *, quer
     sums = {k: torch.zeros(n_layers, dtype=torch.float64) for k in COLUMNS}
 
     def run(ids: list[int]) -> dict[str, Tensor]:
-        _, cache = model.run_with_cache(torch.tensor([ids], device=model.cfg.device), names_filter=lambda n: n in names)
+        with activations_captured(model, sorted(names)) as cache:
+            model(torch.tensor([ids], device=model.cfg.device), return_type=None)
         return {n: cache[n][0] for n in names}
 
     queries = list(queries)

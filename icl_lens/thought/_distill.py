@@ -43,15 +43,12 @@ from icl_lens.model._prompts import pad_id, right_padded
 from icl_lens.model._types import patch_dtype
 from icl_lens.model._weight_edits import edits_applied
 from icl_lens.thought._defaults import (
-    DEFAULT_ANSWER_TOKENS,
-    DEFAULT_KIND,
-    DEFAULT_QUERY_PREFIX,
     DISTILL_BATCH,
     DISTILL_LR,
     DISTILL_STEPS,
     DISTILL_WARMUP,
     KIND_PARTS,
-    KINDS,
+    ThoughtFit,
 )
 from icl_lens.thought._instruction_batches import calibration_ids, continuation_ids, with_bos
 from icl_lens.thought._result import ThoughtPatch, thought_edits
@@ -65,14 +62,18 @@ def learning_rate(step: int, steps: int, lr: float) -> float:
 
 
 def distill_patch(
-    model, instruction: str, queries: Sequence[str], *, kind: str = DEFAULT_KIND,
-    query_prefix: str = DEFAULT_QUERY_PREFIX, answer_tokens: int = DEFAULT_ANSWER_TOKENS,
-    layers: Sequence[int] | None = None, steps: int = DISTILL_STEPS, lr: float = DISTILL_LR,
-    batch: int = DISTILL_BATCH, seed: int = 0, progress: bool = True,
+    model, instruction: str, queries: Sequence[str], fit: ThoughtFit | None = None, *, steps: int = DISTILL_STEPS,
+    lr: float = DISTILL_LR, batch: int = DISTILL_BATCH, seed: int = 0, progress: bool = True, **settings,
 ) -> ThoughtPatch:
-    """Context distillation of ``instruction`` into the thought patch's parameters (see the module docstring)."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    """Context distillation of ``instruction`` into the thought patch's parameters (see the module docstring).
+
+    ``fit``, ``settings``: a :class:`~icl_lens.thought.ThoughtFit` and keyword arguments replacing its fields, as
+    :func:`~icl_lens.thought.thought_patch` takes them; the distillation reads its ``kind`` (which parameters
+    train), ``query_prefix``, ``answer_tokens`` and ``layers`` (the least-squares settings do not apply).
+    ``steps``, ``lr``, ``batch``, ``seed``: the optimiser's (the documented schedule).
+    """
+    fit = ThoughtFit.of(fit, **settings)
+    kind, query_prefix, answer_tokens, layers = fit.kind, fit.query_prefix, fit.answer_tokens, fit.layers
     for name, value in (("steps", steps), ("batch", batch)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -153,5 +154,5 @@ def distill_patch(
         matrix_residual=zeros, vector_residual=zeros, down_residual=zeros.clone(),
         n_tokens=sum(len(r) for r in rows), answer_tokens=answer_tokens, model=model,
         method="distill", settings={"steps": steps, "lr": lr, "batch": batch, "seed": seed, "warmup": DISTILL_WARMUP,
-                                    "first_loss": losses[0], "last_loss": losses[-1]},
+                                    "first_loss": losses[0], "last_loss": losses[-1]}, fit=fit,
     )

@@ -54,15 +54,7 @@ import pandas as pd
 from icl_lens.model._greedy import greedy_continuations
 from icl_lens.model._prompts import PromptError
 from icl_lens.thought._instruction_batches import prefix_ids, text_ids, with_bos
-from icl_lens.thought._defaults import (
-    CONDITIONS,
-    DEFAULT_ANSWER_TOKENS,
-    DEFAULT_KIND,
-    DEFAULT_PRESERVE_STRENGTH,
-    DEFAULT_QUERY_PREFIX,
-    DEFAULT_RIDGE,
-    EDITS,
-)
+from icl_lens.thought._defaults import CONDITIONS, DEFAULT_QUERY_PREFIX, EDITS, PRESERVE_SET, ThoughtFit
 from icl_lens.thought._fit import thought_patch
 from icl_lens.thought._locality import LocalityProbe, locality_probe
 from icl_lens.thought._steering import steering_vector
@@ -96,6 +88,7 @@ class ThoughtEval:
     extra: dict = field(default_factory=dict)
     split: str = "test"  # the queries scored: the task's "test" or "fresh" split
     fresh: ThoughtEval | None = None  # the fresh split scored with the same edits (evaluate_thought(fresh=True))
+    fit: ThoughtFit | None = None  # the settings of the patch (and of the distillation's parts)
 
     @property
     def accuracy(self) -> dict[str, float]:
@@ -125,6 +118,8 @@ class ThoughtEval:
                "agreement_with_full": self.agreement_with_full,
                "steering_layer": self.steering_layer, "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                "continuations": {c: list(t) for c, t in self.continuations.items()}, **self.extra}
+        if self.fit is not None:
+            out["fit"] = self.fit.to_dict()
         if outcomes:
             out["outcomes"] = {c: [int(x) for x in o] for c, o in self.outcomes.items()}
             out["answers"] = {c: list(a) for c, a in self.answers.items()}
@@ -222,26 +217,25 @@ def agreement(a: Sequence[str], b: Sequence[str]) -> float:
 
 
 def evaluate_thought(
-    model: Model, task: Task, *, kind: str = DEFAULT_KIND, eta: float = 1.0, ridge: float = DEFAULT_RIDGE,
-    query_prefix: str = DEFAULT_QUERY_PREFIX, answer_tokens: int = DEFAULT_ANSWER_TOKENS, n_train: int | None = None,
-    conditions: tuple[str, ...] = CONDITIONS,
-    seed: int = 0, locality: LocalityProbe | bool = True, preserve: Sequence[str] | None = None,
-    preserve_strength: float = DEFAULT_PRESERVE_STRENGTH, distill: dict | None = None, fresh: bool = False,
-    progress: bool = False,
+    model: Model, task: Task, fit: ThoughtFit | None = None, *, n_train: int | None = None,
+    conditions: tuple[str, ...] = CONDITIONS, seed: int = 0, locality: LocalityProbe | bool = True,
+    distill: dict | None = None, fresh: bool = False, progress: bool = False, **settings,
 ) -> ThoughtEval:
     """Fit on the first ``n_train`` train queries (default all), score the test queries.
 
-    ``preserve``, ``preserve_strength``: the fit's locality term (:func:`~icl_lens.thought._fit.thought_patch`;
-    ``None``: the model's shipped preserve texts, :func:`~icl_lens.thought._preserve.preserve_texts`).
-    ``distill``: keyword arguments of :func:`~icl_lens.thought._distill.distill_patch` (steps, lr, ...).
+    ``fit``, ``settings``: the thought patch's :class:`~icl_lens.thought.ThoughtFit` and keyword arguments
+    replacing its fields, as :func:`~icl_lens.thought.thought_patch` takes them (the distillation uses the
+    same kind, query prefix, answer tokens and layers; the steering vector the query prefix).
+    ``distill``: keyword arguments of :func:`~icl_lens.thought.distill_patch` (steps, lr, ...).
     ``locality``: a probe built once per model (:func:`~icl_lens.thought._locality.locality_probe`),
     ``True`` to build one here, ``False`` to skip the locality measures.
     ``fresh``: also score the task's fresh split (``task.fresh``, which must not be empty) with the same fitted
     edits; its result is the returned evaluation's ``fresh`` (same locality and seconds, ``split="fresh"``).
     """
     from icl_lens.thought._distill import distill_patch
-    from icl_lens.thought._preserve import PRESERVE_SET, preserve_texts
+    from icl_lens.thought._preserve import preserve_texts
 
+    fit = ThoughtFit.of(fit, **settings)
     start = time.perf_counter()
     unknown = [c for c in conditions if c not in CONDITIONS]
     if unknown:
@@ -252,15 +246,15 @@ def evaluate_thought(
     if not 1 <= n <= len(task.train):
         raise ValueError(f"n_train must be in 1..{len(task.train)} for task {task.name!r}, got {n_train}")
     instr = text_ids(model, task.instruction, what="instruction")
-    pre = prefix_ids(model, query_prefix)
+    pre = prefix_ids(model, fit.query_prefix)
     q_ids = {s: [text_ids(model, q, what=f"{s} query {i}") for i, (q, _) in enumerate(items)]
              for s, items in splits.items()}
     answers = {s: [a for _, a in items] for s, items in splits.items()}
     plain = {s: [with_bos(model, pre + q) for q in qs] for s, qs in q_ids.items()}
     calibration = [q for q, _ in task.train[:n]]
-    preserve_set = PRESERVE_SET if preserve is None else "given"
-    if preserve is None:
-        preserve = preserve_texts(model) if preserve_strength else ()
+    preserve_set = PRESERVE_SET if fit.preserve is None else "given"
+    n_preserve = (len(fit.preserve) if fit.preserve is not None
+                  else len(preserve_texts(model)) if fit.preserve_strength else 0)
     if locality is True and any(c in EDITS for c in conditions):
         locality = locality_probe(model)
     res: dict[str, dict[str, tuple[bool, ...]]] = {s: {} for s in splits}
@@ -281,35 +275,33 @@ def evaluate_thought(
         score("none")
     if "full" in conditions:
         score("full", prompts={s: [with_bos(model, instr + q) for q in qs] for s, qs in q_ids.items()})
-    fit = dict(kind=kind, query_prefix=query_prefix, answer_tokens=answer_tokens)
     if "patched" in conditions or "control" in conditions:
         t0 = time.perf_counter()
-        patch = thought_patch(model, task.instruction, calibration, eta=eta, ridge=ridge, preserve=preserve,
-                              preserve_strength=preserve_strength, **fit)
+        patch = thought_patch(model, task.instruction, calibration, fit)
         seconds["patched"] = time.perf_counter() - t0
         if "patched" in conditions:
             score("patched", patch)
     if "distilled" in conditions:
         t0 = time.perf_counter()
-        distilled = distill_patch(model, task.instruction, calibration, progress=progress, **{**fit, **(distill or {})})
+        distilled = distill_patch(model, task.instruction, calibration, fit, progress=progress, **(distill or {}))
         seconds["distilled"] = time.perf_counter() - t0
         score("distilled", distilled)
     steer_layer = None
     if "steering" in conditions:
-        steer = steering_vector(model, task.instruction, calibration, query_prefix=query_prefix)
+        steer = steering_vector(model, task.instruction, calibration, query_prefix=fit.query_prefix)
         steer_layer = steer.layer
         score("steering", steer)
     if "control" in conditions:
         score("control", patch.random_control(seed))
     seconds["total"] = time.perf_counter() - start
-    extra = {"preserve": len(preserve), "preserve_strength": float(preserve_strength)}
-    if preserve_strength:
+    extra = {"preserve": n_preserve, "preserve_strength": fit.preserve_strength}
+    if fit.preserve_strength:
         extra["preserve_set"] = preserve_set
     if "distilled" in conditions:
         extra["distill"] = distilled.settings
     common = dict(task=task.name, model=model.cfg.model_name, n_train=n, locality=loc, steering_layer=steer_layer,
-                  seconds=seconds, kind=kind, eta=float(eta), ridge=float(ridge), query_prefix=query_prefix,
-                  answer_tokens=answer_tokens)
+                  seconds=seconds, kind=fit.kind, eta=fit.eta, ridge=fit.ridge, query_prefix=fit.query_prefix,
+                  answer_tokens=fit.answer_tokens, fit=fit)
     evals = {s: ThoughtEval(n_test=len(items), outcomes=res[s], answers=given[s], continuations=whole[s],
                             split=s, extra=extra, **common) for s, items in splits.items()}
     return replace(evals["test"], fresh=evals.get("fresh"))

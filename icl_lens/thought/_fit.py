@@ -107,6 +107,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -122,21 +123,12 @@ from icl_lens.core._least_squares import (
     relative_ridge,
 )
 from icl_lens.core._norms import rms_normalize
-from icl_lens.model._block_family import block_family, original, post_norm_eps
+from icl_lens.model._block_family import VectorSite, block_family, original, post_norm_eps
 from icl_lens.model._prompts import PromptError, bos_id
 from icl_lens.model._reading import NonFiniteActivationError
 from icl_lens.model._types import patch_dtype
-from icl_lens.model._weight_edits import edit_hooks
 from icl_lens.thought._instruction_batches import calibration_ids, continuation_ids, query_batch, read_query_tokens, text_ids
-from icl_lens.thought._defaults import (
-    DEFAULT_ANSWER_TOKENS,
-    DEFAULT_KIND,
-    DEFAULT_PRESERVE_STRENGTH,
-    DEFAULT_QUERY_PREFIX,
-    DEFAULT_RIDGE,
-    KIND_PARTS,
-    KINDS,
-)
+from icl_lens.thought._defaults import KIND_PARTS, ThoughtFit
 from icl_lens.thought._preserved_keys import PreservedKeys
 from icl_lens.thought._result import ThoughtPatch, thought_edits
 
@@ -154,30 +146,224 @@ def _check(x: Tensor, what: str, layer: int) -> None:
         raise NonFiniteActivationError(f"non-finite {what} at layer {layer}")
 
 
-def _validate(model, tasks, kind, eta, ridge, layers, iterations, query_prefix, answer_tokens):
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    if not (isinstance(eta, (int, float)) and math.isfinite(eta) and eta > 0):
-        raise ValueError(f"eta must be a finite number > 0, got {eta!r}")
-    if not (isinstance(ridge, (int, float)) and math.isfinite(ridge) and ridge >= 0):
-        raise ValueError(f"ridge must be a finite number >= 0, got {ridge!r}")
-    if not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
-    if not isinstance(answer_tokens, int) or answer_tokens < 0:
-        raise ValueError(f"answer_tokens must be an integer >= 0, got {answer_tokens!r}")
+def thought_patch(model: Model, instruction: str, queries: Sequence[str], fit: ThoughtFit | None = None,
+                  **settings) -> ThoughtPatch:
+    """Turn ``instruction`` into a weight edit fitted on the calibration ``queries`` (Algorithm 1).
+
+    ``fit``: the settings (:class:`~icl_lens.thought.ThoughtFit`; default ``ThoughtFit()``, the
+    documented default); ``settings``: any of its fields as keyword arguments, replacing those of
+    ``fit`` (``kind``, ``eta``, ``ridge``, ``layers``, ``iterations``, ``query_prefix``,
+    ``answer_tokens``, ``preserve``, ``preserve_strength``, ``batch_size``; their meaning is on
+    :class:`~icl_lens.thought.ThoughtFit`). The patched model must be prompted as it was fitted
+    (:meth:`ThoughtPatch.prompt_ids`); the result keeps its ``fit``.
+    """
+    return _fit(model, [(instruction, queries)], ThoughtFit.of(fit, **settings), method="fit")
+
+
+def thought_patch_joint(model: Model, tasks: Sequence[tuple[str, Sequence[str]]], fit: ThoughtFit | None = None,
+                        **settings) -> ThoughtPatch:
+    """One thought patch fitted over the rows of several tasks at once (method ``"joint"``).
+
+    ``tasks``: ``(instruction, calibration queries)`` pairs. Each task's queries are read
+    after its own instruction in the contextual pass; the query-only pass is the same for
+    all (``[BOS] + query_prefix + query``), and every fit of Algorithm 1 (input map,
+    vector, down map) is the one least squares over all tasks' rows stacked, anchors
+    included, with the preserve penalty weighted against those rows as in a single fit.
+    ``fit``, ``settings``: those of :func:`thought_patch`. One task gives :func:`thought_patch`'s fit.
+    """
+    return _fit(model, list(tasks), ThoughtFit.of(fit, **settings), method="joint")
+
+
+@dataclass
+class _Calibration:
+    """Step 1: the token ids a fit reads, checked: each task's instruction and queries (answer rows appended),
+    the query prefix, the layers to patch, and the preserve texts."""
+
+    instructions: list[list[int]]
+    queries: list[list[list[int]]]  # per task, per query
+    prefix: list[int]
+    layers: list[int]
+    keep: list[list[int]]  # the preserve texts' ids (none without the penalty)
+
+
+def _calibration(model, tasks, fit: ThoughtFit) -> _Calibration:
     if isinstance(tasks, str) or not tasks or not all(isinstance(t, (tuple, list)) and len(t) == 2 for t in tasks):
         raise PromptError("tasks must be a non-empty list of (instruction, queries) pairs")
-    ids = [calibration_ids(model, instruction, queries, query_prefix) for instruction, queries in tasks]
+    ids = [calibration_ids(model, instruction, queries, fit.query_prefix) for instruction, queries in tasks]
     instr_ids, query_ids, pre_ids = [i for i, _, _ in ids], [q for _, q, _ in ids], ids[0][2]
     n_layers = model.cfg.n_layers
-    if layers is None:
-        chosen = list(range(n_layers))
-    else:
-        chosen = sorted({int(l) for l in layers})
-        bad = [l for l in chosen if not 0 <= l < n_layers]
-        if bad or not chosen:
-            raise ValueError(f"layers must be a non-empty subset of 0..{n_layers - 1}, got {list(layers)}")
-    return instr_ids, query_ids, pre_ids, chosen
+    chosen = list(range(n_layers)) if fit.layers is None else list(fit.layers)
+    bad = [l for l in chosen if not 0 <= l < n_layers]
+    if bad or not chosen:
+        raise ValueError(f"layers must be a non-empty subset of 0..{n_layers - 1}, got {list(chosen)}")
+    if fit.answer_tokens:  # each task's own answers, under its own instruction
+        query_ids = [[q + a for q, a in zip(qs, continuation_ids(model, instr, qs, fit.answer_tokens,
+                                                                  batch_size=fit.batch_size))]
+                     for instr, qs in zip(instr_ids, query_ids)]
+    preserve = fit.preserve
+    if preserve is None:
+        from icl_lens.thought._preserve import preserve_texts
+
+        preserve = preserve_texts(model) if fit.preserve_strength else ()
+    keep = ([text_ids(model, t, what=f"preserve text {i}") for i, t in enumerate(preserve)]
+            if fit.preserve_strength else [])
+    return _Calibration(instr_ids, query_ids, pre_ids, chosen, keep)
+
+
+@dataclass
+class _Targets:
+    """Step 2: the unpatched contextual reads the fit matches, per layer: MLP inputs ``A`` and block outputs ``O``
+    of every query token (task by task), and of the anchor positions in the query-only pass (``A_keep``,
+    ``O_keep``; absent without BOS and prefix)."""
+
+    A: list[Tensor]
+    O: list[Tensor]
+    A_keep: list[Tensor]
+    O_keep: list[Tensor | None]
+    anchor: bool
+
+
+def _targets(model, family, cal: _Calibration, plain, fit: ThoughtFit, dtype) -> _Targets:
+    # Contextual rows: each task's queries after its own instruction, stacked task by task; the query-only batch
+    # holds the same queries in the same order, so row i is one token in both.
+    ctxs = [query_batch(model, qs, prefix=instr) for instr, qs in zip(cal.instructions, cal.queries)]
+    n_layers, cfg = model.cfg.n_layers, model.cfg
+    reads = {f"A{l}": family.mlp_input(l) for l in range(n_layers)}
+    reads.update({f"O{l}": family.resid_post(l) for l in range(n_layers)})
+    last = family.resid_post(n_layers - 1)
+    gots = [read_query_tokens(model, ctx, reads, stop=last, batch_size=fit.batch_size, dtype=dtype) for ctx in ctxs]
+    A = [torch.cat([got[f"A{l}"] for got in gots]) for l in range(n_layers)]
+    O = [torch.cat([got[f"O{l}"] for got in gots]) for l in range(n_layers)]
+    del gots
+    for layer in range(n_layers):
+        _check(A[layer], "contextual MLP input", layer)
+        _check(O[layer], "contextual block output", layer)
+    # Rows whose target is their own unpatched state: the anchor positions before the query
+    # (BOS, prefix; for BOS that is also its contextual state).
+    anchor = bos_id(model) is not None or bool(cal.prefix)
+    A_keep, O_keep = [torch.zeros(0, cfg.d_model, dtype=dtype, device=cfg.device)] * n_layers, [None] * n_layers
+    if anchor:
+        got = read_query_tokens(model, plain, reads, stop=last, anchors=True, batch_size=fit.batch_size, dtype=dtype)
+        A_keep = [got[f"A{l}_anchor"] for l in range(n_layers)]
+        O_keep = [got[f"O{l}_anchor"] for l in range(n_layers)]
+    return _Targets(A, O, A_keep, O_keep, anchor)
+
+
+@dataclass
+class _Fitter:
+    """Step 3: the patch as it grows, layer by layer (input maps, vectors, down factors and their residuals), and
+    the query-only reads under it."""
+
+    model: object
+    family: object
+    plain: object  # the query-only batch
+    targets: _Targets
+    keys: PreservedKeys
+    fit: ThoughtFit
+    dtype: torch.dtype
+    maps: Tensor = field(init=False)
+    vecs: Tensor = field(init=False)
+    patched_maps: dict = field(init=False, default_factory=dict)
+    patched_vecs: dict = field(init=False, default_factory=dict)
+    downs: dict = field(init=False, default_factory=dict)  # layer -> [(u, v), ...] of every sweep
+
+    def __post_init__(self) -> None:
+        cfg, n = self.model.cfg, self.model.cfg.n_layers
+        self.site = self.family.vector_site
+        self.parts = KIND_PARTS[self.fit.kind]
+        self.maps = torch.zeros(n, cfg.d_model, cfg.d_model, dtype=self.dtype, device=cfg.device)
+        self.vecs = torch.zeros(n, cfg.d_model, dtype=self.dtype, device=cfg.device)
+        self.residuals = {k: torch.zeros(n, dtype=torch.float64) for k in ("matrix", "vector", "down")}
+
+    def edits(self):
+        joined = {l: (torch.cat([u for u, _ in f]), torch.cat([v for _, v in f])) for l, f in self.downs.items()}
+        return thought_edits(self.model, self.patched_maps, self.patched_vecs, self.site, joined)
+
+    def read(self, names: dict[str, str], stop: str) -> dict[str, Tensor]:
+        """Query rows under the current patch, and the anchor rows as ``key_keep``."""
+        got = read_query_tokens(self.model, self.plain, names, edits=self.edits(), stop=stop,
+                                anchors=self.targets.anchor, batch_size=self.fit.batch_size, dtype=self.dtype)
+        out = {k: got[k] for k in names}
+        if self.targets.anchor:
+            out.update({f"{k}_keep": got[f"{k}_anchor"] for k in names})
+        return out
+
+    def penalty(self, name: str, layer: int, rows: Tensor):
+        """The preserve penalty of one fit: ``w · K₀K₀ᵀ`` of the preserved keys (None without preserve texts)."""
+        cov = self.keys.get(name, layer)
+        return None if cov is None else preserve_weight(rows, cov, self.fit.preserve_strength) * cov
+
+    def fit_matrix(self, layer: int) -> None:
+        """(a) the input map ``M`` of the layer's dense layers that read the MLP input."""
+        eta, ridge, t = self.fit.eta, self.fit.ridge, self.targets
+        got = self.read({"a": self.family.mlp_input(layer)}, self.family.mlp_input(layer))
+        a = got["a"]
+        _check(a, "non-contextual MLP input", layer)
+        target = t.A[layer] - a - a @ self.maps[layer].T
+        rows_a, rows_t = a, target
+        if t.anchor:
+            a0 = got["a_keep"]
+            rows_a = torch.cat([a0, a])
+            rows_t = torch.cat([t.A_keep[layer] - a0 - a0 @ self.maps[layer].T, target])
+        step = input_map(rows_t, rows_a, ridge=relative_ridge(rows_a, ridge), penalty=self.penalty("a", layer, rows_a))
+        self.maps[layer] += eta * step
+        self.residuals["matrix"][layer] = relative_residual(t.A[layer] - a, a @ self.maps[layer].T)
+        self.patched_maps[layer] = self.maps[layer]
+
+    def fit_vector_and_down(self, layer: int) -> None:
+        """(b) the vector at the family's site, then (c) the down projection's fit of what it leaves."""
+        model, family, eta, ridge, t = self.model, self.family, self.fit.eta, self.fit.ridge, self.targets
+        dtype, site, parts = self.dtype, self.site, self.parts
+        if "vector" in parts:
+            self.patched_vecs[layer] = self.vecs[layer]
+        names = {"o": family.resid_post(layer)}
+        if "down" in parts:
+            names["h"] = family.dense_out_input(layer)
+        if site is VectorSite.GAIN:
+            names["y"] = family.post_norm_input(layer)
+        got = self.read(names, names["o"])
+        rho = t.O[layer] - got["o"]
+        _check(rho, "non-contextual block output", layer)
+        rho_keep = t.O_keep[layer] - got["o_keep"] if t.anchor else None
+        fitted = torch.zeros_like(rho)
+        fitted_keep = torch.zeros_like(rho_keep) if t.anchor else None
+        if site is VectorSite.GAIN:
+            eps = post_norm_eps(model, layer)
+            yhat = rms_normalize(got["y"], eps).to(dtype)
+            yhat_keep = rms_normalize(got["y_keep"], eps).to(dtype) if t.anchor else None
+        if "vector" in parts:  # fitted on the query rows only
+            if site is VectorSite.GAIN:
+                step = gain_vector(rho, yhat, ridge=relative_ridge(yhat, ridge), penalty=self.penalty("y", layer, yhat))
+                fitted = eta * step * yhat
+                fitted_keep = eta * step * yhat_keep if t.anchor else None
+            else:
+                step = mean_vector(rho, penalty=self.fit.preserve_strength * rho.shape[0] if self.keys.keep_ids else 0.0)
+                fitted = (eta * step).expand_as(rho)
+                fitted_keep = (eta * step).expand_as(rho_keep) if t.anchor else None
+            self.vecs[layer] += eta * step
+            self.residuals["vector"][layer] = relative_residual(rho, fitted)
+        if "down" in parts:
+            h, r = got["h"], rho - fitted
+            if t.anchor:
+                h, r = torch.cat([got["h_keep"], h]), torch.cat([rho_keep - fitted_keep, r])
+            if site is VectorSite.GAIN:  # through the post-FFN norm, to first order: Δy = rms(y) Δŷ
+                y = torch.cat([got["y_keep"], got["y"]]) if t.anchor else got["y"]
+                rms = torch.sqrt((y * y).mean(-1, keepdim=True) + post_norm_eps(model, layer))
+                scale = _post_norm_gain(model, layer, dtype) + self.vecs[layer]
+                damp = GAIN_DAMPING * float((scale * scale).mean())
+                r = rms * r * scale / (scale * scale + damp)  # argmin ‖scale⊙Δŷ − r‖² + damp‖Δŷ‖²
+            _check(r, "down-projection target", layer)
+            u, v = factored_least_squares(r, h, ridge=relative_ridge(h, ridge), penalty=self.penalty("h", layer, h))
+            self.downs.setdefault(layer, []).append((eta * u, v))
+            self.residuals["down"][layer] = relative_residual(r, (h @ v.T) @ (eta * u))
+
+    def sweep(self, layers: Sequence[int]) -> None:
+        """One pass over ``layers``: each layer's patch is in place before the next layer is measured."""
+        for layer in layers:
+            if "matrix" in self.parts:
+                self.fit_matrix(layer)
+            if "vector" in self.parts or "down" in self.parts:
+                self.fit_vector_and_down(layer)
 
 
 def _post_norm_gain(model, layer: int, dtype) -> Tensor:
@@ -188,228 +374,43 @@ def _post_norm_gain(model, layer: int, dtype) -> Tensor:
         return (norm(ones) * math.sqrt(1.0 + post_norm_eps(model, layer))).to(dtype)
 
 
-def thought_patch(
-    model: Model,
-    instruction: str,
-    queries: Sequence[str],
-    *,
-    kind: str = DEFAULT_KIND,
-    eta: float = 1.0,
-    ridge: float = DEFAULT_RIDGE,
-    layers: Sequence[int] | None = None,
-    iterations: int = 1,
-    query_prefix: str = DEFAULT_QUERY_PREFIX,
-    answer_tokens: int = DEFAULT_ANSWER_TOKENS,
-    preserve: Sequence[str] | None = None,
-    preserve_strength: float = DEFAULT_PRESERVE_STRENGTH,
-    batch_size: int = 16,
-) -> ThoughtPatch:
-    """Turn ``instruction`` into a weight edit fitted on the calibration ``queries`` (Algorithm 1).
-
-    ``kind``: ``"vector"``, ``"matrix"``, ``"both"`` (the paper's thought matrix and
-    vector) or ``"both+down"`` (plus the down-projection fit of what the vector leaves;
-    the default). ``eta``: step size. ``ridge``: scale-free ``≥ 0`` (0 → minimum-norm
-    pseudo-inverse). ``layers``: which layers to patch (default all). ``iterations``:
-    sweeps over the layers. ``query_prefix``: text between BOS and the query in the
-    query-only pass; the patched model must be prompted the same way
-    (:meth:`ThoughtPatch.prompt_ids`). ``answer_tokens``: also fit at the first
-    ``answer_tokens`` tokens of the model's own greedy answer under the instruction, read
-    after the query (teacher forcing; each answer ends after its first newline), so the
-    positions where the patched model writes its answer are calibration rows too.
-    ``preserve``: texts the model must read as it did before the edit, whose keys at every
-    layer enter each fit as the MEMIT-style penalty ``w · K₀K₀ᵀ``, weighted by the
-    scale-free ``preserve_strength`` (0: off; see the module docstring). ``None`` (the
-    default): the model's preserve texts, :func:`icl_lens.thought._preserve.preserve_texts`
-    (its own samples from BOS and shipped few-shot prompts), as the evaluation uses them;
-    ``()``: none (the paper's fit).
-    """
-    return _fit(model, [(instruction, queries)], method="fit", kind=kind, eta=eta, ridge=ridge, layers=layers,
-                iterations=iterations, query_prefix=query_prefix, answer_tokens=answer_tokens, preserve=preserve,
-                preserve_strength=preserve_strength, batch_size=batch_size)
-
-
-def thought_patch_joint(model: Model, tasks: Sequence[tuple[str, Sequence[str]]], **settings) -> ThoughtPatch:
-    """One thought patch fitted over the rows of several tasks at once (method ``"joint"``).
-
-    ``tasks``: ``(instruction, calibration queries)`` pairs. Each task's queries are read
-    after its own instruction in the contextual pass; the query-only pass is the same for
-    all (``[BOS] + query_prefix + query``), and every fit of Algorithm 1 (input map,
-    vector, down map) is the one least squares over all tasks' rows stacked, anchors
-    included, with the preserve penalty weighted against those rows as in a single fit.
-    ``settings``: those of :func:`thought_patch`. One task gives :func:`thought_patch`'s fit.
-    """
-    return _fit(model, list(tasks), method="joint", **settings)
-
-
-def _fit(
-    model: Model,
-    tasks: Sequence[tuple[str, Sequence[str]]],
-    *,
-    method: str,
-    kind: str = DEFAULT_KIND,
-    eta: float = 1.0,
-    ridge: float = DEFAULT_RIDGE,
-    layers: Sequence[int] | None = None,
-    iterations: int = 1,
-    query_prefix: str = DEFAULT_QUERY_PREFIX,
-    answer_tokens: int = DEFAULT_ANSWER_TOKENS,
-    preserve: Sequence[str] | None = None,
-    preserve_strength: float = DEFAULT_PRESERVE_STRENGTH,
-    batch_size: int = 16,
-) -> ThoughtPatch:
-    """Algorithm 1 over the rows of every ``(instruction, queries)`` task, stacked (see :func:`thought_patch`)."""
-    instr_ids, query_ids, pre_ids, chosen = _validate(model, tasks, kind, eta, ridge, layers, iterations,
-                                                      query_prefix, answer_tokens)
-    if answer_tokens:  # each task's own answers, under its own instruction
-        query_ids = [[q + a for q, a in zip(qs, continuation_ids(model, instr, qs, answer_tokens,
-                                                                  batch_size=batch_size))]
-                     for instr, qs in zip(instr_ids, query_ids)]
-    if isinstance(preserve, str):
-        raise PromptError("preserve must be a list of strings, not one string")
-    if preserve is None:
-        from icl_lens.thought._preserve import preserve_texts
-
-        preserve = preserve_texts(model) if preserve_strength else ()
-    if not (isinstance(preserve_strength, (int, float)) and math.isfinite(preserve_strength) and preserve_strength >= 0):
-        raise ValueError(f"preserve_strength must be a finite number >= 0, got {preserve_strength!r}")
-    keep_ids = [text_ids(model, t, what=f"preserve text {i}") for i, t in enumerate(preserve)] if preserve_strength else []
-    family = block_family(model)
-    site = family.vector_site
-    dtype = patch_dtype(model)
-    cfg = model.cfg
-    # Contextual rows: each task's queries after its own instruction, stacked task by task; the
-    # query-only batch holds the same queries in the same order, so row i is one token in both.
-    ctxs = [query_batch(model, qs, prefix=instr) for instr, qs in zip(instr_ids, query_ids)]
-    plain = query_batch(model, [q for qs in query_ids for q in qs], prefix=pre_ids)
-    n_layers = cfg.n_layers
-    reads = {f"A{l}": family.mlp_input(l) for l in range(n_layers)}
-    reads.update({f"O{l}": family.resid_post(l) for l in range(n_layers)})
-    last = family.resid_post(n_layers - 1)
-    gots = [read_query_tokens(model, ctx, reads, stop=last, batch_size=batch_size, dtype=dtype) for ctx in ctxs]
-    A = [torch.cat([got[f"A{l}"] for got in gots]) for l in range(n_layers)]
-    O = [torch.cat([got[f"O{l}"] for got in gots]) for l in range(n_layers)]
-    del gots
-    for layer in range(n_layers):
-        _check(A[layer], "contextual MLP input", layer)
-        _check(O[layer], "contextual block output", layer)
-    # Rows whose target is their own unpatched state: the anchor positions before the query
-    # (BOS, prefix; for BOS that is also its contextual state).
-    anchor = bos_id(model) is not None or bool(pre_ids)
-    A_keep, O_keep = [torch.zeros(0, cfg.d_model, dtype=dtype, device=cfg.device)] * n_layers, [None] * n_layers
-    if anchor:
-        got = read_query_tokens(model, plain, reads, stop=last, anchors=True, batch_size=batch_size, dtype=dtype)
-        A_keep = [got[f"A{l}_anchor"] for l in range(n_layers)]
-        O_keep = [got[f"O{l}_anchor"] for l in range(n_layers)]
-    has_keep = anchor
-    keys = PreservedKeys(model, family, keep_ids, chosen, KIND_PARTS[kind], dtype)
-
-    d = cfg.d_model
-    maps = torch.zeros(n_layers, d, d, dtype=dtype, device=cfg.device)
-    vecs = torch.zeros(n_layers, d, dtype=dtype, device=cfg.device)
-    m_res = torch.zeros(n_layers, dtype=torch.float64)
-    v_res = torch.zeros(n_layers, dtype=torch.float64)
-    d_res = torch.zeros(n_layers, dtype=torch.float64)
-    parts = KIND_PARTS[kind]
-    patched_maps: dict[int, Tensor] = {}
-    patched_vecs: dict[int, Tensor] = {}
-    downs: dict[int, list[tuple[Tensor, Tensor]]] = {}
-
-    def current_hooks():
-        joined = {l: (torch.cat([u for u, _ in f]), torch.cat([v for _, v in f])) for l, f in downs.items()}
-        return edit_hooks(model, thought_edits(model, patched_maps, patched_vecs, site, joined), family)
-
-    def read(names: dict[str, str], stop: str) -> dict[str, Tensor]:
-        """Query rows under the current patch, and the anchor rows as ``key_keep``."""
-        got = read_query_tokens(model, plain, names, hooks=current_hooks(), stop=stop, anchors=anchor,
-                                batch_size=batch_size, dtype=dtype)
-        out = {k: got[k] for k in names}
-        if has_keep:
-            out.update({f"{k}_keep": got[f"{k}_anchor"] for k in names})
-        return out
-
-    def penalty(name: str, layer: int, rows: Tensor):
-        """The preserve penalty of one fit: ``w · K₀K₀ᵀ`` of the preserved keys (None without preserve texts)."""
-        cov = keys.get(name, layer)
-        return None if cov is None else preserve_weight(rows, cov, preserve_strength) * cov
-
-    for _ in range(iterations):
-        for layer in chosen:
-            if "matrix" in parts:
-                got = read({"a": family.mlp_input(layer)}, family.mlp_input(layer))
-                a = got["a"]
-                _check(a, "non-contextual MLP input", layer)
-                target = A[layer] - a - a @ maps[layer].T
-                rows_a, rows_t = a, target
-                if has_keep:
-                    a0 = got["a_keep"]
-                    rows_a = torch.cat([a0, a])
-                    rows_t = torch.cat([A_keep[layer] - a0 - a0 @ maps[layer].T, target])
-                step = input_map(rows_t, rows_a, ridge=relative_ridge(rows_a, ridge), penalty=penalty("a", layer, rows_a))
-                maps[layer] += eta * step
-                m_res[layer] = relative_residual(A[layer] - a, a @ maps[layer].T)
-                patched_maps[layer] = maps[layer]
-            if "vector" not in parts and "down" not in parts:
-                continue
-            if "vector" in parts:
-                patched_vecs[layer] = vecs[layer]
-            names = {"o": family.resid_post(layer)}
-            if "down" in parts:
-                names["h"] = family.dense_out_input(layer)
-            if site == "gain":
-                names["y"] = family.post_norm_input(layer)
-            got = read(names, names["o"])
-            rho = O[layer] - got["o"]
-            _check(rho, "non-contextual block output", layer)
-            rho_keep = O_keep[layer] - got["o_keep"] if has_keep else None
-            fitted = torch.zeros_like(rho)
-            fitted_keep = torch.zeros_like(rho_keep) if has_keep else None
-            if site == "gain":
-                eps = post_norm_eps(model, layer)
-                yhat = rms_normalize(got["y"], eps).to(dtype)
-                yhat_keep = rms_normalize(got["y_keep"], eps).to(dtype) if has_keep else None
-            if "vector" in parts:  # fitted on the query rows only
-                if site == "gain":
-                    step = gain_vector(rho, yhat, ridge=relative_ridge(yhat, ridge), penalty=penalty("y", layer, yhat))
-                    fitted = eta * step * yhat
-                    fitted_keep = eta * step * yhat_keep if has_keep else None
-                else:
-                    step = mean_vector(rho, penalty=preserve_strength * rho.shape[0] if keep_ids else 0.0)
-                    fitted = (eta * step).expand_as(rho)
-                    fitted_keep = (eta * step).expand_as(rho_keep) if has_keep else None
-                vecs[layer] += eta * step
-                v_res[layer] = relative_residual(rho, fitted)
-            if "down" in parts:
-                h, r = got["h"], rho - fitted
-                if has_keep:
-                    h, r = torch.cat([got["h_keep"], h]), torch.cat([rho_keep - fitted_keep, r])
-                if site == "gain":  # through the post-FFN norm, to first order: Δy = rms(y) Δŷ
-                    y = torch.cat([got["y_keep"], got["y"]]) if has_keep else got["y"]
-                    rms = torch.sqrt((y * y).mean(-1, keepdim=True) + post_norm_eps(model, layer))
-                    scale = _post_norm_gain(model, layer, dtype) + vecs[layer]
-                    damp = GAIN_DAMPING * float((scale * scale).mean())
-                    r = rms * r * scale / (scale * scale + damp)  # argmin ‖scale⊙Δŷ − r‖² + damp‖Δŷ‖²
-                _check(r, "down-projection target", layer)
-                u, v = factored_least_squares(r, h, ridge=relative_ridge(h, ridge), penalty=penalty("h", layer, h))
-                downs.setdefault(layer, []).append((eta * u, v))
-                d_res[layer] = relative_residual(r, (h @ v.T) @ (eta * u))
-    if not (torch.isfinite(maps).all() and torch.isfinite(vecs).all()):
+def _patch(model, family, tasks, cal: _Calibration, fitter: _Fitter, plain, fit: ThoughtFit, method: str
+           ) -> ThoughtPatch:
+    """Step 4: the fitted parts as a :class:`ThoughtPatch` (down factors padded to one rank), checked finite."""
+    cfg, n_layers, d, dtype = model.cfg, model.cfg.n_layers, model.cfg.d_model, fitter.dtype
+    if not (torch.isfinite(fitter.maps).all() and torch.isfinite(fitter.vecs).all()):
         raise NonFiniteActivationError("the fitted thought patch is not finite")
-    rank = max((sum(u.shape[0] for u, _ in f) for f in downs.values()), default=0)
+    rank = max((sum(u.shape[0] for u, _ in f) for f in fitter.downs.values()), default=0)
     down_u = torch.zeros(n_layers, rank, d, dtype=dtype, device=cfg.device)
     down_v = torch.zeros(n_layers, rank, cfg.d_mlp, dtype=dtype, device=cfg.device)
-    for layer, f in downs.items():
+    for layer, f in fitter.downs.items():
         u, v = torch.cat([u for u, _ in f]), torch.cat([v for _, v in f])
         down_u[layer, : u.shape[0]], down_v[layer, : v.shape[0]] = u, v
     if not (torch.isfinite(down_u).all() and torch.isfinite(down_v).all()):
         raise NonFiniteActivationError("the fitted down-projection map is not finite")
     joint = {"instructions": [i for i, _ in tasks], "n_queries": [len(list(q)) for _, q in tasks]}
+    res = fitter.residuals
     return ThoughtPatch(
         model_name=cfg.model_name,
-        family=family.name, vector_site=site, instruction=" + ".join(i for i, _ in tasks),
+        family=family.name, vector_site=fitter.site, instruction=" + ".join(i for i, _ in tasks),
         queries=tuple(q for _, qs in tasks for q in qs),
-        kind=kind, eta=float(eta), ridge=float(ridge), iterations=iterations, layers=tuple(chosen),
-        query_prefix=query_prefix, maps=maps, vectors=vecs, down_u=down_u, down_v=down_v,
-        matrix_residual=m_res, vector_residual=v_res, down_residual=d_res,
-        n_tokens=plain.n_tokens, answer_tokens=answer_tokens, model=model, method=method,
-        settings=joint if method == "joint" else {},
+        kind=fit.kind, eta=fit.eta, ridge=fit.ridge, iterations=fit.iterations, layers=tuple(cal.layers),
+        query_prefix=fit.query_prefix, maps=fitter.maps, vectors=fitter.vecs, down_u=down_u, down_v=down_v,
+        matrix_residual=res["matrix"], vector_residual=res["vector"], down_residual=res["down"],
+        n_tokens=plain.n_tokens, answer_tokens=fit.answer_tokens, model=model, method=method,
+        settings=joint if method == "joint" else {}, fit=fit,
     )
+
+
+def _fit(model: Model, tasks: Sequence[tuple[str, Sequence[str]]], fit: ThoughtFit, *, method: str) -> ThoughtPatch:
+    """Algorithm 1 over the rows of every ``(instruction, queries)`` task, stacked (see :func:`thought_patch`):
+    the calibration ids, the contextual targets, the layer sweeps, the patch."""
+    cal = _calibration(model, tasks, fit)
+    family, dtype = block_family(model), patch_dtype(model)
+    plain = query_batch(model, [q for qs in cal.queries for q in qs], prefix=cal.prefix)
+    targets = _targets(model, family, cal, plain, fit, dtype)
+    keys = PreservedKeys(model, family, cal.keep, cal.layers, KIND_PARTS[fit.kind], dtype)
+    fitter = _Fitter(model, family, plain, targets, keys, fit, dtype)
+    for _ in range(fit.iterations):
+        fitter.sweep(cal.layers)
+    return _patch(model, family, tasks, cal, fitter, plain, fit, method)

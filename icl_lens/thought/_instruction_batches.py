@@ -27,7 +27,7 @@ from icl_lens.model._greedy import greedy_continuations
 from icl_lens.model._model_check import check_model
 from icl_lens.model._prompts import PromptError, bos_id, context_limit, pad_id, right_padded
 from icl_lens.model._reading import activations_captured
-from icl_lens.model._weight_edits import edits_applied
+from icl_lens.model._weight_edits import MLPEdit, edits_applied
 
 
 def text_ids(model, text: str, *, what: str = "text") -> list[int]:
@@ -143,10 +143,10 @@ def _gather(x: Tensor, rows: Tensor, pos: Tensor, dtype) -> Tensor:
 
 
 @torch.no_grad()
-def read_query_tokens(model, batch: QueryBatch, reads: dict[str, str], *, hooks: Sequence[tuple[str, object]] = (),
+def read_query_tokens(model, batch: QueryBatch, reads: dict[str, str], *, edits: dict[int, MLPEdit] | None = None,
                       stop: str | None = None, anchors: bool = False, batch_size: int = 16,
                       dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
-    """Run ``batch`` with ``hooks`` active and gather each hook point of ``reads`` (key → hook name).
+    """Run ``batch`` with ``edits`` applied (the write door) and gather each hook point of ``reads`` (key → hook name).
 
     Returns ``{key: [n_tokens, d]}`` (every query token, in order) and, with ``anchors``,
     ``{key + "_anchor": [n_anchor, d]}`` (every position before the query of every
@@ -171,6 +171,6 @@ def read_query_tokens(model, batch: QueryBatch, reads: dict[str, str], *, hooks:
                     got[f"{key}_anchor"].append(_gather(x, r0, p0, dtype))
 
             sites.append((name, read))
-        with edits_applied(model, {}, extra_hooks=hooks), activations_captured(model, sites, stop_after=stop):
+        with edits_applied(model, edits or {}), activations_captured(model, sites, stop_after=stop):
             model(ids, return_type=None)
     return {k: torch.cat(v) for k, v in got.items()}

@@ -32,6 +32,7 @@ from transformers import DynamicCache
 
 from icl_lens.model._prompts import bos_id, context_limit
 from icl_lens.model._reading import NonFiniteActivationError
+from icl_lens.thought._defaults import PRESERVE_SET
 from icl_lens.thought.tasks import TASK_DIR
 
 PRESERVE_DIR = TASK_DIR / "preserve"
@@ -74,8 +75,6 @@ def bos_samples(model, n: int = N_SAMPLES, tokens: int = SAMPLE_TOKENS, *, seed:
 
 FEW_SHOT_FILE = PRESERVE_DIR / "few_shot.json"
 _SAMPLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its samples (no shipped file)
-PRESERVE_SET = "samples+few-shot"  # what preserve_texts holds (results name it; before issue 22's few-shot prompts:
-# the samples alone)
 
 
 def preserve_file(model_name: str):

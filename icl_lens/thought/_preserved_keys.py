@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from icl_lens.core._norms import rms_normalize
-from icl_lens.model._block_family import post_norm_eps
+from icl_lens.model._block_family import VectorSite, post_norm_eps
 from icl_lens.thought._instruction_batches import query_batch, read_query_tokens
 
 KEY_BUDGET_BYTES = 128 * 2**20  # covariances held at once (one group of layers)
@@ -50,7 +50,7 @@ class PreservedKeys:
             self.sites["a"] = family.mlp_input
         if "down" in parts:
             self.sites["h"] = family.dense_out_input
-        if "vector" in parts and family.vector_site == "gain":
+        if "vector" in parts and family.vector_site is VectorSite.GAIN:
             self.sites["y"] = family.post_norm_input
         size = {"a": cfg.d_model ** 2, "h": cfg.d_mlp ** 2, "y": cfg.d_model}
         per_layer = max(1, sum(size[k] for k in self.sites)) * torch.finfo(dtype).bits // 8

@@ -26,11 +26,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from icl_lens.core._factored import sum_norm
-from icl_lens.model._block_family import first_dense_weights
+from icl_lens.model._block_family import VectorSite, first_dense_weights
 from icl_lens.model._weight_edits import MLPEdit, edits_applied
+from icl_lens.thought._defaults import FIT_FILE, ThoughtFit
 
 
-def thought_edits(model, maps: dict[int, Tensor], vectors: dict[int, Tensor], site: str,
+def thought_edits(model, maps: dict[int, Tensor], vectors: dict[int, Tensor], site: VectorSite,
                   downs: dict[int, tuple[Tensor, Tensor]] | None = None) -> dict[int, MLPEdit]:
     """Per layer: ``Δ_d = W_d M`` of every first dense layer, the vector at its ``site``, ``ΔW_out = uᵀ v``."""
     downs = downs or {}
@@ -41,8 +42,7 @@ def thought_edits(model, maps: dict[int, Tensor], vectors: dict[int, Tensor], si
         weights = first_dense_weights(model, layer) if m is not None else {}
         edits[layer] = MLPEdit(v=m, u_in=weights["in"].T if m is not None else None,
                                u_gate=weights["gate"].T if "gate" in weights else None,
-                               bias=vec if site == "bias" else None, gain=vec if site == "gain" else None,
-                               out_u=out_u, out_v=out_v)
+                               out_u=out_u, out_v=out_v, **VectorSite(site).edit(vec))
     return edits
 
 
@@ -59,7 +59,7 @@ class ThoughtPatch:
 
     model_name: str
     family: str
-    vector_site: str  # "bias" or "gain"
+    vector_site: VectorSite
     instruction: str
     queries: tuple[str, ...]
     kind: str
@@ -81,6 +81,7 @@ class ThoughtPatch:
     method: str = "fit"  # "fit" (Algorithm 1, closed form), "joint" (one fit over several tasks), "distill" (gradient
     # steps) or "composed" (edits added)
     settings: dict = field(default_factory=dict)  # the method's own settings (distillation: steps, lr, losses)
+    fit: ThoughtFit | None = None  # the settings it was fitted (or distilled) with; None for an added composition
 
     @property
     def has_matrix(self) -> bool:
@@ -164,11 +165,20 @@ class ThoughtPatch:
             yield m
 
     def save_pretrained(self, directory: str | Path, model=None) -> Path:
-        """Write a Hugging Face model directory (weights edited, tokenizer included)."""
+        """Write a Hugging Face model directory (weights edited, tokenizer included) and, beside the weights,
+        ``icl_lens_thought.json``: the patch's :class:`ThoughtFit` (read back by :meth:`ThoughtFit.load`), method,
+        instruction and calibration queries."""
+        import json
+
         from icl_lens.thought._hf_export import export_thought_model
 
         maps, vecs, downs = self._parts()
-        return export_thought_model(self._model(model), maps, vecs, directory, downs=downs)
+        out = export_thought_model(self._model(model), maps, vecs, directory, downs=downs)
+        about = {"fit": None if self.fit is None else self.fit.to_dict(), "method": self.method,
+                 "settings": self.settings, "instruction": self.instruction, "queries": list(self.queries),
+                 "model_name": self.model_name}
+        (out / FIT_FILE).write_text(json.dumps(about, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        return out
 
     def random_control(self, seed: int = 0, model=None) -> "ThoughtPatch":
         """Control: same per-layer ``‖ΔW‖_F``, vector norm and ``‖ΔW_out‖_F`` (and rank), random Gaussian directions."""
@@ -213,7 +223,8 @@ class ThoughtPatch:
                        maps=sum(p.maps for p in patches), vectors=sum(p.vectors for p in patches),
                        down_u=down_u, down_v=down_v, matrix_residual=zeros, vector_residual=zeros.clone(),
                        down_residual=zeros.clone(), n_tokens=sum(p.n_tokens for p in patches), method="composed",
-                       settings={"parts": [p.method for p in patches]})
+                       settings={"parts": [p.method for p in patches]},
+                       fit=first.fit if all(p.fit == first.fit for p in patches) else None)
 
     def to(self, device: torch.device | str) -> "ThoughtPatch":
         return replace(self, maps=self.maps.to(device), vectors=self.vectors.to(device),

@@ -25,6 +25,7 @@ from icl_lens.lab._online_regression import delta_loss, hebbian_loss, loss_gradi
 from icl_lens.lab._checkpoints import load_lab_model
 from icl_lens.lab._model import LAB_FAMILY
 from icl_lens.lab._tasks import sample_prompts
+from icl_lens.model._reading import activations_captured
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -44,6 +45,15 @@ class RegressionViewResult:
         return next(r["max_rel_error"] for r in self.rows if r["check"] == check)
 
 
+def _read(model, tokens: torch.Tensor, mixer: str, with_input: bool = False) -> dict[str, torch.Tensor]:
+    """The contextual layer's hook points ``mixer`` (letters or names) of every layer, read in one forward."""
+    names = [LAB_FAMILY.mixer(l, h) for l in range(model.cfg.n_layers) for h in mixer]
+    names += [LAB_FAMILY.mix_in(l) for l in range(model.cfg.n_layers)] if with_input else []
+    with activations_captured(model, names) as cache:
+        model(tokens)
+    return cache
+
+
 def _heads_first(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2)  # batch pos head d → batch head pos d
 
@@ -58,13 +68,13 @@ def attention_as_regression(*, n_prompts: int = 8, n_context: int = 16, seed: in
     causal = torch.ones(T, T, dtype=torch.bool).tril()
 
     model = load_lab_model("softmax", dt)
-    _, cache = model.run_with_cache(p.tokens)
+    cache = _read(model, p.tokens, "qkvz")
     err = max(_rel(nadaraya_watson(*(_heads_first(cache[LAB_FAMILY.mixer(l, h)]) for h in "qkv"), mask=causal),
                    _heads_first(cache[LAB_FAMILY.mixer(l, "z")])) for l in range(model.cfg.n_layers))
     rows.append({"arch": "softmax", "check": "softmax attention == Nadaraya-Watson (exp kernel)", "max_rel_error": err})
 
     model = load_lab_model("linear", dt)
-    _, cache = model.run_with_cache(p.tokens)
+    cache = _read(model, p.tokens, "qkvz", with_input=True)
     nw, state, hebb = 0.0, 0.0, 0.0
     for l, block in enumerate(model.blocks):
         q, k, v = (_heads_first(cache[LAB_FAMILY.mixer(l, h)]) for h in "qkv")
@@ -83,7 +93,7 @@ def attention_as_regression(*, n_prompts: int = 8, n_context: int = 16, seed: in
              {"arch": "linear", "check": "state update == -grad Hebbian loss -<S k, v>", "max_rel_error": hebb}]
 
     model = load_lab_model("delta", dt)
-    _, cache = model.run_with_cache(p.tokens)
+    cache = _read(model, p.tokens, ("k", "v", "beta"), with_input=True)
     grad_err, shrink_err, decreased, total = 0.0, 0.0, 0, 0
     for l, block in enumerate(model.blocks):
         S = block.mix.states(cache[LAB_FAMILY.mix_in(l)])

@@ -18,6 +18,7 @@ from icl_lens.lab._model import LAB_FAMILY
 from icl_lens.lab._mixers import ARCHITECTURES
 from icl_lens.lab._patching import lab_token_patches, patched_context_free
 from icl_lens.lab._tasks import sample_prompts
+from icl_lens.model._reading import activations_captured
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -47,13 +48,13 @@ def numerical_equivalence(archs=ARCHITECTURES, *, n_prompts: int = 64, n_context
             model = load_lab_model(arch, DTYPES[name])
             p = sample_prompts(n_prompts, n_context, model.cfg.d_x, generator=torch.Generator().manual_seed(seed), dtype=DTYPES[name])
             last = LAB_FAMILY.resid_post(model.cfg.n_layers - 1)
-            pred_c, cache = model.run_with_cache(p.tokens, names_filter=lambda n: n == last)
-            resid_c = cache[last]
+            with activations_captured(model, [last]) as contextual:
+                pred_c = model(p.tokens)
+            resid_c = contextual[last]
             patches = lab_token_patches(model, p.tokens)
-            got = {}
-            pred_0 = patched_context_free(model, p.tokens, patches,
-                                          extra_hooks=[(last, lambda x, hook: got.__setitem__("r", x))])
-            resid_0 = got["r"].reshape(resid_c.shape)
+            with activations_captured(model, [last]) as alone:
+                pred_0 = patched_context_free(model, p.tokens, patches)
+            resid_0 = alone[last].reshape(resid_c.shape)
             rows.append({
                 "arch": arch, "dtype": name, "prompts": n_prompts, "positions": n_context + 1,
                 "rel_error_prediction": float((pred_c - pred_0).abs().max() / pred_c.abs().max()),

@@ -27,6 +27,7 @@ from icl_lens.core._least_squares import input_map, relative_ridge
 from icl_lens.lab._checkpoints import load_lab_model
 from icl_lens.lab._model import LAB_FAMILY, RegressionModel
 from icl_lens.lab._tasks import context_tokens, query_tokens
+from icl_lens.model._reading import activations_captured
 from icl_lens.model._weight_edits import MLPEdit, edits_applied
 
 
@@ -35,11 +36,9 @@ def _with_context(prompt: Tensor, x: Tensor) -> Tensor:
 
 
 def _run(model: RegressionModel, tokens: Tensor, edits: dict, names: list[str]) -> tuple[Tensor, dict]:
-    got = {}
-    hooks = [(n, lambda x, hook: got.__setitem__(hook.name, x[:, -1])) for n in names]
-    with edits_applied(model, edits, extra_hooks=hooks):
+    with edits_applied(model, edits), activations_captured(model, names) as got:
         pred = model(tokens)[:, -1]
-    return pred, got
+    return pred, {n: x[:, -1] for n, x in got.items()}
 
 
 @torch.no_grad()
