@@ -219,16 +219,21 @@ def _lab_rows(lab: dict | None) -> list[dict]:
 
 def _thought_rows(root: Path) -> list[dict]:
     """Counted only where a row is scored by the boundary verdict (it keeps whole continuations); rows of
-    the earlier starts-with verdict are named apart and never counted. The fresh queries (``fresh/<task>``,
-    scored once by the frozen default) are read where a model has them, else the test queries. *reproduced*
-    needs every task of every model measured and met; *not*: measured and none met; otherwise *partly*."""
+    the earlier starts-with verdict are named apart and never counted. The current default's rows only (keyed by its
+    fit, ``experiments.thought.cache.row_key``); the fresh queries (``fresh/…``, scored once by the frozen default) are
+    read where a model has them, else the test queries. *reproduced* needs every task of every model measured and
+    met; *not*: measured and none met; otherwise *partly*."""
+    from experiments.thought.cache import row_key
+    from experiments.thought.settings import default_fit
+
     claim = "A thought patch fitted from an instruction reproduces its effect on the language models"
     paper = "Mazzawi, Dherin et al. 2025"
     met, total, tasks, parts = 0, 0, 0, []
     for path in sorted(Path(root).glob("eval_thought.*.json")):
         data = _read(root, path.name) or {}
         model = path.name[len("eval_thought."):-len(".json")]
-        split = "fresh/" if any(k.startswith("fresh/") for k in data) else "table/"
+        fresh, test = row_key("fresh", default_fit(), ""), row_key("table", default_fit(), "")
+        split = fresh if any(k.startswith(fresh) for k in data) else test
         rows = [r for k, r in data.items() if k.startswith(split) and isinstance(r, dict)
                 and isinstance(r.get("accuracy"), dict) and {"full", "patched"} <= set(r["accuracy"])]
         tasks += len(rows)
@@ -236,7 +241,7 @@ def _thought_rows(root: Path) -> list[dict]:
         eligible = [r for r in new if r["accuracy"]["full"] >= 0.5]
         k = sum(r["accuracy"]["patched"] >= 0.9 * r["accuracy"]["full"] for r in eligible)
         met, total = met + k, total + len(eligible)
-        parts.append(f"{model}: {k} of {len(eligible)} measured on the {'fresh' if split == 'fresh/' else 'test'} "
+        parts.append(f"{model}: {k} of {len(eligible)} measured on the {'fresh' if split == fresh else 'test'} "
                      f"queries ({len(rows) - len(new)} of {len(rows)} tasks only under the earlier starts-with "
                      "verdict, not counted)")
     if not total:

@@ -10,7 +10,8 @@ import pandas as pd
 import plotly.express as px
 import pytest
 
-from icl_lens.ui._panels import layer_lines, vertical_marker
+from icl_lens.thought import ThoughtFit
+from icl_lens.ui import layer_lines, vertical_marker
 from workshop import claims
 from workshop.claims import (
     NOT_MEASURED, alignment_row, auroc_ci, claim, claims_table, count_where, mean_ci, rate, read_report,
@@ -159,7 +160,12 @@ def test_evaluation_failures_are_read_from_the_reports(tmp_path):
     assert without["low"] <= without["difference"] <= without["high"]
     assert thought_locality(root=tmp_path) is None and spike_shipped("gemma-3-270m", root=tmp_path) is None
     assert spike_without_copied_answers("gemma-3-270m", root=tmp_path) is None
-    _write(tmp_path, "thought.m", {"table/a": {"locality_accuracy": {"patched": 0.25}}, "preserve/a": {}})
+    default, other = ThoughtFit(), ThoughtFit(ridge=0.5)
+    _write(tmp_path, "thought.m", {f"table/{default.key()}/a": {"locality_accuracy": {"patched": 0.25},
+                                                                 "fit": default.to_dict()},
+                                   f"table/{other.key()}/a": {"locality_accuracy": {"patched": 0.5},
+                                                               "fit": other.to_dict()},  # another default's row
+                                   "preserve/a": {}})
     assert thought_locality(("m",), root=tmp_path) == {("m", "a"): 0.25}
 
 

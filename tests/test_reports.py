@@ -81,15 +81,23 @@ def _thought_row(n_test: int, correct: dict[str, int]) -> dict:
             "locality_accuracy": {"patched": 1.0, "control": 0.5, "steering": 0.75}}
 
 
+def _table_key(task: str) -> str:
+    """Where the current default's test-query row of ``task`` is cached."""
+    from experiments.thought.cache import row_key
+    from experiments.thought.settings import default_fit
+
+    return row_key("table", default_fit(), task)
+
+
 def test_thought_report_names_the_runs_and_reads_the_target_from_the_numbers(tmp_path):
     """The 0.9 × full target is decided by the rule, per row: 18/20 = 0.90 is met, 17/20 missed, full < 50% n/a."""
     out = tmp_path / "eval_thought.md"
     base = {"none": 0, "control": 0, "steering": 3}
-    cache = {"runs": {"`python -m experiments.thought --models m` on 3 CPU cores": ["table/t", "table/u"]},
-             "table/t": _thought_row(24, {**base, "full": 20, "patched": 18}),
-             "table/u": _thought_row(24, {**base, "full": 20, "patched": 17})}
+    cache = {"runs": {"`python -m experiments.thought --models m` on 3 CPU cores": [_table_key("t"), _table_key("u")]},
+             _table_key("t"): _thought_row(24, {**base, "full": 20, "patched": 18}),
+             _table_key("u"): _thought_row(24, {**base, "full": 20, "patched": 17})}
     (tmp_path / "eval_thought.m.json").write_text(json.dumps(cache))
-    (tmp_path / "eval_thought.n.json").write_text(json.dumps({"table/t": _thought_row(24, {**base, "full": 11,
+    (tmp_path / "eval_thought.n.json").write_text(json.dumps({_table_key("t"): _thought_row(24, {**base, "full": 11,
                                                                                            "patched": 2})}))
     text = thought.write_report(out, ["m", "n"], ["t", "u"], "python -m experiments.thought --report-only")
     assert "- m: 2 result(s) by `python -m experiments.thought --models m` on 3 CPU cores" in text
@@ -197,12 +205,12 @@ def test_summary_counts_thought_rows_only_under_the_boundary_verdict(tmp_path):
         (tmp_path / "eval_thought.m.json").write_text(json.dumps(cache))
         return next(r for r in claims_summary(tmp_path) if r["claim"].startswith("A thought patch fitted"))
 
-    assert verdict({"table/a": row(0.9, 0.9, False), "table/b": row(0.9, 0.9, False)})["verdict"] == NOT_TESTED
-    part = verdict({"table/a": row(0.9, 0.9, True), "table/b": row(0.9, 0.9, False)})
+    assert verdict({_table_key("a"): row(0.9, 0.9, False), _table_key("b"): row(0.9, 0.9, False)})["verdict"] == NOT_TESTED
+    part = verdict({_table_key("a"): row(0.9, 0.9, True), _table_key("b"): row(0.9, 0.9, False)})
     assert part["verdict"] == "partly" and "1 of 1 measured on the test queries (1 of 2 tasks only under the earlier" in part["number"]
-    assert verdict({"table/a": row(0.9, 0.9, True), "table/b": row(0.9, 0.85, True)})["verdict"] == "reproduced"
-    assert verdict({"table/a": row(0.9, 0.1, True), "table/b": row(0.9, 0.85, True)})["verdict"] == "partly"
-    assert verdict({"table/a": row(0.9, 0.1, True), "table/b": row(0.9, 0.2, True)})["verdict"] == "not"
+    assert verdict({_table_key("a"): row(0.9, 0.9, True), _table_key("b"): row(0.9, 0.85, True)})["verdict"] == "reproduced"
+    assert verdict({_table_key("a"): row(0.9, 0.1, True), _table_key("b"): row(0.9, 0.85, True)})["verdict"] == "partly"
+    assert verdict({_table_key("a"): row(0.9, 0.1, True), _table_key("b"): row(0.9, 0.2, True)})["verdict"] == "not"
 
 
 def test_summary_spike_rows_follow_the_shipped_entries(tmp_path):

@@ -305,29 +305,32 @@ def test_locality_file_is_validated(tmp_path):
 
 def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     from experiments.thought import run as ev
-    from experiments.thought.settings import setting_name
+    from experiments.thought.cache import row_key
+    from experiments.thought.settings import default_fit
+
+    fit = default_fit()
 
     out = tmp_path / "eval_thought.md"
     assert ev.main(["--quick", "--out", str(out)]) == 0
     text = out.read_text()
     cache = json.loads((tmp_path / "eval_thought.tiny-llama.json").read_text())
-    r = cache["table/capitals"]
+    r = cache[row_key("table", fit, "capitals")]
     assert set(r["accuracy"]) == {"none", "full", "patched", "distilled", "control", "steering"}
     assert len(r["outcomes"]["patched"]) == r["n_test"] == 32 == len(r["continuations"]["distilled"])
     assert "| tiny-llama | capitals |" in text and "Before / after" in text and "locality KL" in text
     assert f"{r['locality_kl']['patched']:.3f}" in text
-    assert "curve/capitals/2" in cache
+    assert row_key("curve", fit, "capitals", 2) in cache
     opening = text.split("**Issue 22's targets**", 1)[1].split("\n\n", 2)[1]  # the first table of the section
     assert text.index("**Issue 22's targets**") < text.index("Method (")
     assert opening.count("| tiny-llama | fresh (scored once) |") == 5 == opening.count("| tiny-llama | test |")
     assert "against distillation" in opening and "two tasks" in opening
-    fresh = cache["fresh/capitals"]  # the fresh split, scored by the same run with the same edits
+    fresh = cache[row_key("fresh", fit, "capitals")]  # the fresh split, scored by the same run with the same edits
     assert fresh["split"] == "fresh" and fresh["n_test"] == len(load_task("capitals").fresh) == len(
         fresh["outcomes"]["patched"]) and fresh["locality_kl"] == r["locality_kl"] and fresh["seconds"] == r["seconds"]
     assert "**Fresh queries, scored once**" in text and f"| tiny-llama | capitals (selection) | {fresh['n_test']} |" in text
     assert "two tasks at once (edits added)" in opening and "two tasks at once (one joint fit)" in opening
     assert "**Against context distillation**" in text and f"{r['seconds']['distilled']:.0f} |" in text
-    both = cache["compose/capitals+capitals"]
+    both = cache[row_key("compose", fit, "capitals+capitals")]
     assert both["per_task"]["capitals"]["n_test"] == 32 and "**Composed patches** (fresh" in text
     assert both["per_task_fresh"]["capitals"]["n_test"] == fresh["n_test"] == both["joint"]["per_task_fresh"][
         "capitals"]["n_test"]
@@ -341,7 +344,7 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     cache = json.loads((tmp_path / "eval_thought.tiny-llama.json").read_text())
     text = out.read_text()
     assert {0, 2} <= {v["answer_tokens"] for k, v in cache.items() if k.startswith("answers/")}
-    tuned = cache["tuned/capitals"]  # --quick tunes its one task whatever the table says
+    tuned = cache[row_key("tuned", fit, "capitals")]  # --quick tunes its one task whatever the table says
     assert len(tuned["validation_kl"]) == 3 and tuned["chosen_name"] == min(tuned["validation_kl"],
                                                                            key=tuned["validation_kl"].get)
     assert "**Tuned per task**" in text
@@ -356,6 +359,39 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     assert "**Preserve strength** (third stage" in text and f"| {third[1.0]['text_kl']:.4f} | 1 |" in text
     assert "By the rule: strength **" in text
     assert "**Answer-token rows**" in text and "| both+down, ridge 2, prefix '\\n', answer tokens 2 |" in text
+
+
+def test_a_changed_default_is_recomputed_not_read(tmp_path, monkeypatch):
+    """Every cached row is keyed by the ThoughtFit it was computed with and carries it: a run with another default
+    computes its own rows (the first default's stay as they were, under their own keys) instead of reading them.
+    (The selection stage: the cheapest job whose fit inherits the default's other settings.)"""
+    from experiments.thought import jobs
+    from experiments.thought.cache import cached, row_key
+    from experiments.thought.settings import SELECT_GRID
+    from icl_lens.thought import ThoughtFit
+
+    out, fit = tmp_path / "eval_thought.md", ThoughtFit()
+    common = dict(table=False, select=True, select_tasks=["capitals"], select_grid=SELECT_GRID[:1], select_extra=(),
+                  select_answer_grid=(), strengths=(), distill_lrs=(), select_fit=3, select_validate=2)
+
+    def computed(run: str) -> tuple[dict, list[str]]:
+        results = cached(out, "tiny-llama")
+        return results, [k for k in results["runs"].get(run, []) if not k.startswith("seconds/")]
+
+    def select_key(default: ThoughtFit) -> str:
+        return row_key("select", default.replace(answer_tokens=0, preserve_strength=0.0, **SELECT_GRID[0]), "capitals")
+
+    jobs.run_model("tiny-llama", [], [], out, "first", **common)
+    first, keys = computed("first")
+    assert keys == [select_key(fit)] and first[keys[0]]["fit"]["eta"] == 1.0
+    jobs.run_model("tiny-llama", [], [], out, "again", **common)
+    assert computed("again")[1] == []  # the same default: its row is read back
+    changed = fit.replace(eta=0.5)
+    monkeypatch.setattr(jobs, "default_fit", lambda: changed)  # a new documented default
+    jobs.run_model("tiny-llama", [], [], out, "second", **common)
+    second, new = computed("second")
+    assert new == [select_key(changed)] != keys and second[new[0]]["fit"]["eta"] == 0.5
+    assert second[keys[0]] == first[keys[0]]  # the earlier default's row is kept, not overwritten
 
 
 # --- diagnosis ------------------------------------------------------------------------------------

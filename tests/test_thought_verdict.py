@@ -43,6 +43,14 @@ def test_graded_keeps_every_new_token_and_scores_by_the_boundary_rule(load):
         assert (g == a) if ok else (stripped.startswith(g) and g != a)
 
 
+def _key(job: str, *what) -> str:
+    """Where the current default's result of ``job`` is cached."""
+    from experiments.thought.cache import row_key
+    from experiments.thought.settings import default_fit
+
+    return row_key(job, default_fit(), *what)
+
+
 def _current() -> dict:
     """The settings a cached row names when the current default computed it."""
     from experiments.thought.settings import default_setting
@@ -70,9 +78,9 @@ def test_the_four_targets_are_read_from_the_rows():
     from experiments.thought.targets import targets_lines
 
     tasks = [f"t{i}" for i in range(10)]
-    good = {f"table/{t}": _row(20) for t in tasks}
+    good = {_key("table", t): _row(20) for t in tasks}
     single = {"accuracy": 20 / 24, "correct": 20, "n_test": 24, "locality": {"kl": 0.04, "accuracy": 0.97}}
-    good["compose/t0+t1"] = {**_current(), "tasks": ["t0", "t1"], "locality": {"kl": 0.05, "accuracy": 0.95},
+    good[_key("compose", "t0+t1")] = {**_current(), "tasks": ["t0", "t1"], "locality": {"kl": 0.05, "accuracy": 0.95},
                              "per_task": {"t0": {"accuracy": 18 / 24, "correct": 18, "n_test": 24, "single": single},
                                           "t1": {"accuracy": 20 / 24, "correct": 20, "n_test": 24, "single": single}}}
     verdicts = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": good}, ["m"], tasks)
@@ -80,34 +88,38 @@ def test_the_four_targets_are_read_from_the_rows():
     assert verdicts == ["met"] * 4  # no joint fit cached: one row for the edits added
     fresh = [line for line in targets_lines({"m": good}, ["m"], tasks) if "| m | fresh (scored once) |" in line]
     assert len(fresh) == 4 and all("not measured" in line for line in fresh)  # no fresh row: not measured
-    both = {**good, **{f"fresh/{t}": _row(10 if t == "t0" else 20) for t in tasks}}
+    both = {**good, **{_key("fresh", t): _row(10 if t == "t0" else 20) for t in tasks}}
     fresh = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": both}, ["m"], tasks)
              if "| m | fresh (scored once) |" in line]
     assert fresh[:3] == ["missed", "met", "missed"]  # own verdicts: t0 at half of full (9 of 10; 0.42 below distilled)
     joint = {"locality": {"kl": 0.06, "accuracy": 0.9},
              "per_task": {"t0": {"accuracy": 20 / 24, "correct": 20, "n_test": 24},
                           "t1": {"accuracy": 17 / 24, "correct": 17, "n_test": 24}}}
-    good["compose/t0+t1"] = {**good["compose/t0+t1"], "joint": joint}
+    good[_key("compose", "t0+t1")] = {**good[_key("compose", "t0+t1")], "joint": joint}
     lines = [line for line in targets_lines({"m": good}, ["m"], tasks) if line.startswith("| ") and "| m | test |" in line]
     assert [line.rsplit("|", 2)[1].strip() for line in lines] == ["met"] * 5
     assert "(one joint fit)" in lines[4] and "t0 1.00, t1 0.85" in lines[4] and "KL 0.060 at once" in lines[4]
-    bad = {**good, "table/t3": _row(20, kl=0.2), "table/t4": _row(20, seconds=(3.0, 30.0))}
-    bad["compose/t0+t1"] = {**good["compose/t0+t1"], "per_task": {**good["compose/t0+t1"]["per_task"],
+    bad = {**good, _key("table", "t3"): _row(20, kl=0.2), _key("table", "t4"): _row(20, seconds=(3.0, 30.0))}
+    bad[_key("compose", "t0+t1")] = {**good[_key("compose", "t0+t1")], "per_task": {**good[_key("compose", "t0+t1")]["per_task"],
                                                                   "t0": {"accuracy": 15 / 24, "correct": 15,
                                                                          "n_test": 24, "single": single}}}
-    old = dict(bad["table/t5"])
+    old = dict(bad[_key("table", "t5")])
     del old["continuations"]  # scored before the boundary verdict: not counted
-    bad["table/t5"] = old
+    bad[_key("table", "t5")] = old
     verdicts = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": bad}, ["m"], tasks)
                 if line.startswith("| ") and "| m | test |" in line]
     assert verdicts == ["missed", "missed", "missed", "missed", "met"]  # 9 of 9 tasks < 10 needed; KL; 10×; 0.75
-    bad["compose/t0+t1"]["joint"] = {**joint, "per_task": {**joint["per_task"], "t1": {"accuracy": 15 / 24,
+    bad[_key("compose", "t0+t1")]["joint"] = {**joint, "per_task": {**joint["per_task"], "t1": {"accuracy": 15 / 24,
                                                                                       "correct": 15, "n_test": 24}}}
     verdicts = [line.rsplit("|", 2)[1].strip() for line in targets_lines({"m": bad}, ["m"], tasks)
                 if line.startswith("| ") and "| m | test |" in line]
     assert verdicts[4] == "missed"  # the joint fit's t1 at 0.75 of its single accuracy
-    stale = {**good, "table/t6": {**good["table/t6"], "preserve_strength": 0.0},  # an earlier default's rows
-             "table/t7": {**good["table/t7"], "distill": {"lr": 1.0}}}
+    from experiments.thought.cache import row_key
+    from experiments.thought.settings import default_fit
+
+    earlier = row_key("table", default_fit().replace(preserve_strength=0.0), "t6")  # an earlier default's row
+    stale = {**{k: v for k, v in good.items() if k != _key("table", "t6")}, earlier: good[_key("table", "t6")],
+             _key("table", "t7"): {**good[_key("table", "t7")], "distill": {"lr": 1.0}}}  # another distillation rate
     line = next(line for line in targets_lines({"m": stale}, ["m"], tasks) if line.startswith("| accuracy")
                 and "| m | test |" in line)
     assert "8 of 8 tasks" in line and line.rsplit("|", 2)[1].strip() == "missed"  # not counted as the default's

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from experiments.report import command, machine, write_fragment
-from experiments.thought.cache import cache_path, cached
+from experiments.thought.cache import cache_path, cached, current_row, fit_of, row_key
 from experiments.thought.jobs import run_model
 from experiments.thought.targets import (
     compose_lines,
@@ -53,9 +53,8 @@ from experiments.thought.settings import (
     CURVE_TASKS,
     DISTILL_LRS,
     PRESERVE_STRENGTHS,
-    default_setting,
-    is_current,
-    setting_name,
+    default_fit,
+    paper_fit,
     target_verdict,
 )
 from icl_lens.model import EMBEDDED_MODELS
@@ -77,7 +76,6 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     from icl_lens.thought import few_shot_texts
 
     loc = load_locality()
-    full_default = default_setting()
     default = {"kind": DEFAULT_KIND, "ridge": DEFAULT_RIDGE, "query_prefix": DEFAULT_QUERY_PREFIX}
     caches = {m: cached(out, m) for m in models}
     runs = [f"- {m}: {len(keys)} result(s) by {run}" for m in models for run, keys in caches[m].get("runs", {}).items()]
@@ -135,7 +133,9 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     ]
     verdicts: dict[str, list[tuple[str, bool]]] = {}
     steering_wins, paper_rows = [], []
-    table = {m: {t: r for t in tasks if is_current(r := caches[m].get(f"table/{t}"), full_default)} for m in models}
+    fit = default_fit()
+    table = {m: {t: r for t in tasks if (r := current_row(caches[m], row_key("table", fit, t))) is not None}
+             for m in models}
     for model in models:
         res = caches[model]
         for name, r in table[model].items():
@@ -151,7 +151,7 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
                 f"{kl['patched']:.3f} / {kl['control']:.3f} / {kl['steering']:.3f} | "
                 f"{pct(kept['patched'])} / {pct(kept['control'])} / {pct(kept['steering'])} | {total_seconds(r):.0f} |")
             steering_wins.append(r["accuracy"]["patched"] >= r["accuracy"]["steering"])
-            p = res.get(f"paper/{name}")
+            p = res.get(row_key("paper", paper_fit(), name))
             if p is not None:
                 paper_rows.append((model, name, p, r))
     summary = []
@@ -192,7 +192,7 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     lines += earlier_lines(caches, models, tasks)
     lines += distill_lines(caches, models, tasks)
     lines += compose_lines(caches, models)
-    lines += tuned_lines(caches, models, tasks, full_default)
+    lines += tuned_lines(caches, models, tasks)
     lines += paper_lines(caches, default)
     if paper_rows:
         lines += ["", "**Before / after**: the paper's settings (kind `both`, ridge 0, no query prefix, the "
@@ -208,8 +208,7 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     curves = {}
     for model in models:
         for name in tasks:
-            pts = {n: c for n in SIZES if (c := caches[model].get(f"curve/{name}/{n}")) is not None
-                   and setting_name(c) == setting_name(full_default)}  # the current default's curve only
+            pts = {n: c for n in SIZES if (c := caches[model].get(row_key("curve", fit, name, n))) is not None}
             if pts:
                 curves[(model, name)] = pts
     if curves:
@@ -227,7 +226,8 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     timing = []
     for model in models:
         secs = [total_seconds(v) + total_seconds(v.get("joint", {})) for k, v in caches[model].items()
-                if k.split("/", 1)[0] in ("table", "curve", "compose") and is_current(v, full_default)]
+                if k.split("/", 1)[0] in ("table", "curve", "compose") and fit_of(k) == fit.key()
+                and current_row(caches[model], k)]
         if secs:
             timing.append(f"{model} {sum(secs) / 60:.0f} min")
     if timing:
@@ -243,7 +243,8 @@ def _answer_tokens(out: Path, models: list[str], tasks: list[str]) -> dict:
 
     counts = {}
     for model_name in models:
-        names = [t for t in tasks if f"table/{t}" in cached(out, model_name)]
+        results = cached(out, model_name)
+        names = [t for t in tasks if row_key("table", default_fit(), t) in results]
         if not names:
             continue
         model = load_model(model_name)

@@ -15,9 +15,11 @@ from experiments.thought.settings import (
     SELECT_TASKS,
     SELECT_VALIDATE,
     STAGE_ONE,
+    default_fit,
     setting_name,
     target_verdict,
 )
+from experiments.thought.cache import fit_of, row_key
 from icl_lens.stats import bootstrap_ratio, wilson_interval
 
 
@@ -67,7 +69,7 @@ def agreement_lines(caches: dict, models, tasks) -> list[str]:
     n_all, wrong_all, same_all, repeated_all = 0, 0, Counter(), Counter()
     for model in models:
         for name in tasks:
-            r = caches[model].get(f"table/{name}")
+            r = caches[model].get(row_key("table", default_fit(), name))
             if r is None or "answers" not in r:
                 continue
             answers, full_ok = r["answers"], r["outcomes"]["full"]
@@ -121,7 +123,7 @@ def answer_length_lines(caches: dict, models, tasks, answer_tokens: dict) -> lis
     rows = []
     for model in models:
         for name in tasks:
-            r, n_tok = caches[model].get(f"table/{name}"), answer_tokens.get((model, name))
+            r, n_tok = caches[model].get(row_key("table", default_fit(), name)), answer_tokens.get((model, name))
             if r is None or n_tok is None or "outcomes" not in r or target_verdict(r, r["correct"]["patched"]) != "missed":
                 continue
             o = r["outcomes"]
@@ -143,14 +145,15 @@ def answer_length_lines(caches: dict, models, tasks, answer_tokens: dict) -> lis
 
 def earlier_lines(caches: dict, models, tasks) -> list[str]:
     """The patched accuracy of each earlier default beside the current one (same test queries)."""
-    rows = []
+    rows, current = [], default_fit().key()
     for model in models:
         res = caches[model]
-        for key, old in res.items():
-            if not key.startswith("earlier/") or key.rsplit("/", 1)[1] not in tasks:
+        for key, old in res.items():  # rows of earlier defaults: kept aside, or under another fit's key
+            earlier = key.startswith("earlier/") or (key.startswith("table/") and fit_of(key) != current)
+            if not earlier or key.rsplit("/", 1)[1] not in tasks:
                 continue
             name = key.rsplit("/", 1)[1]
-            r = res.get(f"table/{name}")
+            r = res.get(row_key("table", default_fit(), name))
             if r is None:
                 continue
             rows.append(f"| {model} | {name} | {setting_name(old)} | {acc_ci(r, 'full')} | {acc_ci(old, 'patched')} | "
@@ -171,15 +174,16 @@ def to_full(r: dict, correct: int) -> str:
     return f"{correct / full:.2f}" if full else "–"
 
 
-def tuned_lines(caches: dict, models, tasks, default: dict) -> list[str]:
+def tuned_lines(caches: dict, models, tasks) -> list[str]:
     """Tuned per task, reported as such: where the default misses, the second-stage setting with the lowest
     held-out train answer KL on that task alone, and its test accuracy beside the default's (tunings made against
-    another default than ``default`` are left out)."""
+    another default are under another key, left out)."""
     rows = []
     for model in models:
         for name in tasks:
-            t, r = caches[model].get(f"tuned/{name}"), caches[model].get(f"table/{name}")
-            if t is None or r is None or setting_name(t) != setting_name(default):
+            t = caches[model].get(row_key("tuned", default_fit(), name))
+            r = caches[model].get(row_key("table", default_fit(), name))
+            if t is None or r is None:
                 continue
             kl = t["validation_kl"]
             chosen, default = t.get("chosen_name", setting_name(t["chosen"])), setting_name(t)

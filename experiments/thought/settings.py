@@ -86,29 +86,28 @@ def _lowest_text_kl(scores: dict[float, tuple[float, float]], limit: float) -> f
     return min(allowed, key=lambda s: (scores[s][1], s))
 
 
-def default_setting() -> dict:
-    """The frozen default of every fit (icl_lens.thought._defaults), with the preserve set it reads."""
-    from icl_lens.thought import (
-        DEFAULT_ANSWER_TOKENS,
-        DEFAULT_KIND,
-        DEFAULT_PRESERVE_STRENGTH,
-        DEFAULT_QUERY_PREFIX,
-        DEFAULT_RIDGE,
-    )
+def default_fit():
+    """The frozen default of every fit, ``ThoughtFit()`` (icl_lens.thought): the report and every cache key read it
+    from here."""
+    from icl_lens.thought import ThoughtFit
+
+    return ThoughtFit()
+
+
+def paper_fit():
+    """Algorithm 1 as published (:data:`PAPER`)."""
+    return default_fit().replace(**PAPER)
+
+
+def default_setting(fit=None) -> dict:
+    """The settings of ``fit`` (default :func:`default_fit`) that rows show and :func:`setting_name` names, with the
+    preserve set a fit with the penalty reads."""
     from icl_lens.thought import PRESERVE_SET
 
-    return {"kind": DEFAULT_KIND, "ridge": DEFAULT_RIDGE, "query_prefix": DEFAULT_QUERY_PREFIX,
-            "answer_tokens": DEFAULT_ANSWER_TOKENS, "preserve_strength": DEFAULT_PRESERVE_STRENGTH,
-            **({"preserve_set": PRESERVE_SET} if DEFAULT_PRESERVE_STRENGTH else {})}
-
-
-def is_current(row: dict | None, default: dict | None = None) -> bool:
-    """A cached result computed with the current default (``default_setting()``), distillation's rate included."""
-    from icl_lens.thought import DISTILL_LR
-
-    return (row is not None and {"kind", "ridge", "query_prefix"} <= set(row)
-            and setting_name(row) == setting_name(default or default_setting())
-            and ("distill" not in row or row["distill"]["lr"] == DISTILL_LR))
+    fit = fit or default_fit()
+    return {"kind": fit.kind, "ridge": fit.ridge, "query_prefix": fit.query_prefix,
+            "answer_tokens": fit.answer_tokens, "preserve_strength": fit.preserve_strength,
+            **({"preserve_set": PRESERVE_SET} if fit.preserve_strength else {})}
 
 
 def choose_lr(scores: dict[float, float]) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from experiments.thought.cache import current_row, fit_of, row_key
 from experiments.thought.sections import acc_ci, kept_of, pct, ratio_ci
 from experiments.thought.settings import (
     COMMAND,
@@ -27,7 +28,7 @@ from experiments.thought.settings import (
     choose_lr,
     choose_strength,
     earlier_strength_choice,
-    is_current,
+    default_fit,
     setting_name,
 )
 
@@ -38,15 +39,16 @@ SPLITS = ("fresh", "test")  # the targets' queries: fresh (scored once, by the f
 SPLIT_NAMES = {"fresh": "fresh (scored once)", "test": "test"}
 
 
-def row_key(split: str, task: str) -> str:
-    """The cache key of a task's main-table row on ``split``: ``table/<task>`` (test) or ``fresh/<task>``."""
-    return f"{'table' if split == 'test' else split}/{task}"
+def split_key(split: str, task: str) -> str:
+    """The cache key of a task's main-table row on ``split`` with the current default: ``table/…`` (test) or
+    ``fresh/…``."""
+    return row_key("table" if split == "test" else split, default_fit(), task)
 
 
 def new_rows(caches: dict, model: str, tasks, split: str = "test") -> dict[str, dict]:
     """The model's rows on ``split`` scored by issue 22's verdict (they keep whole continuations) with the current
     default (an earlier default's row is not the default's result)."""
-    return {t: r for t in tasks if is_current(r := caches[model].get(row_key(split, t))) and "continuations" in r}
+    return {t: r for t in tasks if (r := current_row(caches[model], split_key(split, t))) and "continuations" in r}
 
 
 def ratio_met(r: dict) -> tuple[bool, float | None, tuple | None]:
@@ -90,7 +92,7 @@ def per_task_key(split: str) -> str:
 def compose_groups(caches: dict, model: str, size: int) -> list[dict]:
     """The model's cached composed groups of ``size`` tasks, fitted with the current default."""
     return [c for key, c in caches[model].items()
-            if key.startswith("compose/") and len(c["tasks"]) == size and is_current(c)]
+            if key.startswith("compose/") and fit_of(key) == default_fit().key() and len(c["tasks"]) == size]
 
 
 def at_once(group: dict, task: str, method: str, split: str = "test") -> dict | None:

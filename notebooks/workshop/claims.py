@@ -166,16 +166,19 @@ def thought_locality(models: Sequence[str] = ("gemma-3-270m", "smollm2-135m"), *
                      ) -> dict[tuple[str, str], float] | None:
     """``{(model, task): share}``: on how many of another task's queries the thought-patched model keeps the
     unpatched model's answer (``locality_kept["patched"]``, before issue 22 ``locality_accuracy``, of each
-    ``table/<task>`` row of
-    ``eval_thought.<model>.json``). None when no report has it."""
+    ``table/…/<task>`` row of ``eval_thought.<model>.json`` fitted with the documented default ``ThoughtFit()``).
+    None when no report has it."""
+    from icl_lens.thought import ThoughtFit
+
+    default = ThoughtFit().to_dict()
     shares = {}
     for model in models:
         report = read_report(f"thought.{model}", root) or {}
         for key, row in report.items():
             share = lookup(row, "locality_kept", "patched")
             share = lookup(row, "locality_accuracy", "patched") if share is None else share
-            if key.startswith("table/") and isinstance(share, (int, float)):
-                shares[(model, key.removeprefix("table/"))] = float(share)
+            if key.startswith("table/") and isinstance(share, (int, float)) and row.get("fit") == default:
+                shares[(model, key.rsplit("/", 1)[1])] = float(share)
     return shares or None
 
 
