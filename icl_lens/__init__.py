@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
         DEFAULT_SPIKE_THRESHOLD,
         GenerationPatches,
         SpikeFlags,
+        SpikeSettings,
         SpikeThreshold,
         generate_with_patches,
         spike_scores,

@@ -276,3 +276,27 @@ def test_answer_key_and_labelling():
     assert not is_correct(" Rome", ()) and not is_correct("\nParis", ("Paris",))
 
 
+
+
+def test_spike_settings_travel_with_the_flags_and_pick_the_shipped_threshold(load):
+    """One settings object for scores, flags and the shipped thresholds: the keyword arguments are the same
+    mechanism, the flags carry what they were computed with, and ``threshold=None`` is the calibrated one."""
+    from icl_lens import SpikeSettings, spike_threshold
+
+    settings = SpikeSettings(window=8, threshold=2.0, statistic="max")
+    norms = alternating(40)
+    by_object = spike_scores_from_norms(norms, settings)
+    by_keywords = spike_scores_from_norms(norms, window=8, threshold=2.0, statistic="max")
+    assert torch.equal(by_object.scores.nan_to_num(), by_keywords.scores.nan_to_num())
+    assert by_object.settings == settings.replace(layers=(0, 1, 2))  # the layers as used
+    assert SpikeSettings.from_dict(settings.to_dict()) == settings
+    assert SpikeSettings.from_dict(SpikeSettings(layers=slice(1, None)).to_dict()).layers == slice(1, None)
+    assert spike_threshold("gemma-3-270m", settings) == spike_threshold("gemma-3-270m", window=8, statistic="max")
+    with pytest.raises(TypeError, match="unknown spike setting"):
+        spike_scores_from_norms(norms, windw=8)
+    with pytest.raises(ValueError, match="no model"):
+        spike_scores_from_norms(norms, threshold=None)
+    model = load("tiny-gemma3")
+    patches = token_patches(model, "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 2)
+    calibrated = spike_scores(patches, threshold=None)
+    assert calibrated.threshold == spike_threshold(model.cfg.model_name).value

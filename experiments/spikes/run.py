@@ -35,14 +35,14 @@ from experiments.spikes.summary import (
     to_json,
 )
 from icl_lens.model import load_model
-from icl_lens.spikes import DETECTORS_FILE
+from icl_lens.spikes import DETECTORS_FILE, SpikeSettings
 from icl_lens.spikes import THRESHOLDS_FILE
 from icl_lens.stats import bootstrap_auroc_difference
 from icl_lens.stats import LAMBDAS, NEWTON_MAX_FEATURES
 
 FLAG_STATISTICS = ("mean", "median", "max", "norm")
 FLAG_WINDOWS = (16, 8)
-DEFAULT_FLAG = ("mean", 16)  # generate_with_patches' and the dashboard's statistic and window
+DEFAULT_FLAG = (SpikeSettings().statistic, SpikeSettings().window)  # generation's and the dashboard's flag
 RATE = 0.05
 QUICK_LAMBDAS = (1e-2, 1.0)
 COPY_CHECK = "patch, answer + last prompt token"  # compared with −log p on answers that do not copy the question

@@ -1,6 +1,7 @@
 """Spike flags: tokens whose patch norm jumps above the tokens just before them, and the answers they flag.
 
-:func:`spike_scores` (robust trailing z-scores of the token-patch norms, docs/design.md §2),
+:func:`spike_scores` (robust trailing z-scores of the token-patch norms, docs/design.md §2) with their
+:class:`SpikeSettings`,
 the shipped per-model thresholds (:func:`spike_threshold`, ``data/spike_thresholds.json``) and
 wrong-answer detectors (:func:`spike_detector`, ``data/spike_detectors.json``), and
 :func:`generate_with_patches` (generation that records every new token's norms, score and flag).
@@ -14,6 +15,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
                                            shipped_detectors, spike_detector, spike_readout)
     from icl_lens.spikes._generation import GenerationPatches, generate_with_patches, predictive_stats
     from icl_lens.spikes._scores import SpikeFlags, informative_positions, spike_scores, spike_scores_from_norms
-    from icl_lens.spikes._thresholds import THRESHOLDS_FILE, DEFAULT_SPIKE_THRESHOLD, SpikeThreshold, spike_threshold
+    from icl_lens.spikes._settings import DEFAULT_SPIKE_THRESHOLD, STATISTICS, SpikeSettings
+    from icl_lens.spikes._thresholds import THRESHOLDS_FILE, SpikeThreshold, spike_threshold
 
 __getattr__, __dir__, __all__ = lazy_exports(globals())

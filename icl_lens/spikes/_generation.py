@@ -41,11 +41,14 @@ from icl_lens.spikes._scores import SpikeFlags, spike_scores
 from icl_lens.patches._incremental import PatchSession
 from icl_lens.model._prompts import PromptError, context_limit, encode_prompt, str_tokens
 from icl_lens.spikes._detector import PROMPT_TAIL, AnswerFlag, read_answer, spike_detector
+from icl_lens.spikes._settings import SpikeSettings
 from icl_lens.spikes._thresholds import SpikeThreshold, spike_threshold
 
 if TYPE_CHECKING:
     from icl_lens.model._types import Model
 
+
+CALIBRATED = SpikeSettings(threshold=None)  # generation's default: the model's calibrated threshold
 
 @dataclass(frozen=True, eq=False)
 class GenerationPatches:
@@ -172,29 +175,28 @@ def generate_with_patches(
     greedy: bool = True,
     temperature: float = 1.0,
     seed: int | None = None,
-    window: int = 16,
-    threshold: float | None = None,
-    layers: Sequence[int] | range | None = None,
-    statistic: str = "mean",
+    spikes: SpikeSettings | None = None,
     stop: Sequence[str] = (),
     stop_at_eos: bool = True,
     session: PatchSession | None = None,
     detector: bool = True,
+    **spike_settings,
 ) -> GenerationPatches:
     """Generate up to ``max_new_tokens`` tokens and record each one's patches (module docstring).
 
     ``greedy``: argmax decoding, else sampling from ``softmax(logits / temperature)`` with
     a ``torch.Generator`` seeded by ``seed``. Generation stops early after an EOS token
     (``stop_at_eos``) or once the generated text contains one of the strings in ``stop``
-    (the stopping token is kept). ``window``, ``threshold``, ``layers``, ``statistic``:
-    as in :func:`icl_lens.spike_scores`, except that ``threshold=None`` (the default) takes
-    the model's calibrated threshold for this statistic and window over all layers
-    (:func:`icl_lens.spike_threshold`), or 3.5 where there is none. ``session``: a
+    (the stopping token is kept). ``spikes``: the flags' :class:`~icl_lens.spikes.SpikeSettings`, default
+    ``SpikeSettings(threshold=None)``: the model's calibrated threshold for the statistic and window over all
+    layers (:func:`icl_lens.spike_threshold`), or 3.5 where there is none; ``spike_settings``: its fields as
+    keyword arguments (``window``, ``threshold``, ``layers``, ``statistic``). ``session``: a
     :class:`PatchSession` of this model to reuse (its cached prefix is reused where the new
     prompt shares it). ``detector``: read the answer with the model's shipped wrong-answer
     detector where there is one (``answer_flag``; module docstring).
     """
     _validate(max_new_tokens, greedy, temperature)
+    settings = SpikeSettings.of(spikes or CALIBRATED, **spike_settings)
     ids = encode_prompt(model, prompt)
     limit = context_limit(model)
     if ids.numel() + max_new_tokens > limit:
@@ -237,10 +239,10 @@ def generate_with_patches(
                 break
     name = model.cfg.model_name
     chosen = None
-    if threshold is None:
-        chosen = spike_threshold(name, statistic=statistic, window=window, layers=layers)
-        threshold = chosen.value
-    flags = spike_scores(patches, window=window, threshold=threshold, layers=layers, statistic=statistic)
+    if settings.threshold is None:
+        chosen = spike_threshold(name, settings)
+        settings = settings.replace(threshold=chosen.value)
+    flags = spike_scores(patches, settings)
     found = spike_detector(name) if detector else None
     answer_flag = None
     if found is not None and prompt_length >= PROMPT_TAIL and len(logprobs) > 0:

@@ -54,12 +54,12 @@ from torch import Tensor
 
 from icl_lens.core._kept_attention import removes_nothing
 from icl_lens.patches._patch_set import TokenPatches
+from icl_lens.spikes._settings import SpikeSettings
 
 MAD_TO_SIGMA = 1.4826  # 1 / Φ⁻¹(3/4): MAD of a normal times this is its σ
 MEAN_AD_TO_SIGMA = 1.2533  # sqrt(π/2): mean absolute deviation of a normal times this is its σ
 RELATIVE_SCALE_FLOOR = 1e-6
 SCORE_CAP = 1e6
-STATISTICS = ("mean", "median", "max", "norm")
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,6 +78,12 @@ class SpikeFlags:
     layers: tuple[int, ...]
     norms: Float[Tensor, "layer pos"]
     informative: Bool[Tensor, " pos"]
+
+    @property
+    def settings(self) -> SpikeSettings:
+        """The settings these flags were computed with (the threshold and layers as used)."""
+        return SpikeSettings(window=self.window, threshold=self.threshold, layers=self.layers,
+                             statistic=self.statistic, min_context=self.min_context)
 
     @property
     def n_positions(self) -> int:
@@ -167,36 +173,27 @@ def _layer_indices(layers: Sequence[int] | range | slice | None, n_layers: int) 
     return out
 
 
-def _validate(window: int, threshold: float, min_context: int | None, statistic: str) -> int:
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive integer, got {window!r}")
-    if not isinstance(threshold, (int, float)) or threshold != threshold or abs(threshold) == float("inf"):
-        raise ValueError(f"threshold must be a finite number, got {threshold!r}")
-    if statistic not in STATISTICS:
-        raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
-    min_context = window if min_context is None else min_context
-    if isinstance(min_context, bool) or not isinstance(min_context, int) or not 1 <= min_context <= window:
-        raise ValueError(f"min_context must be an integer in 1..window ({window}), got {min_context!r}")
-    return min_context
-
-
 def spike_scores_from_norms(
     norms: Float[Tensor, "layer pos"],
+    settings: SpikeSettings | None = None,
     *,
     tokens: Sequence[str] | None = None,
     informative: Bool[Tensor, " pos"] | None = None,
-    window: int = 16,
-    threshold: float = 3.5,
-    layers: Sequence[int] | range | slice | None = None,
-    statistic: str = "mean",
-    min_context: int | None = None,
+    **changes,
 ) -> SpikeFlags:
     """Spike scores from a ``[layer, pos]`` tensor of patch norms (module docstring for the math).
 
-    ``informative``: positions whose patch is meaningful (default: all). ``tokens``:
-    labels for ``to_frame`` (default: the position numbers).
+    ``settings``: :class:`~icl_lens.spikes.SpikeSettings` (default ``SpikeSettings()``); ``changes``: any of its
+    fields as keyword arguments (``window``, ``threshold``, ``layers``, ``statistic``, ``min_context``).
+    The threshold must be a number here (no model to look a calibrated one up for). ``informative``: positions
+    whose patch is meaningful (default: all). ``tokens``: labels for ``to_frame`` (default: the position numbers).
     """
-    min_context = _validate(window, threshold, min_context, statistic)
+    settings = SpikeSettings.of(settings, **changes)
+    if settings.threshold is None:
+        raise ValueError("threshold=None takes a model's calibrated threshold; spike_scores_from_norms has no model "
+                         "(pass a number, e.g. icl_lens.spike_threshold(model_name).value)")
+    window, threshold, statistic, min_context = (settings.window, settings.threshold, settings.statistic,
+                                                 settings.context)
     if norms.ndim != 2 or norms.shape[1] == 0:
         raise ValueError(f"norms must be a non-empty [layer, pos] tensor, got shape {tuple(norms.shape)}")
     n_layers, n = norms.shape
@@ -208,7 +205,7 @@ def spike_scores_from_norms(
     tokens = tuple(str(t) for t in range(n)) if tokens is None else tuple(tokens)
     if len(tokens) != n:
         raise ValueError(f"{len(tokens)} tokens for {n} positions")
-    chosen = _layer_indices(layers, n_layers)
+    chosen = _layer_indices(settings.layers, n_layers)
     x = norms.detach().cpu().to(torch.float64)
     layer_z, enough = trailing_robust_z(x, informative, window=window, min_context=min_context)
     sel = layer_z[list(chosen)]
@@ -235,24 +232,20 @@ def informative_positions(patches: TokenPatches) -> Bool[Tensor, " pos"]:
     return ~removes_nothing(patches.kept.cpu())
 
 
-def spike_scores(
-    patches: TokenPatches,
-    *,
-    window: int = 16,
-    threshold: float = 3.5,
-    layers: Sequence[int] | range | slice | None = None,
-    statistic: str = "mean",
-    min_context: int | None = None,
-) -> SpikeFlags:
+def spike_scores(patches: TokenPatches, settings: SpikeSettings | None = None, **changes) -> SpikeFlags:
     """Spike scores and flags of every position of ``patches`` (see the module docstring).
 
-    ``window``: trailing positions each token is compared with; ``threshold``: robust z
-    above which a token is flagged; ``layers``: layers entering the aggregate (default
-    all); ``statistic``: one of ``"mean"``, ``"median"``, ``"max"``, ``"norm"``;
-    ``min_context``: informative predecessors needed before a position can be flagged
-    (default ``window``).
+    ``settings``: :class:`~icl_lens.spikes.SpikeSettings` (default ``SpikeSettings()``); ``changes``: any of its
+    fields as keyword arguments: ``window`` (trailing positions each token is compared with), ``threshold``
+    (robust z above which a token is flagged; default 3.5; ``None``: the calibrated threshold of
+    ``patches.model_name``), ``layers`` (layers entering the aggregate, default all), ``statistic`` (one of
+    ``"mean"``, ``"median"``, ``"max"``, ``"norm"``), ``min_context`` (informative predecessors needed before a
+    position can be flagged, default ``window``).
     """
-    return spike_scores_from_norms(
-        patches.norms(), tokens=patches.tokens, informative=informative_positions(patches),
-        window=window, threshold=threshold, layers=layers, statistic=statistic, min_context=min_context,
-    )
+    settings = SpikeSettings.of(settings, **changes)
+    if settings.threshold is None:
+        from icl_lens.spikes._thresholds import spike_threshold
+
+        settings = settings.replace(threshold=spike_threshold(patches.model_name, settings).value)
+    return spike_scores_from_norms(patches.norms(), settings, tokens=patches.tokens,
+                                   informative=informative_positions(patches))

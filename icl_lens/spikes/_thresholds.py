@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from icl_lens.spikes._settings import DEFAULT_SPIKE_THRESHOLD, SpikeSettings
+
 THRESHOLDS_FILE = Path(__file__).resolve().parent / "data" / "spike_thresholds.json"
-DEFAULT_SPIKE_THRESHOLD = 3.5
 
 
 @dataclass(frozen=True)
@@ -55,14 +56,18 @@ def calibrated_thresholds(path: Path | str | None = None) -> dict:
     return cached_json(THRESHOLDS_FILE if path is None else path)
 
 
-def spike_threshold(model_name: str, *, statistic: str = "mean", window: int = 16, layers=None,
-                    path: Path | str | None = None) -> SpikeThreshold:
-    """The calibrated threshold of ``model_name`` for this statistic and window over all layers, else the default.
+def spike_threshold(model_name: str, settings: SpikeSettings | None = None, *, path: Path | str | None = None,
+                    **changes) -> SpikeThreshold:
+    """The calibrated threshold of ``model_name`` for the settings' statistic and window over all layers, else the
+    default.
 
-    ``layers=None`` means all layers, the only selection calibrated; ``path``: another
-    thresholds file (default :data:`THRESHOLDS_FILE`).
+    ``settings``: :class:`~icl_lens.spikes.SpikeSettings` (default ``SpikeSettings()``), ``changes``: its fields
+    as keyword arguments (``statistic``, ``window``, ``layers``); ``layers=None`` means all layers, the only
+    selection calibrated; ``path``: another thresholds file (default :data:`THRESHOLDS_FILE`).
     """
-    if layers is None:
+    settings = SpikeSettings.of(settings, **changes)
+    statistic, window = settings.statistic, settings.window
+    if settings.layers is None:
         entry = calibrated_thresholds(path).get("models", {}).get(model_name, {})
         for row in entry.get("thresholds", []):
             if row["statistic"] == statistic and int(row["window"]) == int(window) and row.get("layers") == "all":
