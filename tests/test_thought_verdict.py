@@ -139,7 +139,7 @@ def test_the_default_preserve_strength_is_the_rules_choice_on_the_committed_sele
     from experiments.thought.settings import PRESERVE_STRENGTHS, SELECT_TASKS, choose_strength
     from experiments.thought.targets import rule_scores, strength_scores
     from icl_lens.thought._defaults import DEFAULT_PRESERVE_STRENGTH
-    from icl_lens.thought._preserve import PRESERVE_SET
+    from icl_lens.thought import PRESERVE_SET
 
     caches = {p.name: json.loads(p.read_text()) for p in sorted(Path("reports").glob("eval_thought.*.json"))}
     got = strength_scores(caches, SELECT_TASKS, PRESERVE_SET)

@@ -81,9 +81,10 @@ class SpikeFlags:
 
     @property
     def settings(self) -> SpikeSettings:
-        """The settings these flags were computed with (the threshold and layers as used)."""
-        return SpikeSettings(window=self.window, threshold=self.threshold, layers=self.layers,
-                             statistic=self.statistic, min_context=self.min_context)
+        """The settings these flags were computed with (the threshold and layers as used; ``min_context`` None
+        where it was the window)."""
+        return SpikeSettings(window=self.window, threshold=self.threshold, layers=self.layers, statistic=self.statistic,
+                             min_context=None if self.min_context == self.window else self.min_context)
 
     @property
     def n_positions(self) -> int:

@@ -10,14 +10,16 @@ flagged (``None``: ``window``). No torch here: the command line reads it before 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass
+
+from icl_lens._settings import Settings
 
 DEFAULT_SPIKE_THRESHOLD = 3.5  # a robust z of 3.5: Iglewicz & Hoaglin's outlier cut-off
 STATISTICS = ("mean", "median", "max", "norm")
 
 
 @dataclass(frozen=True)
-class SpikeSettings:
+class SpikeSettings(Settings):
     """How spike scores are computed and flagged (module docstring). ``SpikeSettings()`` is the default of
     :func:`~icl_lens.spikes.spike_scores`; :func:`~icl_lens.spikes.generate_with_patches` and the dashboard
     flag with the model's calibrated threshold (``threshold=None``). :class:`~icl_lens.spikes.SpikeFlags` carry
@@ -28,6 +30,7 @@ class SpikeSettings:
     layers: tuple[int, ...] | slice | None = None
     statistic: str = "mean"
     min_context: int | None = None
+    _what = "spike setting"
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
@@ -52,21 +55,6 @@ class SpikeSettings:
         """Informative predecessors needed before a flag: ``min_context``, else ``window``."""
         return self.window if self.min_context is None else self.min_context
 
-    @classmethod
-    def of(cls, settings: "SpikeSettings | None" = None, **changes) -> "SpikeSettings":
-        """``settings`` (default ``SpikeSettings()``) with ``changes`` (field names) replaced: how the functions
-        that take spike settings read their ``settings=`` and keyword arguments."""
-        if settings is not None and not isinstance(settings, cls):
-            raise TypeError(f"settings must be SpikeSettings, got {type(settings).__name__}")
-        settings = settings or cls()
-        return settings.replace(**changes) if changes else settings
-
-    def replace(self, **changes) -> "SpikeSettings":
-        unknown = sorted(set(changes) - {f.name for f in fields(self)})
-        if unknown:
-            raise TypeError(f"unknown spike setting(s) {unknown}; the settings are {[f.name for f in fields(self)]}")
-        return replace(self, **changes)
-
     def to_dict(self) -> dict:
         """Plain JSON types (``layers`` a list, or ``{"slice": [start, stop, step]}``)."""
         d = asdict(self)
@@ -77,11 +65,6 @@ class SpikeSettings:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SpikeSettings":
-        unknown = sorted(set(d) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"not spike settings: {unknown}")
+    def _from_json(cls, d: dict) -> dict:
         layers = d.get("layers")
-        if isinstance(layers, dict):
-            d = {**d, "layers": slice(*layers["slice"])}
-        return cls(**d)
+        return {**d, "layers": slice(*layers["slice"])} if isinstance(layers, dict) else d

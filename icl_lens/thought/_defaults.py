@@ -8,8 +8,10 @@ import hashlib
 import json
 import math
 import operator
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from icl_lens._settings import Settings
 
 #: evaluate_thought's conditions: the query alone, the full prompt, then the query alone under each edit.
 CONDITIONS = ("none", "full", "patched", "distilled", "steering", "control")
@@ -61,7 +63,7 @@ def _finite(name: str, value, *, positive: bool = False) -> float:
 
 
 @dataclass(frozen=True)
-class ThoughtFit:
+class ThoughtFit(Settings):
     """The settings of one thought-patch fit (Algorithm 1 of arXiv 2510.08734; :func:`icl_lens.thought_patch`).
 
     ``ThoughtFit()`` is the documented default, chosen on held-out train queries of both embedded models
@@ -92,6 +94,7 @@ class ThoughtFit:
     preserve: tuple[str, ...] | None = None
     preserve_strength: float = DEFAULT_PRESERVE_STRENGTH
     batch_size: int = 16
+    _what = "thought-fit setting"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -117,36 +120,12 @@ class ThoughtFit:
         if self.preserve is not None:
             set_("preserve", tuple(self.preserve))
 
-    @classmethod
-    def of(cls, fit: "ThoughtFit | None" = None, **settings) -> "ThoughtFit":
-        """``fit`` (default ``ThoughtFit()``) with ``settings`` (field names) replaced: how the functions that
-        take a fit read their ``fit=`` and keyword arguments."""
-        if fit is not None and not isinstance(fit, cls):
-            raise TypeError(f"fit must be a ThoughtFit, got {type(fit).__name__}")
-        return (fit or cls()).replace(**settings) if settings else (fit or cls())
-
-    def replace(self, **changes) -> "ThoughtFit":
-        """A copy with ``changes`` (field names as keyword arguments; an unknown name is a ``TypeError``)."""
-        unknown = sorted(set(changes) - {f.name for f in fields(self)})
-        if unknown:
-            raise TypeError(f"unknown thought-fit setting(s) {unknown}; the settings are "
-                            f"{[f.name for f in fields(self)]}")
-        return replace(self, **changes)
-
     def to_dict(self) -> dict:
         """Plain JSON types: lists for ``layers`` and ``preserve``."""
         d = asdict(self)
         d["layers"] = None if self.layers is None else list(self.layers)
         d["preserve"] = None if self.preserve is None else list(self.preserve)
         return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ThoughtFit":
-        """The inverse of :meth:`to_dict` (missing keys take the defaults; an unknown key is a ``ValueError``)."""
-        unknown = sorted(set(d) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"not thought-fit settings: {unknown}")
-        return cls(**d)
 
     def key(self, preserve_set: str = PRESERVE_SET) -> str:
         """A short stable hash of everything the fit depends on: the settings, and for ``preserve=None``

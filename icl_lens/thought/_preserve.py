@@ -32,7 +32,6 @@ from transformers import DynamicCache
 
 from icl_lens.model._prompts import bos_id, context_limit
 from icl_lens.model._reading import NonFiniteActivationError
-from icl_lens.thought._defaults import PRESERVE_SET
 from icl_lens.thought.tasks import TASK_DIR
 
 PRESERVE_DIR = TASK_DIR / "preserve"
