@@ -369,3 +369,31 @@ def test_gemma_dashboard_matches_library(gemma, dash_factory):
     traj = icl_lens.trajectory(gemma, text, query=patches.n_positions - 1)
     np.testing.assert_allclose(_arr(d.trajectory_panel.norms[17].y),
                                traj.meta_gradient_norms()[17].double().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_keystroke_tokenises_and_checks_its_prompt_once(load, monkeypatch):
+    """One tokenisation and one check of the ids per keystroke: the patches, the trajectory of a query (a prefix
+    of the ids) and the attention pattern take the ids as encoded."""
+    from icl_lens.model import _prompts
+    from icl_lens.ui._analysis import PromptAnalyzer
+
+    model = load("tiny-llama")
+    analyzer = PromptAnalyzer(model)
+    counts = {"tokenised": 0, "checked": 0}
+    to_tokens, remember = model.to_tokens, _prompts._remember
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            counts[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(model, "to_tokens", counted("tokenised", to_tokens))
+    monkeypatch.setattr(_prompts, "_remember", counted("checked", remember))
+    prompt = analyzer.encode("one two three four five six")
+    analyzer.patches(prompt)
+    analyzer.trajectory(prompt, 4)
+    analyzer.attention(prompt, 0)
+    assert counts == {"tokenised": 1, "checked": 1}
+    with pytest.raises(icl_lens.PromptError, match="empty"):  # the one empty-prompt message
+        analyzer.encode("   ")

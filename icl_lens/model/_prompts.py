@@ -1,6 +1,13 @@
-"""Turn a prompt (text or token ids) into validated token ids for a bridge, and many of them into one right-padded batch."""
+"""Turn a prompt (text or token ids) into validated token ids for a bridge, and many of them into one right-padded batch.
+
+A prompt is tokenised and checked once: :func:`encode_prompt` remembers (per model, weakly) the id tensors it
+returned, and a later call with one of them, or with a 1-D view of one (a prefix, say), returns it unchecked, so
+ids encoded once can be passed down through every public function without being checked again. (Ids changed in
+place after encoding are not checked again either.)
+"""
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -24,13 +31,40 @@ def bos_id(model) -> int | None:
     return None if tok is None else tok.bos_token_id
 
 
+def _encoded(model, ids) -> bool:
+    """Whether ``ids`` is (a 1-D, non-empty view of) a tensor :func:`encode_prompt` returned for ``model``."""
+    if not isinstance(ids, Tensor) or ids.ndim != 1 or ids.numel() == 0:
+        return False
+    seen = model_cache(model, "encoded")
+    return any((ref := seen.get(id(t))) is not None and ref() is t for t in (ids, ids._base) if t is not None)
+
+
+def _remember(model, ids: Tensor) -> Tensor:
+    """``ids`` (its own storage, so that its views name it as their base), remembered as encoded for ``model``."""
+    ids = ids.clone() if ids._base is not None else ids
+    seen = model_cache(model, "encoded")
+    if len(seen) > 256:  # forget the tensors that are gone
+        for key in [k for k, ref in seen.items() if ref() is None]:
+            del seen[key]
+    seen[id(ids)] = weakref.ref(ids)
+    return ids
+
+
+def tokenize(model, text: str) -> Int[Tensor, " pos"]:
+    """Token ids of ``text`` with BOS prepended (as the tokenizer/bridge does), unchecked for length; a
+    :class:`PromptError` if there is nothing to read."""
+    if not isinstance(text, str) or not text.strip():
+        raise PromptError("The prompt is empty (or only whitespace); type some text to analyse.")
+    return model.to_tokens(text, truncate=False)[0]
+
+
 def encode_prompt(model, prompt: str | Sequence[int] | Tensor) -> Int[Tensor, " pos"]:
-    """Token ids of ``prompt`` (BOS prepended for text, as the tokenizer/bridge does)."""
+    """Token ids of ``prompt`` (BOS prepended for text, as the tokenizer/bridge does), checked once (module docstring)."""
+    if _encoded(model, prompt):
+        return prompt
     check_model(model)
     if isinstance(prompt, str):
-        if not prompt.strip():
-            raise PromptError("The prompt is empty (or only whitespace); type some text to analyse.")
-        ids = model.to_tokens(prompt, truncate=False)[0]
+        ids = tokenize(model, prompt)
     else:
         ids = torch.as_tensor(prompt)
         if ids.numel() == 0:
@@ -47,7 +81,7 @@ def encode_prompt(model, prompt: str | Sequence[int] | Tensor) -> Int[Tensor, " 
             f"The prompt has {ids.numel()} tokens but {model.cfg.model_name or 'this model'} "
             f"handles at most {limit} (its context length). Shorten the prompt."
         )
-    return ids.to(model.cfg.device)
+    return _remember(model, ids.to(model.cfg.device))
 
 
 def encode_prompts(model, prompts: Sequence) -> list[Int[Tensor, " pos"]]:

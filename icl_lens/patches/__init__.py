@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 from icl_lens._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads this block)
-    from icl_lens.patches._batches import NORM_COLUMNS, PromptBatch, patch_norms, prompt_batch
+    from icl_lens.patches._batches import PromptBatch, length_batches, patch_norms, prompt_batch
     from icl_lens.patches._capture import ZeroNormWarning, dense_weights
     from icl_lens.patches._context_effect import ContextEffect, context_effect
     from icl_lens.patches._dense_weights import DenseWeights, StaleWeightsError
     from icl_lens.patches._incremental import PatchSession, UpdateStats
     from icl_lens.patches._kept_only import patches_applied
-    from icl_lens.patches._patch_set import PatchFileError, TokenPatches
+    from icl_lens.patches._patch_set import NORM_COLUMNS, PatchFileError, TokenPatches, norm_frame
     from icl_lens.patches._token_patches import (EquivalenceReport, noise_floor, token_patches, token_patches_naive,
                                                  verify_equivalence)
 

@@ -29,7 +29,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from icl_lens.core._kept_attention import default_kept_mask, removal_kept_mask
-from icl_lens.patches._patch_set import TokenPatches
+from icl_lens.patches._patch_set import TokenPatches, norm_frame
 from icl_lens.model._block_family import block_family
 from icl_lens.patches._capture import (
     LayerCapture,
@@ -45,9 +45,6 @@ from icl_lens.model._types import patch_dtype
 
 if TYPE_CHECKING:
     from icl_lens.model._types import Model
-
-NORM_COLUMNS = ["layer", "position", "token", "norm", "correction_norm"]
-
 
 def is_prompt_list(prompt) -> bool:
     """Whether ``prompt`` is a list of prompts (texts or id sequences) rather than one prompt."""
@@ -88,8 +85,9 @@ def prompt_batch(model, ids: Sequence[Tensor], *, remove=None, keep_bos: bool = 
     return PromptBatch(right_padded(ids, pad_id(model), device), lengths, bos, kept)
 
 
-def _batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Prompt indices grouped into batches of similar length (longest first)."""
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Prompt indices grouped into batches of similar length (longest first; ties in order): the one batching of
+    many prompts (the sweeps form theirs with it too)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -137,7 +135,7 @@ def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bo
     dev = output_device(model)
     weights = dense_weights(model)
     with _progress(len(ids), progress, "token patches") as bar:
-        for chunk in _batches([len(x) for x in ids], batch_size):
+        for chunk in length_batches([len(x) for x in ids], batch_size):
             batch = prompt_batch(model, [ids[i] for i in chunk], remove=remove, keep_bos=keep_bos)
             n = batch.ids.shape[1]
             out = empty_factors(model, n, dev, batch=len(chunk), layers=wanted, zeroed=False)
@@ -164,18 +162,18 @@ def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bo
 
 
 def iter_patch_norms(model, prompts: Sequence, *, batch_size: int = 16, layers: Iterable[int] | None = None,
-                     keep_bos: bool = True, ids: Sequence[Tensor] | None = None,
-                     ) -> Iterator[tuple[list[int], list[dict[str, np.ndarray]]]]:
+                     keep_bos: bool = True) -> Iterator[tuple[list[int], list[dict[str, np.ndarray]]]]:
     """Per batch: the prompt indices and, for each, ``layer``/``position``/``norm``/``correction_norm`` arrays.
 
-    Memory stays O(batch · layers · tokens · (d_model + d_mlp)) whatever the number of prompts.
+    Memory stays O(batch · layers · tokens · (d_model + d_mlp)) whatever the number of prompts. Ids already
+    encoded (:func:`~icl_lens.model.encode_prompt`) are taken as they are.
     """
     family = block_family(model)
-    ids = encode_prompts(model, prompts) if ids is None else ids
+    ids = encode_prompts(model, prompts)
     wanted = _layers(model, layers)
     weights = dense_weights(model)
     dev = output_device(model)
-    for chunk in _batches([len(x) for x in ids], batch_size):
+    for chunk in length_batches([len(x) for x in ids], batch_size):
         batch = prompt_batch(model, [ids[i] for i in chunk], keep_bos=keep_bos)
         n, k = batch.ids.shape[1], len(wanted)
         out = {key: torch.zeros(k, len(chunk), n, dtype=patch_dtype(model), device=dev)
@@ -213,12 +211,9 @@ def patch_norms(model: Model, prompts: Sequence, *, batch_size: int = 16, layers
     ids = encode_prompts(model, prompts)
     frames: list[pd.DataFrame | None] = [None] * len(ids)
     with _progress(len(ids), progress, "patch norms") as bar:
-        for chunk, rows in iter_patch_norms(model, prompts, batch_size=batch_size, layers=layers,
-                                            keep_bos=keep_bos, ids=ids):
+        for chunk, rows in iter_patch_norms(model, ids, batch_size=batch_size, layers=layers, keep_bos=keep_bos):
             for i, cols in zip(chunk, rows):
-                tokens = np.asarray(str_tokens(model, ids[i]), dtype=object)
-                frames[i] = pd.DataFrame({"prompt": i, "layer": cols["layer"], "position": cols["position"],
-                                          "token": tokens[cols["position"]], "norm": cols["norm"],
-                                          "correction_norm": cols["correction_norm"]})
+                frames[i] = norm_frame(tokens=str_tokens(model, ids[i]), **cols)
+                frames[i].insert(0, "prompt", i)
             bar.update(len(chunk))
-    return pd.concat(frames, ignore_index=True)[["prompt", *NORM_COLUMNS]]
+    return pd.concat(frames, ignore_index=True)

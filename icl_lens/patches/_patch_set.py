@@ -53,7 +53,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -68,10 +68,21 @@ from icl_lens.patches._dense_weights import DenseWeights, RecordedWeights, Stale
 from icl_lens.core._factored import stack_outputs
 from icl_lens.core._kept_attention import default_kept_mask
 
+# The tidy table of patch norms (TokenPatches.to_frame, patch_norms, the sweeps' parts): one row per (layer, position).
+NORM_COLUMNS = ("layer", "position", "token", "norm", "correction_norm")
 FILE_FORMAT = "icl_lens.token_patches"
 FILE_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 _TENSORS = ("delta", "u_in", "u_gate", "v", "correction", "u_norm", "token_ids", "zero_input", "kept")
+
+
+def norm_frame(layer: np.ndarray, position: np.ndarray, tokens: Sequence[str], norm: np.ndarray,
+               correction_norm: np.ndarray) -> pd.DataFrame:
+    """The norms table (columns :data:`NORM_COLUMNS`), one row per entry of the flat arrays; ``tokens``: the prompt's
+    token texts, read at each row's position."""
+    return pd.DataFrame({"layer": layer, "position": position,
+                         "token": np.asarray(tokens, dtype=object)[position] if len(position) else [],
+                         "norm": norm, "correction_norm": correction_norm}, columns=list(NORM_COLUMNS))
 
 
 class PatchFileError(ValueError):
@@ -326,14 +337,9 @@ class TokenPatches:
             return pd.concat([f.assign(prompt=b) for b, f in enumerate(frames)], ignore_index=True)
         norms = self.norms().detach().cpu().double().numpy()
         corr = self.correction_norms().detach().cpu().double().numpy()
-        positions = np.tile(np.asarray(self.positions, dtype=np.int64), self.n_layers)
-        return pd.DataFrame({
-            "layer": np.repeat(np.asarray(self.layers, dtype=np.int64), self.n_positions),
-            "position": positions,
-            "token": np.asarray(self.tokens, dtype=object)[positions] if len(positions) else [],
-            "norm": norms.reshape(-1),
-            "correction_norm": corr.reshape(-1),
-        }, columns=["layer", "position", "token", "norm", "correction_norm"])
+        return norm_frame(np.repeat(np.asarray(self.layers, dtype=np.int64), self.n_positions),
+                          np.tile(np.asarray(self.positions, dtype=np.int64), self.n_layers), self.tokens,
+                          norms.reshape(-1), corr.reshape(-1))
 
     def has_default_kept(self) -> bool:
         """Whether every query keeps ``{t}`` plus a kept BOS (the default removal)."""

@@ -25,13 +25,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from icl_lens.patches._patch_set import NORM_COLUMNS
+
 NORM_PARTS = "norms"
 FACTOR_PARTS = "factors"
 QUARANTINE = "quarantine"
 META_KEY = b"icl_lens.sweep"
 META_VERSION = 1
 SETTINGS = ("model", "revision", "dtype", "layers", "factors")
-COLUMNS = ("id", "layer", "position", "token", "norm", "correction_norm")
+COLUMNS = ("id", *NORM_COLUMNS)  # the norms table of icl_lens.patch_norms, keyed by the row's id
 SCHEMA = pa.schema([("id", pa.string()), ("layer", pa.int64()), ("position", pa.int64()), ("token", pa.string()),
                     ("norm", pa.float64()), ("correction_norm", pa.float64())])
 

@@ -127,37 +127,38 @@ def _check_layers(lm, layers: list[int] | None) -> None:
         raise ValueError(f"--layers must be in 0..{n - 1} (the model has {n} layers); got {layers}")
 
 
-def _chunks(rows: list[SweepRow], batch_size: int) -> list[list[SweepRow]]:
-    """Batches of similar length (characters, longest first), fixed before the split between processes.
+def _encoded_batches(lm, rows: list[SweepRow], batch_size: int
+                     ) -> tuple[list[list[tuple[SweepRow, torch.Tensor]]], list[BadRow]]:
+    """Every row encoded once (or its bad row), then batched once by token count (longest first, the batching
+    of :func:`icl_lens.patch_norms`), before the split between processes: every process count forms the same
+    batches, so the union of the parts is exactly what one process writes (rounding included)."""
+    from icl_lens.patches._batches import length_batches
+    from icl_lens.sweep._encode import encode_row
 
-    Every process count forms the same batches, so the union of the parts is exactly
-    what one process writes (rounding included).
-    """
-    ordered = sorted(rows, key=lambda r: (-len(r.prompt), r.line))
-    return [ordered[i: i + batch_size] for i in range(0, len(ordered), batch_size)]
+    good, bad = [], []
+    for row in sorted(rows, key=lambda r: r.line):
+        ids = encode_row(lm, row)
+        (bad if isinstance(ids, BadRow) else good).append(ids if isinstance(ids, BadRow) else (row, ids))
+    return [[good[i] for i in batch] for batch in length_batches([len(x) for _, x in good], batch_size)], bad
 
 
-def _norm_frames(lm, chunk: list[tuple[SweepRow, torch.Tensor]], out: Path, stem: str, factors: bool,
-                 layers: list[int] | None) -> pd.DataFrame:
-    """Norms of one batch as one table; with ``factors``, the batch's factor shard is written first."""
+def _norm_frame(lm, chunk: list[tuple[SweepRow, torch.Tensor]], out: Path, stem: str, factors: bool,
+                layers: list[int] | None) -> pd.DataFrame:
+    """Norms of one batch as one table, through the public doors (the ids as they were encoded); with
+    ``factors``, the batch's factor shard is written first."""
+    from icl_lens.patches._batches import patch_norms
     from icl_lens.patches._patch_set import TokenPatches
-    from icl_lens.patches._batches import batched_token_patches, iter_patch_norms
-    from icl_lens.model._prompts import str_tokens
+    from icl_lens.patches._token_patches import token_patches
 
-    ids = [x for _, x in chunk]
-    frames = []
+    ids, names = [x for _, x in chunk], np.asarray([r.id for r, _ in chunk], dtype=object)
     if factors:
-        patches = batched_token_patches(lm, ids, batch_size=len(chunk), layers=layers)
-        TokenPatches.save_many({r.id: p for (r, _), p in zip(chunk, patches)}, out / FACTOR_PARTS / f"{stem}.safetensors")
-        frames += [p.to_frame().assign(id=r.id) for (r, _), p in zip(chunk, patches)]
+        patches = token_patches(lm, ids, batch_size=len(chunk), layers=layers)
+        TokenPatches.save_many(dict(zip(names, patches)), out / FACTOR_PARTS / f"{stem}.safetensors")
+        frame = pd.concat([p.to_frame().assign(prompt=i) for i, p in enumerate(patches)], ignore_index=True)
     else:
-        for order, cols in iter_patch_norms(lm, None, ids=ids, batch_size=len(chunk), layers=layers):
-            for i, c in zip(order, cols):
-                tokens = np.asarray(str_tokens(lm, ids[i]), dtype=object)
-                frames.append(pd.DataFrame({"id": chunk[i][0].id, "layer": c["layer"], "position": c["position"],
-                                            "token": tokens[c["position"]], "norm": c["norm"],
-                                            "correction_norm": c["correction_norm"]}))
-    return pd.concat(frames, ignore_index=True)[list(COLUMNS)]
+        frame = patch_norms(lm, ids, batch_size=len(chunk), layers=layers, progress=False)
+    frame.insert(0, "id", names[frame.pop("prompt").to_numpy()])
+    return frame[list(COLUMNS)]
 
 
 def _open_folder(out: Path, factors: bool) -> FolderLock:
@@ -188,7 +189,6 @@ def run_sweep(prompts: str | Path, *, model: str, out: str | Path, batch_size: i
     from tqdm.auto import tqdm
 
     from icl_lens.model._loading import load_model, resolve_dtype
-    from icl_lens.sweep._encode import encode_row
 
     start = time.perf_counter()
     if batch_size < 1:
@@ -224,25 +224,20 @@ def run_sweep(prompts: str | Path, *, model: str, out: str | Path, batch_size: i
             _check_layers(lm, layers)
             settings["revision"] = model_revision(lm, model)
             check_settings(parts, settings, out)
-        with state.split_between_processes(_chunks(todo, batch_size)) as mine:
+        batches, encode_bad = _encoded_batches(lm, todo, batch_size) if todo else ([], [])
+        if state.is_main_process:  # every process found the same bad rows; one reports them
+            mine_bad += encode_bad
+        with state.split_between_processes(batches) as mine:
             mine = list(mine)
             bar = tqdm(total=sum(len(c) for c in mine), desc=f"sweep {model}", unit="prompt",
                        disable=not (progress and state.is_main_process and mine))
             tag = f"r{state.process_index:03d}"
-            for rows_in in mine:
-                chunk = []
-                for row in rows_in:
-                    ids = encode_row(lm, row)
-                    if isinstance(ids, BadRow):
-                        mine_bad.append(ids)
-                    else:
-                        chunk.append((row, ids))
-                if chunk:
-                    stem = f"part-{tag}-{uuid.uuid4().hex[:12]}"
-                    frame = _norm_frames(lm, chunk, out, stem, factors, layers)
-                    write_part(frame, out / NORM_PARTS / f"{stem}.parquet", settings, {r.id: r.sha for r, _ in chunk})
-                    written += len(chunk)
-                bar.update(len(rows_in))
+            for chunk in mine:
+                stem = f"part-{tag}-{uuid.uuid4().hex[:12]}"
+                frame = _norm_frame(lm, chunk, out, stem, factors, layers)
+                write_part(frame, out / NORM_PARTS / f"{stem}.parquet", settings, {r.id: r.sha for r, _ in chunk})
+                written += len(chunk)
+                bar.update(len(chunk))
             bar.close()
         atomic_write_text(out / BAD_PARTS / f"r{state.process_index:03d}.json",
                           json.dumps({"bad_rows": [b.to_dict() for b in mine_bad], "written": written,

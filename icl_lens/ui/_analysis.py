@@ -26,7 +26,7 @@ from icl_lens.model._attention import attention_pattern
 from icl_lens.model._block_family import block_family
 from icl_lens.patches._incremental import PatchSession
 from icl_lens.model._model_check import check_model
-from icl_lens.model._prompts import PromptError, context_limit
+from icl_lens.model._prompts import context_limit, encode_prompt, tokenize
 from icl_lens.model._reading import ForwardAbandoned
 from icl_lens.model._reading import abandoned_when as abandon_forward
 from icl_lens.spikes._detector import spike_detector
@@ -164,11 +164,11 @@ class PromptAnalyzer:
         return int(self.model.cfg.n_heads)
 
     def encode(self, text: str) -> EncodedPrompt:
-        """Token ids of ``text`` cut to the limit; ``PromptError`` if there is nothing to analyse."""
-        if not text or not text.strip():
-            raise PromptError("The prompt is empty (or only whitespace); type some text to analyse.")
-        ids = self.model.to_tokens(text, truncate=False)[0]
-        return EncodedPrompt(ids=ids[: self.limit], n_typed=int(ids.numel()), limit=self.limit)
+        """Token ids of ``text`` cut to the limit, tokenised and checked once per keystroke (every computation below
+        takes these ids as they are); ``PromptError`` if there is nothing to analyse."""
+        ids = tokenize(self.model, text)
+        return EncodedPrompt(ids=encode_prompt(self.model, ids[: self.limit]), n_typed=int(ids.numel()),
+                             limit=self.limit)
 
     def patches(self, prompt: EncodedPrompt) -> tuple[TokenPatches, bool]:
         """Token patches of the prompt and whether anything was recomputed."""
