@@ -149,3 +149,12 @@ def test_function_space_sentence_names_only_models_whose_changes_follow_the_resi
     text = fa.function_space_sentence({"a": entry(0.95, 0.9), "b": entry(0.95, 0.1)})
     assert "for a: there a high function-space cosine" in text and "b +0.80 (control +0.00" in text
     assert "For no model" in fa.function_space_sentence({"b": entry(0.95, 0.1)})
+
+
+def test_seed_cache_lives_with_the_models_cache(tmp_path, monkeypatch):
+    """Trained seeds go under ``$ICL_LENS_CACHE/lab`` like the dequantised models, never beside the installed
+    package; the file name (and the key in it) stays ``<name>-s<seed>-<key>.pt``."""
+    monkeypatch.setenv("ICL_LENS_CACHE", str(tmp_path / "cache"))
+    path = seeds.cache_path("sb_embed", 2)
+    assert path == tmp_path / "cache" / "lab" / f"sb_embed-s2-{seeds.cache_key('sb_embed', 2)}.pt"
+    assert seeds.cache_path("sb_embed", 2, tmp_path / "own").parent == tmp_path / "own"

@@ -4,7 +4,8 @@ A verdict about a trained model is a verdict about one training run unless it is
 over seeds. :func:`seed_model` returns the model ``name`` trained with seed ``s`` by its
 recipe (:data:`icl_lens.lab._checkpoints.RECIPES`): seed 0 of a shipped model is the shipped
 checkpoint when its record matches the recipe; every other seed is trained once and cached
-under ``.cache/lab/<name>-s<seed>-<key>.pt``, where ``key`` hashes the configuration, the
+under ``$ICL_LENS_CACHE/lab/<name>-s<seed>-<key>.pt`` (default ``~/.cache/icl_lens/lab``, beside the
+dequantised models: never inside the installed package), where ``key`` hashes the configuration, the
 recipe and the batch size, so a changed configuration never reads a stale file.
 """
 from __future__ import annotations
@@ -21,8 +22,8 @@ from icl_lens.lab._checkpoints import (
     ABLATION_MODELS, CHECKPOINT_DIR, LAB_MODELS, RECIPES, load_checkpoint_file, checkpoint_path,
 )
 from icl_lens.lab._model import LabConfig, RegressionModel
+from icl_lens.model._loading import cache_dir as models_cache_dir
 
-CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "lab"
 MODELS: dict[str, LabConfig] = {**LAB_MODELS, **ABLATION_MODELS}
 BATCH = 64
 
@@ -36,8 +37,13 @@ def cache_key(name: str, seed: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def seed_cache_dir() -> Path:
+    """Where trained seeds are cached by default: ``lab/`` in the models' cache, ``$ICL_LENS_CACHE``."""
+    return models_cache_dir() / "lab"
+
+
 def cache_path(name: str, seed: int, cache_dir: Path | str | None = None) -> Path:
-    return Path(cache_dir or CACHE_DIR) / f"{name}-s{int(seed)}-{cache_key(name, seed)}.pt"
+    return Path(cache_dir or seed_cache_dir()) / f"{name}-s{int(seed)}-{cache_key(name, seed)}.pt"
 
 
 def _shipped(name: str, seed: int) -> Path | None:
@@ -98,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--cache", default=None, help=f"cache folder (default {CACHE_DIR})")
+    ap.add_argument("--cache", default=None, help="cache folder (default $ICL_LENS_CACHE/lab, ~/.cache/icl_lens/lab)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     for seed in args.seeds:  # seed-major: a run cut short still has every model at the first seeds
