@@ -6,11 +6,11 @@ Dherin et al. 2025, arXiv 2507.16003): a token strip coloured by patch norm
 layer × token heatmap of patch (or skip-correction) norms, the meta-gradient norms of
 the chosen query vs context length with the fitted decay exponent and consecutive-step
 alignment, the token × token patch alignment of one layer, one head's attention, and the
-top-k next tokens at the query with and without its context (``ui/predictions.py``). The
-heatmaps show a layer range, on one colour scale or one per layer (``ui/layer_view.py``).
+top-k next tokens at the query with and without its context (``ui/_predictions.py``). The
+heatmaps show a layer range, on one colour scale or one per layer (``ui/_layer_view.py``).
 Compare mode puts a second prompt beside the first, with the difference of their norms on
-shared tokens (``ui/compare.py``). ``save_html`` writes one self-contained HTML file of the
-view (``ui/html_export.py``); every export is also offered as a browser download.
+shared tokens (``ui/_compare.py``). ``save_html`` writes one self-contained HTML file of the
+view (``ui/_html_export.py``); every export is also offered as a browser download.
 
 Typing is debounced; each keystroke bumps a generation counter and only the newest
 request is computed and drawn (``LatestWins``). Drawing is in phases: the strip, heatmap
