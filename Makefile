@@ -35,12 +35,18 @@ models: setup
 # Jupyter refuses to run as root unless told; containers and CI machines often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-lab: models
-	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/05_live_dashboard.ipynb
+# LAB_FLAGS / APP_PORT: extra options for the server (the browser test passes a port, a token and --no-browser).
+LAB_FLAGS ?=
+APP_PORT ?= 8866
 
-# Workshop app mode: the dashboard notebook as a standalone page, no code cells shown.
+lab: models
+	$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_FLAGS) notebooks/05_live_dashboard.ipynb
+
+# Workshop app mode: the dashboard notebook as a standalone page, no code shown; the cells tagged `lesson`
+# (exercises, checks, claims) are left out, so the page is the dashboard and its one-line explanation.
 app: models
-	$(BIN)/voila notebooks/05_live_dashboard.ipynb --no-browser --port=8866 --Voila.ip=127.0.0.1 --strip_sources=True
+	$(BIN)/voila notebooks/05_live_dashboard.ipynb --no-browser --port=$(APP_PORT) --Voila.ip=127.0.0.1 \
+		--strip_sources=True --TagRemovePreprocessor.enabled=True --TagRemovePreprocessor.remove_cell_tags=lesson
 
 # Before the workshop, on each participant's machine (under two minutes once set up): the system Python,
 # free RAM and disk first (standard library only), then setup and the models, then the model and a widget.
@@ -60,7 +66,7 @@ reports:
 
 # Each notebook is a jupytext pair (jupytext.toml): bring the .ipynb and .py twins back in step after an edit.
 notebooks: setup
-	$(BIN)/jupytext --sync notebooks/*.ipynb tests/notebooks/*.ipynb
+	$(BIN)/jupytext --sync notebooks/*.ipynb
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -15,6 +15,11 @@
 # %% [markdown]
 # # 05 · Open exploration: the live dashboard
 #
+# Type a prompt: each token's *token patch* (the rank-1 change reading it makes to every layer's first MLP weights,
+# Dherin et al. 2025) colours the strip and the heatmap; click a token to see how its implicit weights evolve as the
+# context is consumed.
+
+# %% [markdown] tags=["lesson"]
 # **Learning objective.** Use what notebooks 01–04 built to explore your own prompts: read the per-token patch
 # norms within a layer, pick a query and read its implicit dynamics (decay exponent α, with the sign read as in
 # 03), and check any surprising number with the library.
@@ -28,11 +33,14 @@
 # tokens within a layer, not layers), and clicking a token shows how its implicit weights evolve as context is
 # consumed (meta-gradient norms, log–log, with the fitted decay exponent α: α > 0 means the steps shrink, which is
 # not yet convergence). Appending text recomputes only the new positions (`PatchSession`). `make lab` opens this
-# notebook; `make app` serves the dashboard alone (Voila). The model is icl_lens's default, the embedded Gemma 3 270M
-# (about 2.2 GB of memory); where `ICL_LENS_WORKSHOP_MODEL` names another (Binder's 2 GB sets `smollm2-135m`), that one.
+# notebook; `make app` serves the dashboard alone (Voila: the cells tagged `lesson`, these exercises, are left out).
+# The model is icl_lens's default, the embedded Gemma 3 270M (about 2.2 GB of memory); where
+# `ICL_LENS_WORKSHOP_MODEL` names another (Binder's 2 GB sets `smollm2-135m`), that one.
+#
+# The dashboard stays live for the whole notebook: nothing below closes it. When you are done, shut the kernel down
+# (*Kernel → Shut Down Kernel*) to free its memory before you open another notebook.
 
 # %%
-import gc
 import os
 
 import torch
@@ -47,23 +55,23 @@ MODEL = os.environ.get("ICL_LENS_WORKSHOP_MODEL", icl_lens.DEFAULT_MODEL)
 dash = icl_lens.dashboard(MODEL)
 dash
 
-# %% [markdown]
+# %% [markdown] tags=["lesson"]
 # ## Exercise 1 · Which token? (5 min)
 #
 # Type `The capital of France is Paris. The capital of Italy is` into the dashboard. Which token has the largest patch
 # norm in the last layer? Read it off the heatmap, put the token text into `answer_1`, then run the check.
 
-# %%
+# %% tags=["lesson"]
 answer_1 = None  # e.g. " Paris"
 
-# %% jupyter={"source_hidden": true} tags=["solution"]
+# %% jupyter={"source_hidden": true} tags=["lesson", "solution"]
 if solutions_on():  # runs only in the notebook tests (ICL_LENS_SOLUTIONS=1); read it or copy it up
     frame = icl_lens.token_patches(dash.model, "The capital of France is Paris. The capital of Italy is").to_frame()
     last = frame[frame.layer == frame.layer.max()]
     answer_1 = last.loc[last.norm.idxmax(), "token"]
     print(last.nlargest(3, "norm")[["position", "token", "norm"]])
 
-# %%
+# %% tags=["lesson"]
 prompt = "The capital of France is Paris. The capital of Italy is"
 patches = icl_lens.token_patches(dash.model, prompt)
 every = patches.to_frame()
@@ -71,7 +79,7 @@ last_layer = every[every.layer == every.layer.max()]
 check_answer(None if answer_1 is None else str(answer_1).strip(),
              last_layer.loc[last_layer.norm.idxmax(), "token"].strip(), "token with the largest last-layer patch norm")
 
-# %% [markdown]
+# %% [markdown] tags=["lesson"]
 # ## Exercise 2 · Predict, then check: do the steps shrink? (5 min)
 #
 # **Predict**: for the last token of a prompt, do the meta-gradients *shrink* (α > 0) or *grow* (α < 0) in most
@@ -80,16 +88,16 @@ check_answer(None if answer_1 is None else str(answer_1).strip(),
 # hover a line for its layer's α and R²), or compute them with
 # `icl_lens.trajectory(dash.model, prompt).decay_fit().to_frame()`. The check pools the layers of three prompts.
 
-# %%
+# %% tags=["lesson"]
 prediction_2 = None  # "shrink", "grow" or "not distinguishable"
 
-# %% jupyter={"source_hidden": true} tags=["solution"]
+# %% jupyter={"source_hidden": true} tags=["lesson", "solution"]
 if solutions_on():
     fit = icl_lens.trajectory(dash.model, "The capital of France is Paris. The capital of Italy is").decay_fit()
     print(fit.to_frame()[["layer", "exponent", "r_squared"]].round(2))
     prediction_2 = "grow"
 
-# %%
+# %% tags=["lesson"]
 exercise_prompts = [prompt, "The cat sat on the mat. The dog sat on the rug. The bird sat on the",
                     "One, two, three, four, five, six, seven,"]
 exponents = [e for p in exercise_prompts for e in icl_lens.trajectory(dash.model, p).decay_fit().to_frame().exponent]
@@ -99,10 +107,10 @@ check_compare(prediction_2, (k / n, *wilson_interval(k, n)), (0.5, 0.5, 0.5), "d
               labels=("shrink", "grow"), names=("share of layers with α > 0", "half"),
               why=f"α > 0 in {shrinking} (prompt, layer) pairs over three prompts.")
 
-# %% [markdown]
+# %% [markdown] tags=["lesson"]
 # ## Paper says / we measure (on the exercise prompts)
 
-# %%
+# %% tags=["lesson"]
 report = icl_lens.verify_equivalence(dash.model, prompt, patches)
 assert report.relative_error < 1e-4
 claims_view([
@@ -113,12 +121,3 @@ claims_view([
           k / n > 0.5 and wilson_interval(k, n)[0] > 0.5,
           "Three prompts: explore others; notebook 03 and EVAL.md for more."),
 ])
-
-# %% [markdown]
-# **Before you switch notebooks**: the last cell frees the model; then shut this kernel down (*Kernel → Shut Down
-# Kernel*).
-
-# %%
-dash.close()
-del dash, patches
-gc.collect()

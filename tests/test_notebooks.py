@@ -26,6 +26,22 @@ print('PEAK_BYTES', _hwm)
 """
 
 
+# A notebook whose product is a live dashboard must leave it live after Run All: the test types into it once every
+# cell has run (a last cell that closes it, as 05 once had, fails here as in the browser test).
+LIVE_CELL = """
+_text = 'one two three, one two'
+dash.set_prompt(_text)
+assert dash.wait(300), 'the dashboard did not finish updating'
+assert dash.last_error == '', dash.last_error
+_want = list(icl_lens.token_patches(dash.model, _text).tokens)
+print('DASHBOARD_LIVE', 'ok' if list(dash.strip.widget.tokens) == _want else f'stale: {list(dash.strip.widget.tokens)}')
+"""
+
+
+def _makes_dashboard(cells) -> bool:
+    return any(c.cell_type == "code" and re.search(r"\bdash\s*=\s*icl_lens\.dashboard\(", c.source) for c in cells)
+
+
 # A hang guard per notebook run, above pytest's 900 s default (nbclient also stops any one cell at 900 s): a whole
 # notebook is many evaluations, and 04 with its solutions took 661 s on a slower CI CPU.
 NOTEBOOK_TIMEOUT = 1800
@@ -58,12 +74,18 @@ def run_notebook(path, solutions: bool, monkeypatch) -> tuple[nbformat.NotebookN
         monkeypatch.setenv("ICL_LENS_SOLUTIONS", "1")
     else:
         monkeypatch.delenv("ICL_LENS_SOLUTIONS", raising=False)
+    live = _makes_dashboard(nb.cells)
+    if live:
+        nb.cells.append(nbformat.v4.new_code_cell(LIVE_CELL))
     nb.cells.append(nbformat.v4.new_code_cell(PEAK_CELL))
     start = time.perf_counter()
     NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     seconds = time.perf_counter() - start
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, [f"{e['ename']}: {e['evalue']}" for e in errors]
+    if live:
+        said = _text(nb.cells[-2])
+        assert "DASHBOARD_LIVE ok" in said, f"{path.name}: the dashboard is not live after the last cell: {said}"
     peak = int(re.search(r"PEAK_BYTES (\d+)", _text(nb.cells[-1])).group(1)) / 2**30
     print(f"\n{path.stem} (solutions {'on' if solutions else 'off'}): {seconds:.0f} s, "
           f"peak kernel memory {peak:.2f} GB (limit {PEAK_LIMIT_GB} GB)")
@@ -116,7 +138,8 @@ def _loaded(source: str) -> set[str]:
 def test_notebook_is_a_self_serve_lesson(path):
     """Objective, time box, a claims table; every exercise has a check cell after its solution; solution cells
     run only with the solutions flag and use no name that only another solution cell defines (each runs on its
-    own); the notebook ends by releasing its model."""
+    own); the notebook ends by releasing its model, unless its product is a live dashboard: then no cell closes it
+    and the text tells the reader to shut the kernel down instead."""
     cells = nbformat.read(path, as_version=4).cells
     text = "\n".join(c.source for c in cells if c.cell_type == "markdown")
     for needed in ("Learning objective", "Time box", "Paper says / we measure"):
@@ -136,4 +159,9 @@ def test_notebook_is_a_self_serve_lesson(path):
         others = set().union(set(), *(_assigned(code[j].source) for j in solution if j != i))
         borrowed = (_loaded(code[i].source) - _assigned(code[i].source) - main) & others
         assert not borrowed, f"{path.name}: solution cell {i} needs {sorted(borrowed)} from another solution cell"
-    assert "gc.collect()" in code[-1].source, f"{path.name}: the last cell does not release the model"
+    if _makes_dashboard(cells):
+        assert not any(re.search(r"\bdash\.close\(|\bdel\b[^\n]*\bdash\b", c.source) for c in code), \
+            f"{path.name}: a cell closes the live dashboard"
+        assert "Shut Down Kernel" in text, f"{path.name}: no instruction to shut the kernel down"
+    else:
+        assert "gc.collect()" in code[-1].source, f"{path.name}: the last cell does not release the model"

@@ -192,7 +192,9 @@ class HeatmapPanel:
             title = "‖ΔW‖" if self.kind.value == self.KINDS[0] else "‖corr‖"
             trace.colorbar.title.text = view.colour_title(title)
             self.grid.axis("heatmap", "x").update(token_axis(patches.tokens))
-            self.grid.axis("heatmap", "y").range = [view.lo - 0.5, view.hi + 0.5]
+            # one label per layer up to 16 rows, then every 2nd, 3rd…: 30 labels in the row's height would overlap
+            self.grid.axis("heatmap", "y").update(range=[view.lo - 0.5, view.hi + 0.5],
+                                                  dtick=max(1, -(-len(view.layers) // 16)))
 
 
 class AlignmentPanel:
