@@ -1,7 +1,9 @@
-"""Every workshop notebook runs top to bottom on the embedded models, twice: as a participant first opens it
-(no answers: every check says "no answer yet", none passes, none crashes) and with the hidden solutions on
-(``ICL_LENS_SOLUTIONS=1``: every check passes). Each run prints the kernel's peak memory, which must stay
-within Binder's 2 GB (≤ 1.8 GB)."""
+"""Every workshop notebook runs top to bottom on the embedded models once, with the hidden solutions on
+(``ICL_LENS_SOLUTIONS=1``: every check passes), and shows in the same run how a participant first meets it: just
+before each exercise's solution, while its answers are still as shipped, a copy of the exercise's check cell runs
+with the solutions flag off and must say "no answer yet" without grading or crashing. Together with the static rule
+that no other cell reads an answer (a name a solution cell fills in), that is the as-opened run without executing the
+notebook twice. Each run prints the kernel's peak memory, which must stay within Binder's 2 GB (≤ 1.8 GB)."""
 import ast
 import os
 import pathlib
@@ -56,50 +58,108 @@ def _is_solution(cell) -> bool:
 
 
 def _check_cells(nb):
-    return [c for c in nb.cells if c.cell_type == "code" and not _is_solution(c) and CHECK_CALL.search(c.source)]
+    """The notebook's own check cells (not the as-opened probes)."""
+    return [c for c in nb.cells if c.cell_type == "code" and not _is_solution(c) and CHECK_CALL.search(c.source)
+            and PROBE_TAG not in c.metadata.get("tags", [])]
+
+
+def _probe_cells(nb):
+    return [c for c in nb.cells if "check" in c.metadata.get("tags", []) and PROBE_TAG in c.metadata.get("tags", [])]
 
 
 def _text(cell) -> str:
     return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
 
 
-def run_notebook(path, solutions: bool, monkeypatch) -> tuple[nbformat.NotebookNode, float, float]:
-    """Execute a copy of the notebook (cwd notebooks/, as in JupyterLab and Binder); return it, its peak memory
-    in GB and its wall time in seconds."""
+PROBE_TAG = "as-opened-probe"
+# The probe runs a check cell as opened: the solutions flag off around it, back on after (a check that raises fails
+# the notebook run, as it would for a participant).
+PROBE_OFF = "import os as _os\n_solutions_flag = _os.environ.pop('ICL_LENS_SOLUTIONS', None)"
+PROBE_ON = "if _solutions_flag is not None:\n    _os.environ['ICL_LENS_SOLUTIONS'] = _solutions_flag"
+
+
+def with_as_opened_probes(cells: list) -> list:
+    """The cells with, before each run of solution cells, a copy of the check cell that follows it, run with the
+    solutions flag off (tagged ``as-opened-probe``)."""
+    out = []
+    for i, cell in enumerate(cells):
+        starts_solutions = _is_solution(cell) and not (i and _is_solution(cells[i - 1]))
+        if starts_solutions:
+            check = next((c for c in cells[i + 1:] if c.cell_type == "code" and not _is_solution(c)), None)
+            if check is not None and CHECK_CALL.search(check.source):
+                tag = {"tags": [PROBE_TAG]}
+                out += [nbformat.v4.new_code_cell(PROBE_OFF, metadata=tag),
+                        nbformat.v4.new_code_cell(check.source, metadata={"tags": [PROBE_TAG, "check"]}),
+                        nbformat.v4.new_code_cell(PROBE_ON, metadata=tag)]
+        out.append(cell)
+    return out
+
+
+_RUNS: dict[pathlib.Path, tuple[nbformat.NotebookNode, float, float]] = {}
+
+
+def run_notebook(path) -> tuple[nbformat.NotebookNode, float, float]:
+    """Execute a copy of the notebook once (cwd notebooks/, as in JupyterLab and Binder), solutions on, with the
+    as-opened probes; return it, its peak memory in GB and its wall time in seconds. Both notebook tests read the
+    same run (kept per path for the session)."""
+    if path in _RUNS:
+        return _RUNS[path]
     nb = nbformat.read(path, as_version=4)
     assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks without outputs"
-    # Binder's 2 GB runs 05 (the dashboard, on the default model elsewhere) on SmolLM2, as binder/start sets it.
-    monkeypatch.setenv("ICL_LENS_WORKSHOP_MODEL", "smollm2-135m")
-    if solutions:
-        monkeypatch.setenv("ICL_LENS_SOLUTIONS", "1")
-    else:
-        monkeypatch.delenv("ICL_LENS_SOLUTIONS", raising=False)
     live = _makes_dashboard(nb.cells)
+    nb.cells = with_as_opened_probes(nb.cells)
     if live:
         nb.cells.append(nbformat.v4.new_code_cell(LIVE_CELL))
     nb.cells.append(nbformat.v4.new_code_cell(PEAK_CELL))
-    start = time.perf_counter()
-    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
-    seconds = time.perf_counter() - start
+    # Binder's 2 GB runs 05 (the dashboard, on the default model elsewhere) on SmolLM2, as binder/start sets it.
+    env = {"ICL_LENS_WORKSHOP_MODEL": "smollm2-135m", "ICL_LENS_SOLUTIONS": "1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        start = time.perf_counter()
+        NotebookClient(nb, timeout=900, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        seconds = time.perf_counter() - start
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, [f"{e['ename']}: {e['evalue']}" for e in errors]
     if live:
         said = _text(nb.cells[-2])
         assert "DASHBOARD_LIVE ok" in said, f"{path.name}: the dashboard is not live after the last cell: {said}"
     peak = int(re.search(r"PEAK_BYTES (\d+)", _text(nb.cells[-1])).group(1)) / 2**30
-    print(f"\n{path.stem} (solutions {'on' if solutions else 'off'}): {seconds:.0f} s, "
+    probes = sum(1 for c in nb.cells if "check" in c.metadata.get("tags", []))
+    print(f"\n{path.stem}: {seconds:.0f} s, {probes} checks probed as opened, "
           f"peak kernel memory {peak:.2f} GB (limit {PEAK_LIMIT_GB} GB)")
-    return nb, peak, seconds
+    _RUNS[path] = nb, peak, seconds
+    return _RUNS[path]
 
 
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_as_opened_says_no_answer_yet(path, monkeypatch):
-    """No edits, solutions off: the notebook runs to its end and every check reports "no answer yet"."""
-    nb, peak, _ = run_notebook(path, solutions=False, monkeypatch=monkeypatch)
-    checks = _check_cells(nb)
+def test_notebook_as_opened_says_no_answer_yet(path):
+    """As shipped, no edits: every check reports "no answer yet" (each probed where a participant first runs it,
+    solutions off), none grades, none crashes; and no cell other than a check or a solution reads an exercise's
+    answer, so the rest of the notebook runs as opened exactly as it runs with the solutions."""
+    code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    filled = set()  # names whose value a solution cell has set and no later cell has set again
+    for c in code:
+        if _is_solution(c):
+            filled |= _assigned(c.source)
+            continue
+        read = _loaded(c.source) & filled
+        assert not read or CHECK_CALL.search(c.source), \
+            f"{path.name}: a cell reads {sorted(read)}, which only a solution fills in:\n{c.source}"
+        filled -= _assigned(c.source)
+    nb, peak, _ = run_notebook(path)
+    checks, probes = _check_cells(nb), _probe_cells(nb)
     assert checks, f"{path.name}: no check cells"
-    for cell in checks:
+    assert {c.source for c in probes} == {c.source for c in checks}, f"{path.name}: a check cell was not probed"
+    for cell in probes:
         out = _text(cell)
         assert "no answer yet" in out, f"{path.name}: a check cell did not say 'no answer yet':\n{cell.source}\n{out}"
         assert "✓" not in out and "✗" not in out, f"{path.name}: a check graded an unanswered exercise:\n{out}"
@@ -108,9 +168,9 @@ def test_notebook_as_opened_says_no_answer_yet(path, monkeypatch):
 
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_with_solutions_passes_every_check(path, monkeypatch):
+def test_notebook_with_solutions_passes_every_check(path):
     """Solutions on: every check passes (a wrong answer raises there, so a claim that no longer holds fails)."""
-    nb, peak, _ = run_notebook(path, solutions=True, monkeypatch=monkeypatch)
+    nb, peak, _ = run_notebook(path)
     for cell in _check_cells(nb):
         out = _text(cell)
         assert "✓" in out and "no answer yet" not in out and "✗" not in out, f"{path.name}:\n{cell.source}\n{out}"
