@@ -31,7 +31,6 @@
 # icl_lens computes all n+1 steps for every layer in one batched forward, factored.
 
 # %%
-import gc
 
 import pandas as pd
 import plotly.express as px
@@ -246,5 +245,6 @@ claims_view([
 # Kernel*).
 
 # %%
-del model, traj, fa, fa_other
-gc.collect()
+from workshop.cleanup import free
+
+free(globals(), "model", "traj", "fa", "fa_other")

@@ -282,5 +282,6 @@ claims_view(summary_claims("thought"))
 # Shut Down Kernel*).
 
 # %%
-del hf
-gc.collect()
+from workshop.cleanup import free
+
+free(globals(), "hf")
