@@ -106,3 +106,15 @@ def test_every_block_has_a_cut_cue():
     blocks = {m.group(1) for m in re.finditer(r"^\| ([^|]+?) \| \d+ min \| \S", cues, re.M)}
     needed = {"setup check", "break", "wrap-up", "05 or 06"} | {p.name[:2] for p in NOTEBOOK_SOURCES[:4]}
     assert needed <= blocks, f"no 'if behind, cut' cue for {sorted(needed - blocks)}"
+
+
+def test_slides_draw_the_two_paths_and_plan_the_day_of_the_run_of_show():
+    slides = (ROOT / "docs" / "slides.md").read_text()
+    diagram = re.search(r"# One block, two paths.*?```text\n(.*?)```", slides, re.S)
+    assert diagram and "MLP branch" in diagram.group(1) and "skip connection" in diagram.group(1)
+    plan = [(m.group(1), int(m.group(2))) for m in re.finditer(r"^\| ([^|]+?) \| (\d+) \|$", slides, re.M)]
+    assert sum(v for _, v in plan) == 180
+    assert sum(v for k, v in plan if k.startswith("buffer")) >= 15
+    for path in NOTEBOOK_SOURCES:
+        minutes = [v for k, v in plan if re.search(rf"\b{path.name[:2]}\b", k)]
+        assert minutes == [time_box(path.read_text())], f"slides plan {path.name[:2]}: {minutes}"
