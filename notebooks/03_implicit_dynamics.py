@@ -31,7 +31,6 @@
 # icl_lens computes all n+1 steps for every layer in one batched forward, factored.
 
 # %%
-
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
