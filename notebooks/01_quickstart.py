@@ -277,5 +277,6 @@ claims_view([
 # Shut Down Kernel*) so its memory is back before 02 starts.
 
 # %%
-del model, patches, no_bos, ablated, without_correction
-gc.collect()
+from workshop.cleanup import free
+
+free(globals(), "model", "patches", "no_bos", "ablated", "without_correction")

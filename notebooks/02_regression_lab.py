@@ -349,5 +349,6 @@ claims_view(summary_claims("lab", "alignment"))
 # Kernel*).
 
 # %%
-del models, curves, conv, tp, eq
-gc.collect()
+from workshop.cleanup import free
+
+free(globals(), "models", "curves", "conv", "tp", "eq")

@@ -19,8 +19,8 @@
 # check that each step is exact, read a decay exponent correctly (what its sign says and what it does *not* say),
 # and judge an alignment cosine against a control.
 #
-# **Time box: 35 minutes** (15 running and reading, 20 for the three exercises; the first exercise's check runs six
-# trajectories, about a minute).
+# **Time box: 25 minutes** (15 running and reading, 8 for exercise 1 and 2 for the claims table; exercises 2 and 3
+# if time, else homework; the first exercise's check runs six trajectories, about a minute).
 #
 # Reading the context one token at a time turns a query's token patch into a sequence of implicit weights
 # `W₀, W₁, …, Wₙ`: `Wᵢ` makes the context-free input `[BOS, x_t]` (BOS kept, as in 01) reproduce the model's output
@@ -31,8 +31,6 @@
 # icl_lens computes all n+1 steps for every layer in one batched forward, factored.
 
 # %%
-import gc
-
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
@@ -53,7 +51,7 @@ print(f"query {traj.query} {traj.tokens[traj.query]!r}, n = {traj.n_context} con
       f"{len(traj.layers)} layers")
 
 # %% [markdown]
-# ## 1 · Each step is exact (5 min)
+# ## 1 · Each step is exact (3 min)
 #
 # For a few prefix lengths i, run the model on `[BOS, c₁..cᵢ, x_t]` (query at its original position) and compare with
 # `[BOS, x_t]` carrying `Wᵢ` (and the skip corrections) in every layer. The cell asserts the identity.
@@ -65,7 +63,7 @@ assert check.relative_error < 1e-4, check.to_frame()
 check.to_frame()
 
 # %% [markdown]
-# ## 2 · Meta-gradient norm vs context length (5 min)
+# ## 2 · Meta-gradient norm vs context length (3 min)
 #
 # `‖Wᵢ − Wᵢ₋₁‖_F` in closed form from the factors, one line per layer (colour = layer; hover a line to see which
 # token each step consumed). Norms are **not comparable across layers** (each layer has its own weight scale):
@@ -78,7 +76,7 @@ layer_lines(steps, x="step", y="value", hover="token", log_x=True, log_y=True, x
             y_title="‖Wᵢ − Wᵢ₋₁‖_F", title="Meta-gradient norms, one line per layer")
 
 # %% [markdown]
-# ## 3 · Do the steps shrink? Decay exponents (5 min)
+# ## 3 · Do the steps shrink? Decay exponents (4 min)
 #
 # Per layer, a least-squares fit of `‖Wᵢ − Wᵢ₋₁‖ ≈ c·i^(−b)` in log–log space. **Read the sign correctly**: `b > 0`
 # means the *steps shrink*; `b < 0` means they grow. Shrinking steps are not yet convergence: `Wᵢ` converges only if
@@ -111,7 +109,7 @@ px.imshow(align, color_continuous_scale="RdBu", zmin=-1, zmax=1, aspect="auto",
           labels={"x": "step i", "y": "layer", "color": "cos(Gᵢ, Wₙ − W₀)"})
 
 # %% [markdown]
-# ## 5 · Implicit vs explicit finetuning, against a control (5 min)
+# ## 5 · Implicit vs explicit finetuning, against a control (3 min)
 #
 # `finetune_alignment` runs plain SGD on `W_gate` and `W_up` of every layer, on the context-free input, toward the
 # contextual next-token prediction, keeping every update factored, and compares it with the implicit update
@@ -135,7 +133,7 @@ fig
 # The evaluation (`python -m experiments.finetune_alignment`: 64 prompts, the paper's per-token protocol, 95%
 # intervals; EVAL.md) measured the same question at scale; its numbers are read in the table at the end.
 #
-# ## Exercises (20 min)
+# ## Exercises (exercise 1 in the room; 2 and 3 if time, else homework)
 #
 # ### Exercise 1 · Predict, then check: free text vs few-shot (8 min)
 #
@@ -211,7 +209,7 @@ check_answer(answer_3, int((fa.cosine() > fa.cosine_with_explicit_of(fa_other)).
                  "control decide nothing: the 64-prompt evaluation in the table below is the answer that counts.")
 
 # %% [markdown]
-# ## Paper says / we measure
+# ## Paper says / we measure (2 min)
 #
 # This prompt's numbers are computed above; the 64-prompt numbers are read from
 # `reports/eval_finetune_alignment.json` (a checkout without the report says "not measured in this checkout").
@@ -246,5 +244,6 @@ claims_view([
 # Kernel*).
 
 # %%
-del model, traj, fa, fa_other
-gc.collect()
+from workshop.cleanup import free
+
+free(globals(), "model", "traj", "fa", "fa_other")

@@ -19,8 +19,8 @@
 # edit), say what exactly it edits on each block family, measure its accuracy **with an interval** against the
 # prompt and a random control, say what it breaks (**locality**), and export it as a plain Hugging Face model.
 #
-# **Time box: 30 minutes** (10 running and reading, 20 for the two exercises; the evaluation cells take a few
-# minutes on a 2-core laptop: read section 3 while they run).
+# **Time box: 25 minutes** (10 running and reading, 12 for the two exercises, 3 for the export; the evaluation cells
+# take a few minutes on a 2-core laptop: read section 3 while they run).
 #
 # A few-shot prompt changes what a model does. *Transmuting prompts into weights*
 # (Mazzawi, Dherin et al. 2025, arXiv 2510.08734) makes that change permanent: for each
@@ -64,7 +64,7 @@ def interval(correct: int, n: int) -> tuple[float, float, float]:
 
 
 # %% [markdown]
-# ## 1 · Fit the thought patch (5 min)
+# ## 1 · Fit the thought patch (3 min)
 #
 # The calibration set is the task's first 8 *train* queries (`"Kenya:"`, …). Each query is read once after the
 # instruction (contextual pass) and then alone, layer by layer, with the patch fitted so far. The table shows, per
@@ -104,7 +104,7 @@ print("family:", patch.family, "· vector site:", patch.vector_site)
 print("largest per-layer vector norm:", round(float(patch.vector_norms().max()), 1))
 
 # %% [markdown]
-# ## 2 · Does the model now answer without the prompt? (5 min)
+# ## 2 · Does the model now answer without the prompt? (3 min)
 #
 # Four conditions on the task's 24 held-out test queries: the query alone (*none*), the few-shot prompt
 # plus query (*full*), the query alone with the thought patch (*patched*, the same default fit on the same 8
@@ -142,7 +142,7 @@ for q, a, b in zip(queries, plain, patched):
     print(f"{q!r:16} unpatched {model.tokenizer.decode(a)!r:24} patched {model.tokenizer.decode(b)!r}")
 
 # %% [markdown]
-# ## 3 · What the patch breaks: locality (5 min)
+# ## 3 · What the patch breaks: locality (4 min)
 #
 # A thought patch edits every layer's weights for **every** input, not only for capitals. Two measures
 # (`icl_lens/thought/tasks/locality.json`): the mean next-token KL between the unpatched and the edited model on 12
@@ -176,7 +176,7 @@ else:
 # covariance of general text. `thought_patch(preserve=())` fits the paper's patch without it; EVAL.md's "Preserve
 # strength" table shows what the term costs the task and buys on held-out texts. The paper did not measure locality.
 #
-# ## Exercise 1 · Predict, then check: vector or matrix? (10 min)
+# ## Exercise 1 · Predict, then check: vector or matrix? (6 min)
 #
 # **Predict** first: which part of the patch carries the instruction on this model, the thought *vector* or the
 # thought *matrix*, or will 24 queries not tell them apart? Write `"vector"`, `"matrix"` or `"not distinguishable"`
@@ -210,7 +210,7 @@ else:
                   why=f"Both together (section 2): {rate(counts['patched'], result.n_test)}.")
 
 # %% [markdown]
-# ## Exercise 2 · How many calibration queries? (10 min)
+# ## Exercise 2 · How many calibration queries? (6 min)
 #
 # Fit a patch from a single calibration query (`n_train=1`) and put its evaluation on `small` into `one_query`
 # (`conditions=("patched",), locality=False`). With the default settings its rows are that query's tokens and the
@@ -239,7 +239,7 @@ else:
                   "one calibration query vs eight", labels=("higher", "lower"), names=("1 query", "8 queries"))
 
 # %% [markdown]
-# ## 4 · Export and reload in plain `transformers` (5 min)
+# ## 4 · Export and reload in plain `transformers` (3 min)
 #
 # `save_pretrained` writes a normal Hugging Face directory: the MLP input weights carry `W + W M`, the down
 # projection its `both+down` edit, and the thought vector sits in `down_proj.bias` for Llama-style blocks like
@@ -282,5 +282,6 @@ claims_view(summary_claims("thought"))
 # Shut Down Kernel*).
 
 # %%
-del hf
-gc.collect()
+from workshop.cleanup import free
+
+free(globals(), "hf")

@@ -34,8 +34,9 @@
 # consumed (meta-gradient norms, log–log, with the fitted decay exponent α: α > 0 means the steps shrink, which is
 # not yet convergence). Appending text recomputes only the new positions (`PatchSession`). `make lab` opens this
 # notebook; `make app` serves the dashboard alone (Voila: the cells tagged `lesson`, these exercises, are left out).
-# The model is icl_lens's default, the embedded Gemma 3 270M (about 2.2 GB of memory); where
-# `ICL_LENS_WORKSHOP_MODEL` names another (Binder's 2 GB sets `smollm2-135m`), that one.
+# The model is the workshop's, the embedded SmolLM2-135M, as in notebooks 01–04 and 06 and in the answer sheet
+# (docs/workshop.md); the first code cell says how to switch to Gemma 3 270M (the papers' family, about 2.2 GB of
+# memory).
 #
 # The dashboard stays live for the whole notebook: nothing below closes it. When you are done, shut the kernel down
 # (*Kernel → Shut Down Kernel*) to free its memory before you open another notebook.
@@ -51,7 +52,9 @@ from workshop.claims import claim, claims_view, count_where
 from workshop.exercise_checks import check_answer, check_compare, solutions_on
 
 torch.set_num_threads(1)
-MODEL = os.environ.get("ICL_LENS_WORKSHOP_MODEL", icl_lens.DEFAULT_MODEL)
+# The workshop model, SmolLM2-135M (what the answer sheet measured). To switch, set MODEL = "gemma-3-270m" here
+# (needs about 2.2 GB free), or start JupyterLab with `ICL_LENS_WORKSHOP_MODEL=gemma-3-270m make lab`.
+MODEL = os.environ.get("ICL_LENS_WORKSHOP_MODEL", "smollm2-135m")
 dash = icl_lens.dashboard(MODEL)
 dash
 
@@ -59,7 +62,10 @@ dash
 # ## Exercise 1 · Which token? (5 min)
 #
 # Type `The capital of France is Paris. The capital of Italy is` into the dashboard. Which token has the largest patch
-# norm in the last layer? Read it off the heatmap, put the token text into `answer_1`, then run the check.
+# norm in the last layer? Switch the colour toggle from *global scale* to **per-layer scale**: each layer's row is then
+# coloured by its own largest norm, so the last layer's brightest cell is its largest token even where other layers'
+# norms are much bigger. Read it off the heatmap's top row (hover for the token), put the token text into
+# `answer_1`, then run the check.
 
 # %% tags=["lesson"]
 answer_1 = None  # e.g. " Paris"

@@ -217,5 +217,6 @@ claims_view(summary_claims("spikes"))
 # Kernel*).
 
 # %%
-del model, patches, gen, samples
-gc.collect()
+from workshop.cleanup import free
+
+free(globals(), "model", "patches", "gen", "samples")

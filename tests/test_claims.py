@@ -20,9 +20,10 @@ from workshop.claims import (
 from icl_lens.stats._bootstrap import bootstrap_mean
 from workshop.claims import spike_shipped, spike_without_copied_answers, thought_locality
 from workshop.exercise_checks import (
-    NO_ANSWER, NOT_DISTINGUISHABLE, RIGHT, WRONG, ExerciseCheckFailed, check_answer, check_below, check_choice,
-    check_compare, compare_intervals, missing, no_answer, solutions_on,
+    NO_ANSWER, NOT_DISTINGUISHABLE, RIGHT, WRONG, ExerciseCheckFailed, as_number, check_answer, check_below,
+    check_choice, check_compare, compare_intervals, missing, no_answer, solutions_on,
 )
+from workshop.cleanup import free
 
 
 def test_rate_states_the_wilson_interval():
@@ -107,7 +108,7 @@ def test_exercise_checks_pass_right_answers_and_explain_wrong_ones(capsys, monke
     # a participant's wrong answer is explained, and the notebook goes on (no exception)
     assert check_answer(2, 3, "layer") == WRONG
     assert "✗ layer: you answered 2, icl_lens measures 3" in capsys.readouterr().out
-    assert check_answer("3", 3, "layer") == WRONG and "expected a number" in capsys.readouterr().out
+    assert check_answer("three", 3, "layer") == WRONG and "expected a number" in capsys.readouterr().out
     assert check_choice("maybe", "no", ("yes", "no"), "identity") == WRONG
     assert "answer one of" in capsys.readouterr().out
     assert check_choice("yes", "no", ("yes", "no"), "identity") == WRONG
@@ -121,6 +122,38 @@ def test_exercise_checks_pass_right_answers_and_explain_wrong_ones(capsys, monke
     out = capsys.readouterr().out
     assert out.count("no answer yet") == 6 and "✓" not in out and "✗" not in out
     assert missing(None) and missing(1, ...) and not missing(0, "", [])
+
+
+def test_numbers_in_any_form_a_notebook_hands_over(capsys, monkeypatch):
+    """One-element tensors and arrays, numpy scalars, numeric strings and ints are numbers; `prediction = 0` picks "0"."""
+    import torch
+
+    monkeypatch.delenv("ICL_LENS_SOLUTIONS", raising=False)
+    for same in (torch.tensor(0.25), torch.tensor([0.25]), torch.tensor([[0.25]], dtype=torch.float64),
+                 np.float32(0.25), np.float64(0.25), np.array([0.25]), "0.25", " 2.5e-1 "):
+        assert as_number(same) == pytest.approx(0.25), same
+        assert check_answer(same, 0.25, "value", rel_tol=1e-6) == RIGHT, same
+        assert check_below(same, 0.3, "error") == RIGHT and check_below(same, 0.2, "error") == WRONG, same
+    assert as_number(np.int64(3)) == 3.0 and check_answer(torch.tensor(3), 3, "layer") == RIGHT
+    for not_one in (torch.tensor([1.0, 2.0]), np.array([1, 2]), [0.25], "a quarter", True, torch.tensor(True), None):
+        assert as_number(not_one) is None, not_one
+    assert check_answer(torch.tensor([0.25, 0.5]), 0.25, "value") == WRONG
+    assert "expected a number" in capsys.readouterr().out
+    # a numeric choice answered with a number: 0 is "0", 1.0 is "1"; 2 is still outside the choices
+    choices = ("0", "1", NOT_DISTINGUISHABLE)
+    assert check_choice(0, "0", choices, "exponent") == RIGHT and check_choice(1.0, "1", choices, "exponent") == RIGHT
+    assert check_choice(np.int64(1), "0", choices, "exponent") == WRONG
+    assert check_choice(2, "0", choices, "exponent") == WRONG and "answer one of" in capsys.readouterr().out
+    assert check_compare(0, (0.0, -0.1, 0.1), (0.5, 0.5, 0.5), "0 or 1", labels=("1", "0")) == RIGHT
+
+
+def test_cleanup_frees_only_what_exists(capsys):
+    namespace = {"model": object(), "patches": [1], "keep": 2}
+    assert free(namespace, "model", "homework_parts", "patches") == ["model", "patches"]
+    assert namespace == {"keep": 2}
+    out = capsys.readouterr().out
+    assert "freed model, patches" in out and "never defined here: homework_parts" in out
+    assert free({}, "model") == [] and "freed nothing" in capsys.readouterr().out
 
 
 def test_checks_are_strict_with_the_solutions_on(monkeypatch):

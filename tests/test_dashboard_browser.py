@@ -1,8 +1,8 @@
 """The dashboard in a real browser, as users open it: the shipped notebook
 ``notebooks/05_live_dashboard.ipynb`` served by ``make app`` (Voila) and opened by ``make lab``
-(JupyterLab, then *Run → Run All Cells*), each on the embedded default model (Gemma 3 270M)
-and on the workshop model (``ICL_LENS_WORKSHOP_MODEL=smollm2-135m``, what Binder and the
-workshop set). No copy of the notebook stands in for it: the test starts the Makefile's own
+(JupyterLab, then *Run → Run All Cells*), each on the notebook's own model, the workshop model
+(SmolLM2-135M), and on icl_lens's default model (``ICL_LENS_WORKSHOP_MODEL=gemma-3-270m``, how a
+participant switches). No copy of the notebook stands in for it: the test starts the Makefile's own
 targets (with a free port, a token and ``--no-browser`` added).
 
 Headless Chromium (Debian's /usr/bin/chromium, driven by Playwright) types a prompt into the
@@ -49,8 +49,8 @@ WIDTHS = (800, 900, 1400)  # JupyterLab's output area is about 900 px wide
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
-WORKSHOP_MODEL = "smollm2-135m"  # binder/start and the workshop guide set ICL_LENS_WORKSHOP_MODEL to it
-MODELS = {"default": None, "workshop": WORKSHOP_MODEL}  # None: the notebook's own default, icl_lens.DEFAULT_MODEL
+WORKSHOP_MODEL = "smollm2-135m"  # notebook 05's own model, as in the other notebooks and the answer sheet
+MODELS = {"default": icl_lens.DEFAULT_MODEL, "workshop": None}  # None: the notebook's own, WORKSHOP_MODEL
 PROMPT = "one two three, one two three, one two"
 PROMPT_B = "one two four, one two three, one"
 FINAL_STATE_S = 120  # after the last keystroke, the final strip and heatmap must be drawn within this
@@ -248,7 +248,7 @@ def lab_url(model_name, tmp_path):
 
 
 def _expected(load, model_name: str | None) -> tuple[object, int, str]:
-    model = load(model_name or icl_lens.DEFAULT_MODEL)
+    model = load(model_name or WORKSHOP_MODEL)
     tokens = icl_lens.token_patches(model, PROMPT).tokens
     return model, len(tokens), short_label(tokens[-1])
 
@@ -319,7 +319,7 @@ def test_make_app_serves_a_live_dashboard(app_url, model_name, load):
     from playwright.sync_api import sync_playwright
 
     model, n, last = _expected(load, model_name)
-    kind = "workshop" if model_name else "default"
+    kind = "default" if model_name else "workshop"
     with sync_playwright() as p:
         browser = _browser(p)
         try:
@@ -352,7 +352,7 @@ def test_make_lab_run_all_leaves_a_live_dashboard(lab_url, model_name, load):
     from playwright.sync_api import sync_playwright
 
     model, n, last = _expected(load, model_name)
-    kind = "workshop" if model_name else "default"
+    kind = "default" if model_name else "workshop"
     with sync_playwright() as p:
         browser = _browser(p)
         try:

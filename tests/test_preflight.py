@@ -51,3 +51,63 @@ def test_script_prints_one_line_per_item_and_fails_with_status_1():
     assert short.returncode == 1
     assert [line.split()[0] for line in short.stdout.splitlines()[:3]] == ["PASS", "FAIL", "PASS"]
     assert short.stdout.strip().endswith("FAILED: ram")
+
+
+VM_STAT = """Mach Virtual Memory Statistics: (page size of 16384 bytes)
+Pages free:                                5000.
+Pages active:                            200000.
+Pages inactive:                          100000.
+Pages speculative:                         3000.
+Pages throttled:                              0.
+Pages wired down:                         90000.
+Pages purgeable:                           2000.
+"Translation faults":                 123456789.
+Pages copy-on-write:                    4567890.
+Pages stored in compressor:              300000.
+Pages occupied by compressor:             80000.
+"""
+MAC_AVAILABLE = (5000 + 100000 + 3000 + 2000) * 16384  # free + inactive + speculative + purgeable pages
+
+
+def test_vm_stat_is_read_as_macos_reports_it():
+    assert preflight.vm_stat_available(VM_STAT) == MAC_AVAILABLE
+    assert preflight.vm_stat_available("vm_stat: command not understood") is None
+
+
+def _run_without_proc_or_psutil(tmp_path, path_dirs, *args):
+    """The script as on a Mac's system Python: no /proc/meminfo, psutil not importable, PATH = ``path_dirs``."""
+    code = ("import sys, pathlib, importlib.util; sys.modules['psutil'] = None\n"
+            f"spec = importlib.util.spec_from_file_location('preflight', {str(SCRIPT)!r})\n"
+            "p = importlib.util.module_from_spec(spec); sys.modules['preflight'] = p; spec.loader.exec_module(p)\n"
+            "p.MEMINFO = pathlib.Path('/no/proc/meminfo')\n"
+            "sys.exit(p.main(sys.argv[1:]))")
+    env = {"PATH": ":".join(map(str, path_dirs)), "HOME": str(tmp_path)}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env=env)
+
+
+def test_system_stage_on_macos_reads_sysctl_and_vm_stat_without_psutil(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "vm_stat").write_text("#!/bin/sh\ncat <<'END'\n" + VM_STAT + "END\n")
+    (bin_dir / "sysctl").write_text('#!/bin/sh\n[ "$2" = hw.memsize ] && echo 17179869184\n')
+    for tool in ("vm_stat", "sysctl"):
+        (bin_dir / tool).chmod(0o755)
+    done = _run_without_proc_or_psutil(tmp_path, [bin_dir, "/bin", "/usr/bin"], "--stage", "system",
+                                       "--min-ram-gb", "0.1", "--min-disk-gb", "0.1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    ram = next(line for line in done.stdout.splitlines() if line.split()[1] == "ram")
+    assert ram.startswith("PASS") and f"{MAC_AVAILABLE / preflight.GB:.1f} GB available" in ram
+    short = _run_without_proc_or_psutil(tmp_path, [bin_dir, "/bin", "/usr/bin"], "--stage", "system",
+                                        "--min-ram-gb", "100")
+    assert short.returncode == 1 and short.stdout.strip().endswith("FAILED: ram")
+
+
+def test_system_stage_warns_and_goes_on_where_memory_cannot_be_read(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = _run_without_proc_or_psutil(tmp_path, [empty], "--stage", "system", "--min-disk-gb", "0.1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert [line.split()[0] for line in lines[:3]] == ["PASS", "WARN", "PASS"]
+    assert "check it by hand" in lines[1] and lines[-1] == "preflight: all 3 passed (check by hand: ram)"

@@ -12,6 +12,10 @@ Every check prints one line and returns its status (:data:`RIGHT`, :data:`WRONG`
 - a right answer prints a line starting with ``✓``;
 - a wrong answer prints a line starting with ``✗`` that says what icl_lens measures and why.
 
+Where a number is expected, a number in any form a notebook hands over is read as one: a Python
+``int``/``float``, a one-element tensor or array, a numpy scalar, or a numeric string (``"0.5"``);
+a prediction among numeric choices (``"0"`` or ``"1"``) also accepts the number ``0``.
+
 Predictions about a *difference* are graded on signal (:func:`check_compare`): two measured
 intervals that overlap make ``"not distinguishable"`` the right answer, never a direction
 read off two point estimates.
@@ -80,11 +84,39 @@ def check_answer(answer: Any, expected: Any, what: str, *, rel_tol: float = 0.0,
     if isinstance(expected, bool) or not isinstance(expected, Real):
         ok = _norm(answer) == _norm(expected)
     else:
-        if isinstance(answer, bool) or not isinstance(answer, Real):
+        number = as_number(answer)
+        if number is None:
             return _verdict(False, "", f"✗ {what}: expected a number, got {answer!r}.")
-        ok = math.isclose(float(answer), float(expected), rel_tol=rel_tol, abs_tol=abs_tol)
+        answer = answer if isinstance(answer, Real) else number  # a tensor or a string is shown as its number
+        ok = math.isclose(number, float(expected), rel_tol=rel_tol, abs_tol=abs_tol)
     return _verdict(ok, f"✓ {what}: {answer!r} is right.{tail}",
                     f"✗ {what}: you answered {answer!r}, icl_lens measures {expected!r}.{tail}")
+
+
+def as_number(x: Any) -> float | None:
+    """``x`` as a float when it holds one number, else ``None``.
+
+    Accepted: an ``int``/``float`` (not a ``bool``), anything with one element and ``.item()``
+    (a one-element torch tensor or numpy array, a numpy scalar), and a numeric string
+    (``" 0.5 "``, ``"1e-3"``). A ``bool``, a longer tensor, a list or a word is not a number.
+    """
+    if isinstance(x, str):
+        try:
+            return float(x.strip())
+        except ValueError:
+            return None
+    if hasattr(x, "item") and not isinstance(x, Real):
+        size = getattr(x, "numel", None)
+        size = size() if callable(size) else getattr(x, "size", 1)
+        if size != 1:
+            return None
+        try:
+            x = x.item()
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    if isinstance(x, bool) or not isinstance(x, Real):
+        return None
+    return float(x)
 
 
 def check_below(value: Any, bound: float, what: str, *, why: str = "") -> str:
@@ -92,8 +124,9 @@ def check_below(value: Any, bound: float, what: str, *, why: str = "") -> str:
     tail = f" {why}" if why else ""
     if missing(value):
         return no_answer(what)
-    ok = isinstance(value, Real) and math.isfinite(float(value)) and float(value) <= bound
-    shown = f"{float(value):.2e}" if isinstance(value, Real) else repr(value)
+    number = as_number(value)
+    ok = number is not None and math.isfinite(number) and number <= bound
+    shown = f"{number:.2e}" if number is not None else repr(value)
     return _verdict(ok, f"✓ {what} = {shown} ≤ {bound:g}.{tail}", f"✗ {what} is {shown}, above {bound:g}.{tail}")
 
 
@@ -103,6 +136,8 @@ def check_choice(answer: Any, expected: str, choices: tuple[str, ...], what: str
         raise ValueError(f"expected {expected!r} is not one of {choices}")
     if missing(answer):
         return no_answer(what)
+    if not isinstance(answer, str) and as_number(answer) is not None:  # `prediction = 0` for the choice "0"
+        answer = next((c for c in choices if as_number(c) == as_number(answer)), answer)
     if _norm(answer) not in {_norm(c) for c in choices}:
         return _verdict(False, "", f"✗ {what}: answer one of {choices}, got {answer!r}.")
     return check_answer(answer, expected, what, why=why)

@@ -8,22 +8,26 @@ second with the venv's). Items:
 
 - **python**: the version pyproject.toml requires (≥ 3.10);
 - **ram**: available memory (a notebook's kernel peaks near 1.3 GB with SmolLM2-135M, JupyterLab and a
-  browser tab need the rest);
+  browser tab need the rest), read without any third-party package: ``/proc/meminfo`` on Linux,
+  ``sysctl hw.memsize`` and ``vm_stat`` on macOS, psutil where it is installed; where none can tell,
+  the line is a ``WARN`` (check by hand), never a stop;
 - **disk**: free space where the repository lives (the venv with the CPU build of torch and the prepared models
   take about 5 GB; 1 GB spare once they are installed);
 - **model**: the embedded model loads offline, and its token patches reproduce its logits on a short prompt;
 - **widget**: ipywidgets and a plotly ``FigureWidget`` construct and serialise their state (what JupyterLab
   renders).
 
-Only the standard library is imported at the top, so ``--stage system`` runs before anything is installed.
-The exit status is 1 when any item fails.
+Only the standard library is imported at the top, so ``--stage system`` runs before anything is installed
+(macOS's system Python has no psutil). The exit status is 1 when any item fails; a ``WARN`` is not a failure.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -31,19 +35,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 GB = 2**30
+MEMINFO = Path("/proc/meminfo")
 
 
 @dataclass(frozen=True)
 class Result:
-    """One preflight item: passed or not, what was found, and what to do when it failed."""
+    """One preflight item: passed or not, what was found, and what to do when it failed.
+
+    ``warn``: the item could not be measured here; it does not fail the preflight, and the line
+    says what to check by hand (``fix``)."""
 
     item: str
     ok: bool
     found: str
     fix: str = ""
+    warn: bool = False
 
     def line(self) -> str:
-        return f"{'PASS' if self.ok else 'FAIL'}  {self.item:<7} {self.found}" + ("" if self.ok else f"  → {self.fix}")
+        status = "WARN" if self.warn else "PASS" if self.ok else "FAIL"
+        return f"{status}  {self.item:<7} {self.found}" + ("" if self.ok and not self.warn else f"  → {self.fix}")
 
 
 def check_python(minimum: tuple[int, int] = (3, 10)) -> Result:
@@ -53,14 +63,47 @@ def check_python(minimum: tuple[int, int] = (3, 10)) -> Result:
                   f"`make preflight PY=python3.11` (PY names the interpreter)")
 
 
-def available_memory() -> int | None:
-    """Bytes of memory available to a new program (MemAvailable on Linux, psutil elsewhere), or None."""
+def _command(*args: str) -> str | None:
+    """The standard output of a system command, or None where it is missing or fails (within 10 s)."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        done = subprocess.run(args, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def vm_stat_available(text: str) -> int | None:
+    """Bytes available from macOS's ``vm_stat`` output: free, inactive, speculative and purgeable pages.
+
+    Those are the pages macOS hands to a new program without swapping (what Activity Monitor
+    counts as not in use, less the compressed and wired memory). None if ``text`` is not vm_stat's.
+    """
+    size = re.search(r"page size of (\d+) bytes", text)
+    pages = {m.group(1).lower(): int(m.group(2)) for m in re.finditer(r"^Pages ([\w ]+?):\s+(\d+)\.?\s*$", text, re.M)}
+    counted = [pages[k] for k in ("free", "inactive", "speculative", "purgeable") if k in pages]
+    if size is None or "free" not in pages:
+        return None
+    return sum(counted) * int(size.group(1))
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new program, or None where this machine does not say.
+
+    Linux: ``MemAvailable`` of ``/proc/meminfo``; macOS: ``vm_stat`` (capped by ``sysctl hw.memsize``,
+    the installed memory); elsewhere psutil when installed. No third-party package is needed on
+    Linux or macOS.
+    """
+    try:
+        for line in MEMINFO.read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
+    stat = _command("vm_stat")
+    free = vm_stat_available(stat) if stat else None
+    if free is not None:
+        total = _command("sysctl", "-n", "hw.memsize")
+        return min(free, int(total)) if total and total.strip().isdigit() else free
     try:
         import psutil
     except ImportError:
@@ -71,8 +114,9 @@ def available_memory() -> int | None:
 def check_ram(minimum_gb: float = 2.0) -> Result:
     free = available_memory()
     if free is None:
-        return Result("ram", False, "could not read the available memory",
-                      "install psutil (`pip install psutil`) or check it by hand: 2 GB must be free")
+        return Result("ram", True, "could not read the available memory on this system",
+                      f"check it by hand (Activity Monitor, Task Manager or `free -h`): {minimum_gb:g} GB must be "
+                      "free; `pip install psutil` lets this check read it", warn=True)
     return Result("ram", free >= minimum_gb * GB, f"{free / GB:.1f} GB available (need ≥ {minimum_gb:g} GB)",
                   "close other programs and browser tabs, and run one notebook kernel at a time; "
                   "or use Binder (2 GB per session)")
@@ -149,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = run(args.stage, model=args.model, min_ram_gb=args.min_ram_gb, min_disk_gb=args.min_disk_gb)
     failed = [r.item for r in results if not r.ok]
-    print(f"preflight: {'all ' + str(len(results)) + ' passed' if not failed else 'FAILED: ' + ', '.join(failed)}")
+    warned = [r.item for r in results if r.warn]
+    passed = f"all {len(results)} passed" + (f" (check by hand: {', '.join(warned)})" if warned else "")
+    print(f"preflight: {passed if not failed else 'FAILED: ' + ', '.join(failed)}")
     return 1 if failed else 0
 
 
