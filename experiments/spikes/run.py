@@ -20,7 +20,7 @@ from experiments.factual_prompts import (
     stratum,
 )
 from experiments.report import command, machine, write_fragment
-from experiments.spikes.answers import AnswerSet, answer_all
+from experiments.spikes.answers import N_SAMPLES, AnswerSet, answer_all
 from experiments.spikes.calibration import calibration_split, check_flag, write_thresholds
 from experiments.spikes.detector import averaged_model, held_out_scores
 from experiments.spikes.features import PROMPT_SETS, READOUT, copies_question, feature_sets, single_scores, spike_name
@@ -191,9 +191,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: one-token steps gain little from more on shared cores)")
-    parser.add_argument("--cache", default=None,
-                        help="folder for the generated answers (one safetensors file per model, e.g. .cache/spikes), "
-                             "reused when it matches")
+    parser.add_argument("--cache", default=".cache/spikes",
+                        help="folder for the generated answers (default .cache/spikes; '' for none): a subfolder per "
+                             "model, written every 25 questions, so an interrupted run resumes and only questions "
+                             "not yet answered are generated")
+    parser.add_argument("--samples", type=int, default=N_SAMPLES,
+                        help=f"answers sampled at temperature 1 per question (default {N_SAMPLES})")
     parser.add_argument("--answers-only", action="store_true",
                         help="only generate the answers into --cache (one model after another), no evaluation")
     parser.add_argument("--merge", action="store_true",
@@ -230,13 +233,14 @@ def main(argv: list[str] | None = None) -> None:
     opening = [x for e in record["models"].values() for x in e["tables"]]
     for name in args.models:
         model = load_model(name)
-        cache = None if args.cache is None else Path(args.cache) / f"{name}.safetensors"
-        answer_set = answer_all(model, items, max_new_tokens=args.max_new_tokens, cache=cache)
+        cache = None if args.cache in (None, "") else Path(args.cache)
+        answer_set = answer_all(model, items, max_new_tokens=args.max_new_tokens, cache=cache,
+                                n_samples=args.samples, seed=args.seed)
         del model
         if args.answers_only:
-            print(f"{name}: {len(answer_set.answers)} answers in {answer_set.seconds:.0f} s "
-                  f"({answer_set.seconds / len(answer_set.answers):.2f} s per question, "
-                  f"{answer_set.cpu_seconds:.0f} s CPU) -> {cache}", flush=True)
+            print(f"{name}: {len(answer_set.answers)} answers with {args.samples} samples each, "
+                  f"{answer_set.seconds:.0f} s of generation ({answer_set.seconds / len(answer_set.answers):.2f} s "
+                  f"per question, {answer_set.cpu_seconds:.0f} s CPU) -> {cache}", flush=True)
             continue
         answer_set = relabel(answer_set)
         result = evaluate_model(answer_set, folds=args.folds, inner_folds=args.inner_folds, n_boot=args.bootstrap,
