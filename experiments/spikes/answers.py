@@ -44,7 +44,6 @@ from __future__ import annotations
 import ctypes
 import json
 import time
-import zlib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -59,7 +58,15 @@ from transformers import DynamicCache
 from experiments.factual_prompts import FEW_SHOT, FactualPrompt, is_correct_answer
 from icl_lens.model import encode_prompt, recording_residual, str_tokens
 from icl_lens.patches import PatchSession
-from icl_lens.spikes import informative_positions, predictive_stats
+from icl_lens.spikes import (
+    PromptState,
+    informative_positions,
+    predictive_stats,
+    probe_layer,
+    sample_continuations,
+    sample_seed,
+    stopped,
+)
 
 
 PROMPT_TAIL = 4  # prompt positions P - 4 … P - 1 whose residual is kept (prompt-only probe)
@@ -111,11 +118,6 @@ class AnswerSet:
     temperature: float = TEMPERATURE
 
 
-def probe_layer(n_layers: int) -> int:
-    """The layer whose incoming residual stream the hidden-state probe reads: the middle one."""
-    return n_layers // 2
-
-
 def common_prefix(a: torch.Tensor | None, b: torch.Tensor) -> int:
     """Length of the longest common prefix of two 1-D id tensors (0 when ``a`` is None)."""
     if a is None:
@@ -123,18 +125,6 @@ def common_prefix(a: torch.Tensor | None, b: torch.Tensor) -> int:
     m = min(len(a), len(b))
     diff = torch.nonzero(a[:m] != b[:m])
     return int(diff[0]) if len(diff) else m
-
-
-@dataclass(frozen=True)
-class PromptState:
-    """The prompt's keys and values (one ``(keys, values)`` per layer, batch 1) and the logits after it."""
-
-    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
-    logits: torch.Tensor  # vocab
-
-
-def _stopped(model, tokens: list[int], stop: str, eos) -> bool:
-    return (eos is not None and tokens[-1] == eos) or stop in model.tokenizer.decode(tokens)
 
 
 @torch.no_grad()
@@ -165,52 +155,12 @@ def greedy_continuation(model, ids: torch.Tensor, *, max_new_tokens: int, stop: 
         out.append(token)
         logprobs.append(float(logp[token]))
         entropies.append(entropy)
-        if _stopped(model, out, stop, eos) or len(out) == max_new_tokens:
+        if stopped(model, out, stop, eos) or len(out) == max_new_tokens:
             break
         step = torch.tensor([[token]], dtype=ids.dtype, device=ids.device)
         logits, cache = model(step, past_key_values=cache, return_type="logits_and_cache", logits_to_keep=1)
     result = (torch.tensor(out, dtype=ids.dtype, device=ids.device), np.array(logprobs), np.array(entropies))
     return (*result, prompt) if keep_prompt else result
-
-
-def sample_seed(text: str, seed: int = 0) -> int:
-    """The sampling generator's seed for one question: CRC-32 of its input text, plus ``seed``."""
-    return (zlib.crc32(text.encode("utf-8")) + seed) % 2**63
-
-
-@torch.no_grad()
-def sample_continuations(model, prompt: PromptState, *, n: int, temperature: float, max_new_tokens: int,
-                         generator: torch.Generator, stop: str = "\n") -> list[list[int]]:
-    """``n`` continuations sampled from ``softmax(logits / temperature)`` as one batch (module docstring, pass 3).
-
-    Each row stops as :func:`greedy_continuation` does (EOS, ``stop`` in its text, or
-    ``max_new_tokens``); the batch runs until every row has stopped.
-    """
-    if n < 1 or not temperature > 0:
-        raise ValueError(f"need n >= 1 samples and a temperature > 0, got {n} and {temperature}")
-    vocab = int(model.cfg.d_vocab)
-    eos = getattr(model.tokenizer, "eos_token_id", None)
-    cache = DynamicCache()
-    for index, (keys, values) in enumerate(prompt.layers):
-        cache.update(keys.repeat(n, 1, 1, 1), values.repeat(n, 1, 1, 1), index)
-    logits = prompt.logits[None].expand(n, -1)
-    out: list[list[int]] = [[] for _ in range(n)]
-    done = [False] * n
-    for k in range(max_new_tokens):
-        # inverse-CDF draw (torch.multinomial over a 262k vocabulary costs ~0.1 s a row on one core)
-        cdf = torch.cumsum(torch.softmax(logits[:, :vocab].detach().double().cpu() / temperature, dim=-1), dim=-1)
-        u = torch.rand(n, 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]
-        step = torch.searchsorted(cdf, u, right=True).clamp_(max=vocab - 1)
-        for row, token in enumerate(step[:, 0].tolist()):
-            if not done[row]:
-                out[row].append(token)
-                done[row] = _stopped(model, out[row], stop, eos)
-        if all(done) or k == max_new_tokens - 1:
-            break
-        logits, cache = model(step.to(prompt.logits.device), past_key_values=cache, return_type="logits_and_cache",
-                              logits_to_keep=1)
-        logits = logits[:, -1]
-    return out
 
 
 def answer_one(model, item: FactualPrompt, session: PatchSession, *, max_new_tokens: int, layer: int,
