@@ -308,7 +308,7 @@ def answer_all(model, items: list[FactualPrompt], *, max_new_tokens: int, cache:
     layer = probe_layer(int(model.cfg.n_layers))
     head = dict(model_name=name, n_layers=int(model.cfg.n_layers), probe_layer=layer, preamble=FEW_SHOT,
                 max_new_tokens=max_new_tokens, n_samples=n_samples, temperature=temperature)
-    session, previous, fresh = PatchSession(model, logits=False), None, []
+    session, previous, fresh = PatchSession(model, logits=False) if todo else None, None, []
 
     def flush() -> None:
         if folder is not None and fresh:

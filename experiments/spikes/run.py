@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from experiments.factual_prompts import (
 from experiments.report import command, machine, write_fragment
 from experiments.spikes.answers import N_SAMPLES, TEMPERATURE, AnswerSet, answer_all
 from experiments.spikes.calibration import calibration_split, check_flag, write_thresholds
-from experiments.spikes.detector import HeldOut, grouped_folds, held_out_scores
+from experiments.spikes.detector import HeldOut, held_out_scores
 from experiments.spikes.features import LIBRARY_FEATURES, copies_question, feature_sets, single_scores
 from experiments.spikes.loko import Candidate, fit_candidate, leave_one_kind_out
 from experiments.spikes.sections import model_section, model_tables, summary_sentences, within_tables
@@ -45,13 +46,14 @@ from experiments.spikes.summary import (
 )
 from icl_lens.model import load_model
 from icl_lens.spikes import DETECTORS_FILE, THRESHOLDS_FILE, SpikeSettings
-from icl_lens.stats import LAMBDAS, NEWTON_MAX_FEATURES, bootstrap_auroc_difference
+from icl_lens.stats import LAMBDAS, NEWTON_MAX_FEATURES, bootstrap_auroc_difference, grouped_folds
 
 FLAG_STATISTICS = ("mean", "median", "max", "norm")
 FLAG_WINDOWS = (16, 8)
 DEFAULT_FLAG = (SpikeSettings().statistic, SpikeSettings().window)  # generation's and the dashboard's flag
 RATE = 0.05
 QUICK_LAMBDAS = (1e-2, 1.0)
+LOKO_INNER_FOLDS = 3  # inner folds by kind inside each leave-one-kind-out fit (λ, Platt and threshold)
 
 
 def quick_subset(items: list[FactualPrompt], per_kind: int) -> list[FactualPrompt]:
@@ -77,7 +79,8 @@ def kind_only_scores(wrong: np.ndarray, strata: np.ndarray, groups: np.ndarray, 
 
 
 def evaluate_model(answer_set: AnswerSet, *, folds: int, inner_folds: int, n_boot: int, seed: int,
-                   lambdas=LAMBDAS, command_line: str = "", progress: bool = True) -> dict:
+                   lambdas=LAMBDAS, command_line: str = "", progress: bool = True,
+                   kind_folds: int = LOKO_INNER_FOLDS) -> dict:
     """Everything one model's section, JSON entry and shipped detector need (rules: :mod:`.summary`)."""
     start, cpu_start = time.perf_counter(), time.process_time()
     answers = list(answer_set.answers)
@@ -108,7 +111,7 @@ def evaluate_model(answer_set: AnswerSet, *, folds: int, inner_folds: int, n_boo
                   + [Candidate(n, single[n], False) for n in LOKO_SINGLE])
     x_of = {c.name: c for c in candidates}
     families = {c.name: "logistic regression" if c.supervised else "single score" for c in candidates}
-    kinds = leave_one_kind_out(candidates, wrong, strata, calibrate, inner_k=inner_folds, lambdas=lambdas, seed=seed,
+    kinds = leave_one_kind_out(candidates, wrong, strata, calibrate, inner_k=kind_folds, lambdas=lambdas, seed=seed,
                                rate=RATE, progress=progress)
     loko = loko_table(kinds.scores, n_features | {n: 1 for n in LOKO_SINGLE}, families, wrong, strata, groups,
                       out_half, n_boot)
@@ -117,7 +120,7 @@ def evaluate_model(answer_set: AnswerSet, *, folds: int, inner_folds: int, n_boo
     # the shipping rule, then the winner fitted on the whole calibration half
     winner = ship_rule(loko)
     c = x_of[winner]
-    fitted = fit_candidate(winner, c.x, calibrate, wrong, strata, supervised=c.supervised, inner_k=inner_folds,
+    fitted = fit_candidate(winner, c.x, calibrate, wrong, strata, supervised=c.supervised, inner_k=kind_folds,
                            lambdas=lambdas, seed=seed, pca=c.pca, rate=RATE)
     shipped_scores = fitted.decision(c.x)
     shipped_flags = fitted.p_wrong(shipped_scores) > fitted.threshold
@@ -185,7 +188,7 @@ def header(items: list[FactualPrompt], args, argv, lambdas) -> list[str]:
         f"{args.samples} answers sampled at temperature 1 per question; the share whose answer line agrees with "
         "the greedy one after the correctness rule's normalisation (`experiments.factual_prompts.same_answer`). "
         "Leave one kind out: subjects split into a calibration and a held-out half (seeded); per kind, fits on "
-        f"the calibration half without it, λ by an inner {args.inner_folds}-fold grouped by kind and chosen by "
+        f"the calibration half without it, λ by an inner {args.kind_folds}-fold grouped by kind and chosen by "
         "within-kind AUROC; the average of the fold models scores the kind's held-out half; Platt scaling and "
         "the flag threshold (≤ 5% of correct answers, one-sided 95% Wilson bound) from the same out-of-fold "
         f"scores. Within sample: held-out scores from a grouped {args.folds}-fold by subject over all answers, λ "
@@ -193,6 +196,24 @@ def header(items: list[FactualPrompt], args, argv, lambdas) -> list[str]:
         f"({args.bootstrap} resamples; within kinds for the leave-one-kind-out means). Rules (baselines, the "
         "shipping rule, the verdicts): `experiments/spikes/summary.py`, fixed before the run.", "",
     ]
+
+
+def answer_and_evaluate(job) -> tuple[AnswerSet, dict | None]:
+    """One model's answers (from the cache where there) and, unless ``--answers-only``, its evaluation."""
+    name, items, args, lambdas, cmd = job
+    torch.set_num_threads(max(1, args.threads))
+    model = load_model(name)
+    cache = None if args.cache in (None, "") else Path(args.cache)
+    answer_set = answer_all(model, items, max_new_tokens=args.max_new_tokens, cache=cache, n_samples=args.samples,
+                            seed=args.seed)
+    del model
+    if args.answers_only:
+        print(f"{name}: {len(answer_set.answers)} answers with {args.samples} samples each, "
+              f"{answer_set.seconds:.0f} s of generation ({answer_set.seconds / len(answer_set.answers):.2f} s "
+              f"per question, {answer_set.cpu_seconds:.0f} s CPU) -> {cache}", flush=True)
+        return answer_set, None
+    return answer_set, evaluate_model(answer_set, folds=args.folds, inner_folds=args.inner_folds, n_boot=args.bootstrap,
+                                      seed=args.seed, lambdas=lambdas, command_line=cmd, kind_folds=args.kind_folds)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -204,7 +225,11 @@ def main(argv: list[str] | None = None) -> None:
                              "200 bootstrap resamples (tests; the numbers mean nothing)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 8 (4 with --quick)")
     parser.add_argument("--folds", type=int, default=5)
-    parser.add_argument("--inner-folds", type=int, default=5)
+    parser.add_argument("--inner-folds", type=int, default=5, help="inner folds by subject (within-sample table)")
+    parser.add_argument("--kind-folds", type=int, default=LOKO_INNER_FOLDS,
+                        help=f"inner folds by kind inside each leave-one-kind-out fit (default {LOKO_INNER_FOLDS})")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="models evaluated at once, one process each (default 1); generation stays sequential")
     parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
@@ -232,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.max_new_tokens is None:
         args.max_new_tokens = 4 if args.quick else 8
     if args.quick:
-        args.folds, args.inner_folds, args.bootstrap = 3, 2, 200
+        args.folds, args.inner_folds, args.kind_folds, args.bootstrap = 3, 2, 2, 200
     torch.set_num_threads(max(1, args.threads))
     items = load_factual_prompts()
     if args.quick:
@@ -250,19 +275,15 @@ def main(argv: list[str] | None = None) -> None:
     lines = [x for e in record["models"].values() for x in e["section"]]
     opening = [x for e in record["models"].values() for x in e["tables"]]
     within = [x for e in record["models"].values() for x in e.get("within_tables", [])]
-    for name in args.models:
-        model = load_model(name)
-        cache = None if args.cache in (None, "") else Path(args.cache)
-        answer_set = answer_all(model, items, max_new_tokens=args.max_new_tokens, cache=cache,
-                                n_samples=args.samples, seed=args.seed)
-        del model
-        if args.answers_only:
-            print(f"{name}: {len(answer_set.answers)} answers with {args.samples} samples each, "
-                  f"{answer_set.seconds:.0f} s of generation ({answer_set.seconds / len(answer_set.answers):.2f} s "
-                  f"per question, {answer_set.cpu_seconds:.0f} s CPU) -> {cache}", flush=True)
+    jobs = [(name, items, args, lambdas, cmd) for name in args.models]
+    if args.jobs > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as pool:
+            done = list(pool.map(answer_and_evaluate, jobs))
+    else:
+        done = (answer_and_evaluate(job) for job in jobs)  # one model at a time, written as each finishes
+    for name, (answer_set, result) in zip(args.models, done):
+        if result is None:
             continue
-        result = evaluate_model(answer_set, folds=args.folds, inner_folds=args.inner_folds, n_boot=args.bootstrap,
-                                seed=args.seed, lambdas=lambdas, command_line=cmd)
         section = model_section(answer_set, result, rate=RATE)
         section[2:2] = [f"Command: `{cmd}`", ""]
         lines += section

@@ -69,6 +69,7 @@ from icl_lens.stats import (
     bootstrap_ratio,
     percentile_interval,
     resample_counts,
+    row_nanmean,
     stratum_mean_auroc,
     stratum_mean_auroc_difference,
 )
@@ -318,10 +319,7 @@ def flag_rates(name: str, protocol: str, flagged: np.ndarray, wrong: np.ndarray,
     detection = float(np.mean([r.wrong_flagged - r.correct_flagged for r in carrying])) if carrying else float("nan")
     interval = None
     if boots:
-        b = np.stack(boots, axis=1)
-        good = np.isfinite(b)
-        keep = good.any(1)
-        interval = percentile_interval(np.where(good, b, 0)[keep].sum(1) / good[keep].sum(1))
+        interval = percentile_interval(row_nanmean(np.stack(boots, axis=1)))
     with_correct = [r for r in rows if r.correct]
     with_wrong = [r for r in rows if r.wrong]
     correct_ok = sum(r.correct_flagged <= rate for r in with_correct)

@@ -34,6 +34,7 @@ from icl_lens.stats._auroc import (
 )
 from icl_lens.stats._bootstrap import (
     MeanCI, bootstrap_mean, bootstrap_mean_nested, bootstrap_ratio, percentile_interval, resample_counts,
+    row_nanmean,
 )
 from icl_lens.stats._intervals import wilson_interval
 from icl_lens.stats._logistic import (
@@ -53,6 +54,7 @@ __all__ = [
     "AurocDifference", "AurocResult", "MeanAuroc", "auroc", "bootstrap_auroc", "bootstrap_auroc_difference",
     "resampled_auroc", "stratum_mean_auroc", "stratum_mean_auroc_difference",
     "MeanCI", "bootstrap_mean", "bootstrap_mean_nested", "bootstrap_ratio", "percentile_interval", "resample_counts",
+    "row_nanmean",
     "wilson_interval",
     "LAMBDAS", "LambdaPath", "NEWTON_MAX_FEATURES", "LogisticModel", "choose_lambda", "fit_logistic", "fit_with_inner_cv", "grouped_folds",
     "lambda_path", "logistic_loss",

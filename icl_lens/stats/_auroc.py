@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from icl_lens.stats._bootstrap import percentile_interval, resample_counts
+from icl_lens.stats._bootstrap import percentile_interval, resample_counts, row_nanmean
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def stratum_mean_auroc(scores, positive, strata, *, groups=None, n_boot: int = 2
     """Mean over strata of the within-stratum AUROC with a percentile interval (module docstring)."""
     scores, positive, strata = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool), np.asarray(strata)
     point, boots = _stratum_boots(scores, positive, strata, groups, n_boot, seed)
-    low, high = percentile_interval(_nanmean_rows(boots), level)
+    low, high = percentile_interval(row_nanmean(boots), level)
     return MeanAuroc(float(np.mean(list(point.values()))), low, high, point)
 
 
@@ -166,11 +166,5 @@ def stratum_mean_auroc_difference(scores_a, scores_b, positive, strata, *, group
     positive, strata = np.asarray(positive, dtype=bool), np.asarray(strata)
     pa, ba = _stratum_boots(a, positive, strata, groups, n_boot, seed)
     pb, bb = _stratum_boots(b, positive, strata, groups, n_boot, seed)
-    low, high = percentile_interval(_nanmean_rows(ba - bb), level)
+    low, high = percentile_interval(row_nanmean(ba - bb), level)
     return AurocDifference(float(np.mean(list(pa.values())) - np.mean(list(pb.values()))), low, high)
-
-
-def _nanmean_rows(x: np.ndarray) -> np.ndarray:
-    ok = np.isfinite(x)
-    keep = ok.any(axis=1)
-    return np.where(ok, x, 0.0)[keep].sum(1) / ok[keep].sum(1)

@@ -183,8 +183,9 @@ def thought_locality(models: Sequence[str] = ("gemma-3-270m", "smollm2-135m"), *
 
 
 def spike_shipped(model: str, *, root: str | Path | None = None) -> dict | None:
-    """The shipped detector's entry of ``eval_spikes.json``: ``detector`` (name, AUROCs, baselines, ``beats_baseline``)
-    and ``held_out`` (its flag's rates on the held-out subjects, with intervals)."""
+    """The shipped detector's entry of ``eval_spikes.json``: ``detector`` (name, AUROC on unseen kinds, the −log p
+    baseline's, what patches add, its line), ``held_out`` (its flag's rates on the held-out subjects, every kind
+    seen) and ``unseen_kinds`` (the same on kinds left out, pooled and within stratum), with intervals."""
     entry = lookup(read_report("spikes", root), "models", model, "shipped")
     return entry if isinstance(entry, dict) and {"detector", "held_out"} <= set(entry) else None
 
@@ -196,8 +197,8 @@ def percent_ci(row: Mapping[str, Any], key: str) -> str:
 
 
 def spike_without_copied_answers(model: str, *, root: str | Path | None = None) -> dict | None:
-    """The paired patch-vs-log-probability AUROC difference on answers that do not repeat a question word
-    (``{difference, low, high}``; None if absent)."""
+    """What patch features add to −log p and entropy on unseen kinds, on answers that do not repeat a question word:
+    the paired AUROC difference (``{difference, low, high}``; None if absent)."""
     row = lookup(read_report("spikes", root), "models", model, "without_copied_answers", "patch_vs_baseline")
     return row if isinstance(row, dict) and "difference" in row else None
 
