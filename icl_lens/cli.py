@@ -430,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "experiments.spikes; EVAL.md, 'Spike flags'); prints the one line saying what "
                                    "the flag is computed from and what token patches add. --json prints answer, "
                                    "p_wrong, flagged, detector {name, features, auroc_unseen_kinds, baseline, "
-                                   "baseline_auroc_unseen_kinds, patch_adds, line, ...} and baselines {neglogp_mean, "
+                                   "baseline_auroc_unseen_kinds, patch_adds, line, ...} and baselines {neglogp, "
                                    "neglogp_min, neglogp_first, entropy_first, length, sampling_disagreement}: "
                                    "their values for this answer.")
     p.add_argument("prompt", help="a short factual question, e.g. 'What is the capital of Peru?'")

@@ -56,7 +56,7 @@ def test_generation_reads_the_answer_with_the_shipped_detector(load, shipped):
     assert flag.p_wrong == pytest.approx(1 / (1 + np.exp(-(0.5 * s - 0.1))))
     assert flag.flagged == (flag.p_wrong > 0.0) and flag.answer == "".join(gen.generated_tokens[:k]).strip()
     lp = gen.logprobs.numpy()[:k]
-    assert flag.baselines["neglogp_mean"] == pytest.approx(-lp.mean())
+    assert flag.baselines["neglogp"] == pytest.approx(-lp.mean())
     assert flag.baselines["neglogp_min"] == pytest.approx(-lp.min()) and flag.baselines["length"] == k
     assert "sampling_disagreement" not in flag.baselines  # no samples drawn for a patch detector by default
     assert icl_lens.generate_with_patches(model, "Q: abc?\nA:", max_new_tokens=2, detector=False).answer_flag is None
@@ -64,7 +64,7 @@ def test_generation_reads_the_answer_with_the_shipped_detector(load, shipped):
 
 def test_a_baseline_detector_reads_what_every_generation_has(load, shipped):
     model = load("tiny-gpt2")
-    _write(shipped, "tiny-gpt2", features=("neglogp_mean",), weights=[1.0], name="−mean log p, answer",
+    _write(shipped, "tiny-gpt2", features=("neglogp",), weights=[1.0], name="−mean log p, answer",
            line="flag from −mean log p, answer; token patches add ...")
     gen = icl_lens.generate_with_patches(model, "Q: abc?\nA:", max_new_tokens=3)
     k = sd.answer_length(gen.generated_tokens)
@@ -113,16 +113,16 @@ def test_spikes_command_prints_the_detector_line_and_the_baselines(load, shipped
     assert set(out) >= {"answer", "p_wrong", "flagged", "detector", "baselines"}
     assert out["detector"]["name"] == "patch, answer tokens" and out["detector"]["auroc_unseen_kinds"] == 0.71
     assert out["detector"]["baseline_auroc_unseen_kinds"] == 0.74 and out["detector"]["line"] == LINE
-    assert set(out["baselines"]) == {"neglogp_mean", "neglogp_min", "neglogp_first", "entropy_first", "length",
+    assert set(out["baselines"]) == {"neglogp", "neglogp_min", "neglogp_first", "entropy_first", "length",
                                      "sampling_disagreement"}
     assert 0 <= out["p_wrong"] <= 1 and out["flagged"] == (out["p_wrong"] > 0.99)
     assert cli.main(["spikes", "abc?", "--model", "tiny-gpt2", "--max-new-tokens", "2", "--samples", "0"]) == 0
     text = capsys.readouterr().out
-    assert LINE in text and "neglogp_mean" in text and "sampling_disagreement" not in text
+    assert LINE in text and "neglogp" in text and "sampling_disagreement" not in text
 
 
 def test_dashboard_note_gives_the_detector_line_and_says_when_patches_are_exploration(shipped):
-    _write(shipped, "tiny-gpt2", features=("neglogp_mean",), weights=[1.0], line="flag from −log p; patches add x")
+    _write(shipped, "tiny-gpt2", features=("neglogp",), weights=[1.0], line="flag from −log p; patches add x")
     note = threshold_note("tiny-gpt2")
     assert "flag from −log p; patches add x" in note and "Patch norms and spike marks are exploration" in note
     _write(shipped, "tiny-gpt2", weights=[0.0])

@@ -56,7 +56,7 @@ LIBRARY_FEATURES = {
     "hidden, answer + last prompt token": ("hidden",),
     "hidden, PCA": ("hidden",),
     "log-prob and entropy": ("logprob",),
-    "−mean log p, answer": ("neglogp_mean",),
+    "−mean log p, answer": ("neglogp",),
     "−min log p, answer": ("neglogp_min",),
     "−log p, first answer token": ("neglogp_first",),
     "entropy, first answer token": ("entropy_first",),
@@ -119,7 +119,7 @@ def spike_name(statistic: str, window: int) -> str:
     return f"spike score ({statistic}, window {window}), max over answer"
 
 
-SINGLE = {"−log p, first answer token": "neglogp_first", "−mean log p, answer": "neglogp_mean",
+SINGLE = {"−log p, first answer token": "neglogp_first", "−mean log p, answer": "neglogp",
           "−min log p, answer": "neglogp_min", "entropy, first answer token": "entropy_first",
           "answer length in tokens": "length", SAMPLING: "sampling_disagreement"}
 

@@ -242,6 +242,9 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"answers sampled at temperature 1 per question (default {N_SAMPLES})")
     parser.add_argument("--answers-only", action="store_true",
                         help="only generate the answers into --cache (one model after another), no evaluation")
+    parser.add_argument("--shard", default=None, metavar="I/N",
+                        help="with --answers-only: answer only every N-th question starting at I (0-based), so N "
+                             "processes can share one model's generation; the cache keys answers by question")
     parser.add_argument("--merge", action="store_true",
                         help="keep the other models' results already in --out's JSON (their sections too), so the "
                              "models can be evaluated one run at a time")
@@ -262,6 +265,14 @@ def main(argv: list[str] | None = None) -> None:
     items = load_factual_prompts()
     if args.quick:
         items = quick_subset(items, 3)
+    if args.shard is not None:
+        try:
+            index, count = (int(x) for x in args.shard.split("/"))
+        except ValueError:
+            parser.error(f"--shard must be I/N with integers, got {args.shard!r}")
+        if not (args.answers_only and 0 <= index < count):
+            parser.error("--shard I/N needs --answers-only and 0 <= I < N")
+        items = items[index::count]
     thresholds_out = args.thresholds_out or (None if args.quick else str(THRESHOLDS_FILE))
     detectors_out = args.detectors_out or (None if args.quick else str(DETECTORS_FILE))
     head = head_lines = header(items, args, argv, lambdas)  # noqa: F841

@@ -121,10 +121,12 @@ def sample_seed(text: str, seed: int = 0) -> int:
 @torch.no_grad()
 def sample_continuations(model, prompt: PromptState, *, n: int, temperature: float, max_new_tokens: int,
                          generator: torch.Generator, stop: str = "\n") -> list[list[int]]:
-    """``n`` continuations sampled from ``softmax(logits / temperature)`` as one batch (module docstring, pass 3).
+    """``n`` continuations sampled from ``softmax(logits / temperature)`` as one batch (module docstring).
 
-    Each row stops as :func:`greedy_continuation` does (EOS, ``stop`` in its text, or
-    ``max_new_tokens``); the batch runs until every row has stopped.
+    Each row stops at EOS, once its text contains ``stop``, or after ``max_new_tokens`` (the
+    stopping token is kept). A stopped row leaves the batch (its keys and values are dropped),
+    so later steps cost only the rows still running; every step draws ``n`` uniforms whatever
+    the rows left, so row ``i``'s draws do not depend on when the others stopped.
     """
     if n < 1 or not temperature > 0:
         raise ValueError(f"need n >= 1 samples and a temperature > 0, got {n} and {temperature}")
@@ -135,18 +137,23 @@ def sample_continuations(model, prompt: PromptState, *, n: int, temperature: flo
         cache.update(keys.repeat(n, 1, 1, 1), values.repeat(n, 1, 1, 1), index)
     logits = prompt.logits[None].expand(n, -1)
     out: list[list[int]] = [[] for _ in range(n)]
-    done = [False] * n
+    active = list(range(n))  # the rows still running, in batch order
     for k in range(max_new_tokens):
         # inverse-CDF draw (torch.multinomial over a 262k vocabulary costs ~0.1 s a row on one core)
         cdf = torch.cumsum(torch.softmax(logits[:, :vocab].detach().double().cpu() / temperature, dim=-1), dim=-1)
-        u = torch.rand(n, 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]
+        u = torch.rand(n, 1, generator=generator, dtype=torch.float64)[active] * cdf[:, -1:]
         step = torch.searchsorted(cdf, u, right=True).clamp_(max=vocab - 1)
-        for row, token in enumerate(step[:, 0].tolist()):
-            if not done[row]:
-                out[row].append(token)
-                done[row] = stopped(model, out[row], stop, eos)
-        if all(done) or k == max_new_tokens - 1:
+        keep = []
+        for j, (row, token) in enumerate(zip(active, step[:, 0].tolist())):
+            out[row].append(token)
+            if not stopped(model, out[row], stop, eos):
+                keep.append(j)
+        if not keep or k == max_new_tokens - 1:
             break
+        if len(keep) < len(active):
+            index = torch.tensor(keep, device=prompt.logits.device)
+            cache.batch_select_indices(index)
+            step, active = step[keep], [active[j] for j in keep]
         logits, cache = model(step.to(prompt.logits.device), past_key_values=cache, return_type="logits_and_cache",
                               logits_to_keep=1)
         logits = logits[:, -1]

@@ -20,7 +20,7 @@ and whose answer is the ``n ≥ 1`` generated tokens before the first newline (p
 * ``logprob``: ``−log p`` and entropy of the first answer token and their means over the
   answer (4); ``hidden``: the residual stream entering layer ``L // 2`` at the first answer
   token, its mean over the answer and at the last prompt token (``3d``);
-* single numbers: ``neglogp_mean``, ``neglogp_min`` (the answer's least likely token),
+* single numbers: ``neglogp`` (the answer's mean −log p), ``neglogp_min`` (its least likely token),
   ``neglogp_first``, ``entropy_first``, ``length`` (answer tokens), ``spike`` (the largest
   unsupervised spike score over the answer, :func:`icl_lens.spike_scores_from_norms` with the
   stored statistic and window) and ``sampling_disagreement``: 1 − the share of answers
@@ -49,10 +49,10 @@ DETECTORS_FILE = Path(__file__).resolve().parent / "data" / "spike_detectors.jso
 PROMPT_TAIL = 4
 READOUTS = ("answer", "answer+last", "prompt", "spike")
 PATCH_BLOCKS = {"patch:answer": "answer", "patch:answer+last": "answer+last", "patch:prompt": "prompt"}
-SINGLE_BLOCKS = ("neglogp_mean", "neglogp_min", "neglogp_first", "entropy_first", "length", "spike",
+SINGLE_BLOCKS = ("neglogp", "neglogp_min", "neglogp_first", "entropy_first", "length", "spike",
                  "sampling_disagreement")
 FEATURE_BLOCKS = (*PATCH_BLOCKS, "logprob", "hidden", *SINGLE_BLOCKS)
-BASELINES = ("neglogp_mean", "neglogp_min", "neglogp_first", "entropy_first", "length")  # cheap: every answer has them
+BASELINES = ("neglogp", "neglogp_min", "neglogp_first", "entropy_first", "length")  # cheap: every answer has them
 TINY = 1e-30  # floor before the log: a zero norm (no finite patch, docs/design.md §2) stays finite
 ARTICLES = ("the ", "a ", "an ")
 
@@ -181,7 +181,7 @@ def feature_block(r: AnswerReading, name: str, *, statistic: str = "mean", windo
             raise ValueError(f"hidden rows must cover the last prompt token and the {k} answer tokens, got {h.shape[0]}")
         return np.concatenate([h[1], h[1:k + 1].mean(0), h[0]])
     single = {
-        "neglogp_mean": lambda: -lp[:k].mean(), "neglogp_min": lambda: -lp[:k].min(),
+        "neglogp": lambda: -lp[:k].mean(), "neglogp_min": lambda: -lp[:k].min(),
         "neglogp_first": lambda: -lp[0], "entropy_first": lambda: ent[0], "length": lambda: float(k),
         "spike": lambda: spike_readout(r.norms, r.informative, r.prompt_length, k, statistic=statistic, window=window),
         "sampling_disagreement": lambda: sampling_disagreement(r.completion, r.samples),
