@@ -97,11 +97,21 @@ def evaluate_model(answer_set: AnswerSet, *, folds: int, inner_folds: int, n_boo
     n_pca = sets[PATCH_LAST].shape[1]  # the patch detector's feature count
     n_features = {name: x.shape[1] for name, x in sets.items()} | {HIDDEN_PCA: n_pca}
 
+    phases: dict[str, float] = {}
+    tick = [time.process_time()]
+
+    def phase(name: str) -> None:  # CPU seconds of each step, reported beside the wall clock
+        now = time.process_time()
+        phases[name], tick[0] = now - tick[0], now
+
+    phase("features")
     # within sample: grouped K-fold by subject over all answers (every kind seen in training)
     held = held_out_scores(sets, single, wrong, groups, k=folds, inner_k=inner_folds, lambdas=lambdas, seed=seed,
                            pca={HIDDEN_PCA: (HIDDEN_ANSWER, n_pca)})
     held[KIND_ONLY] = HeldOut(KIND_ONLY, "kind prior", kind_only_scores(wrong, strata, groups, k=folds, seed=seed))
+    phase("within-sample fits")
     answer_table, prompt_table = tables(held, n_features, wrong, strata, groups, n_boot)
+    phase("within-sample bootstraps")
 
     # leave one kind out (the primary protocol) on the held-out half of the subjects
     calibrate = calibration_split(groups, seed)
@@ -113,9 +123,11 @@ def evaluate_model(answer_set: AnswerSet, *, folds: int, inner_folds: int, n_boo
     families = {c.name: "logistic regression" if c.supervised else "single score" for c in candidates}
     kinds = leave_one_kind_out(candidates, wrong, strata, calibrate, inner_k=kind_folds, lambdas=lambdas, seed=seed,
                                rate=RATE, progress=progress)
+    phase("leave-one-kind-out fits")
     loko = loko_table(kinds.scores, n_features | {n: 1 for n in LOKO_SINGLE}, families, wrong, strata, groups,
                       out_half, n_boot)
     adds = patch_adds(kinds.scores, wrong, strata, groups, out_half, no_copy, n_boot)
+    phase("leave-one-kind-out bootstraps")
 
     # the shipping rule, then the winner fitted on the whole calibration half
     winner = ship_rule(loko)
@@ -135,9 +147,11 @@ def evaluate_model(answer_set: AnswerSet, *, folds: int, inner_folds: int, n_boo
     kind_flag = rates(KIND_ONLY, "within sample", kind_only_flag(wrong, strata, calibrate, RATE))
     entry = shipped_entry(fitted, LIBRARY_FEATURES[winner], loko, answer_table, adds, loko_flags[winner],
                           within_flag, command_line)
+    phase("shipped detector and flags")
     checks = [check_flag(answers, calibrate, window=w, statistic=s, rate=RATE)
               for w in FLAG_WINDOWS for s in FLAG_STATISTICS]
-    return {"answer_table": answer_table, "prompt_table": prompt_table, "loko_table": loko, "patch_adds": adds,
+    phase("token flags")
+    return {"cpu_seconds_by_step": phases, "answer_table": answer_table, "prompt_table": prompt_table, "loko_table": loko, "patch_adds": adds,
             "kinds": kinds, "winner": winner, "fitted": fitted, "shipped_scores": shipped_scores,
             "loko_flags": loko_flags, "within_flag": within_flag, "kind_flag": kind_flag, "entry": entry,
             "checks": checks, "default_check": next(c for c in checks if (c.statistic, c.window) == DEFAULT_FLAG),
@@ -309,6 +323,7 @@ def main(argv: list[str] | None = None) -> None:
             "kinds": len({i.kind for i in items}), "strata": sorted(set(result["strata"].tolist())),
             "generation_seconds": answer_set.seconds, "generation_cpu_seconds": answer_set.cpu_seconds,
             "evaluation_seconds": result["fit_seconds"], "evaluation_cpu_seconds": result["fit_cpu_seconds"],
+            "evaluation_cpu_seconds_by_step": result["cpu_seconds_by_step"],
             "loko_table": result["loko_table"], "patch_adds": result["patch_adds"],
             "shipping_rule_winner": result["winner"],
             "flags_unseen_kinds": result["loko_flags"], "flag_within_sample": result["within_flag"],
