@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -20,7 +21,7 @@ from experiments.factual_prompts import (
     stratum,
 )
 from experiments.report import command, machine, write_fragment
-from experiments.spikes.answers import N_SAMPLES, TEMPERATURE, AnswerSet, answer_all
+from experiments.spikes.answers import N_SAMPLES, TEMPERATURE, AnswerSet, answer_all, cached_answers
 from experiments.spikes.calibration import calibration_split, check_flag, write_thresholds
 from experiments.spikes.detector import HeldOut, held_out_scores
 from experiments.spikes.features import LIBRARY_FEATURES, copies_question, feature_sets, single_scores
@@ -56,7 +57,7 @@ QUICK_LAMBDAS = (1e-2, 1.0)
 LOKO_INNER_FOLDS = 3  # inner folds by kind inside each leave-one-kind-out fit (λ, Platt and threshold)
 
 
-def quick_subset(items: list[FactualPrompt], per_kind: int) -> list[FactualPrompt]:
+def first_per_kind(items: list[FactualPrompt], per_kind: int) -> list[FactualPrompt]:
     """The first ``per_kind`` questions of every kind, in file order."""
     seen: dict[str, int] = {}
     out = []
@@ -65,6 +66,18 @@ def quick_subset(items: list[FactualPrompt], per_kind: int) -> list[FactualPromp
             seen[item.kind] = seen.get(item.kind, 0) + 1
             out.append(item)
     return out
+
+
+def by_rounds(items: list[FactualPrompt]) -> list[FactualPrompt]:
+    """``items`` in rounds: the first question of every kind (kinds in file order), then the second, …; generation in
+    this order, written to the cache a round at a time, leaves a stratified set (the first N of every kind) wherever
+    it stops."""
+    rank: dict[str, int] = {}
+    keyed = []
+    for n, item in enumerate(items):
+        keyed.append((rank.get(item.kind, 0), n, item))
+        rank[item.kind] = rank.get(item.kind, 0) + 1
+    return [item for *_, item in sorted(keyed, key=lambda x: x[:2])]
 
 
 def kind_only_scores(wrong: np.ndarray, strata: np.ndarray, groups: np.ndarray, *, k: int, seed: int) -> np.ndarray:
@@ -218,8 +231,13 @@ def answer_and_evaluate(job) -> tuple[AnswerSet, dict | None]:
     torch.set_num_threads(max(1, args.threads))
     model = load_model(name)
     cache = None if args.cache in (None, "") else Path(args.cache)
+    if args.answered_only:
+        done = cached_answers(cache / name, name, args.max_new_tokens, args.samples, TEMPERATURE)
+        items = [item for item in items if item.text in done]
+        if not items:
+            raise SystemExit(f"{name}: no answered questions in {cache / name} (--answered-only)")
     answer_set = answer_all(model, items, max_new_tokens=args.max_new_tokens, cache=cache, n_samples=args.samples,
-                            seed=args.seed)
+                            seed=args.seed, chunk=args.chunk)
     del model
     if args.answers_only:
         print(f"{name}: {len(answer_set.answers)} answers with {args.samples} samples each, "
@@ -256,6 +274,16 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"answers sampled at temperature 1 per question (default {N_SAMPLES})")
     parser.add_argument("--answers-only", action="store_true",
                         help="only generate the answers into --cache (one model after another), no evaluation")
+    parser.add_argument("--per-kind", type=int, default=None, metavar="N",
+                        help="only the first N questions of every kind (file order); with --answers-only they are "
+                             "answered in rounds (the first of every kind, then the second, …), so a generation "
+                             "stopped early leaves the first M of every kind")
+    parser.add_argument("--chunk", type=int, default=25,
+                        help="answers written to the cache every CHUNK questions (default 25; the number of kinds "
+                             "with --per-kind writes one round at a time)")
+    parser.add_argument("--answered-only", action="store_true",
+                        help="evaluate only the questions already answered in --cache (per model; the report and "
+                             "JSON say how many per kind), for a model whose generation could not finish")
     parser.add_argument("--shard", default=None, metavar="I/N",
                         help="with --answers-only: answer only every N-th question starting at I (0-based), so N "
                              "processes can share one model's generation; the cache keys answers by question")
@@ -278,7 +306,17 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(max(1, args.threads))
     items = load_factual_prompts()
     if args.quick:
-        items = quick_subset(items, 3)
+        items = first_per_kind(items, 3)
+    if args.per_kind is not None:
+        if args.per_kind < 1:
+            parser.error(f"--per-kind must be at least 1, got {args.per_kind}")
+        items = first_per_kind(items, args.per_kind)
+        if args.answers_only:
+            items = by_rounds(items)
+    if args.chunk < 1:
+        parser.error(f"--chunk must be at least 1, got {args.chunk}")
+    if args.answered_only and (args.answers_only or args.cache in (None, "")):
+        parser.error("--answered-only evaluates cached answers: it needs --cache and no --answers-only")
     if args.shard is not None:
         try:
             index, count = (int(x) for x in args.shard.split("/"))
@@ -319,8 +357,10 @@ def main(argv: list[str] | None = None) -> None:
         sentences = summary_sentences(name, result)
         summary += sentences
         record["models"][name] = to_json({
-            "questions": len(items), "correct": sum(a.correct for a in answer_set.answers),
-            "kinds": len({i.kind for i in items}), "strata": sorted(set(result["strata"].tolist())),
+            "questions": len(answer_set.answers), "correct": sum(a.correct for a in answer_set.answers),
+            "kinds": len({a.item.kind for a in answer_set.answers}),
+            "questions_per_kind": dict(Counter(a.item.kind for a in answer_set.answers)),
+            "answered_only": args.answered_only, "strata": sorted(set(result["strata"].tolist())),
             "generation_seconds": answer_set.seconds, "generation_cpu_seconds": answer_set.cpu_seconds,
             "evaluation_seconds": result["fit_seconds"], "evaluation_cpu_seconds": result["fit_cpu_seconds"],
             "evaluation_cpu_seconds_by_step": result["cpu_seconds_by_step"],
