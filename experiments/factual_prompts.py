@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from icl_lens.model.spike_detector import answer_line, matches_alias, normalise_answer, same_answer
+from icl_lens.spikes import answer_line, matches_alias, normalise_answer, same_answer
 
 __all__ = ["DATA_FILE", "FEW_SHOT", "FactualPrompt", "load_factual_prompts", "completion_answer", "normalise",
            "is_correct", "same_answer", "declines", "is_correct_answer", "stratum", "question_templates"]

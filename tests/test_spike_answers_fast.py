@@ -53,7 +53,7 @@ def test_the_library_detector_reads_what_the_evaluation_read(load, tmp_path, mon
     import json
 
     from experiments.spikes.features import reading
-    from icl_lens.model import spike_detector as sd
+    from icl_lens.spikes import _detector as sd
 
     model = load("smollm2-135m")
     layer = probe_layer(int(model.cfg.n_layers))

@@ -99,8 +99,8 @@ def test_hidden_and_sampling_detectors_record_the_residual_and_draw_samples(load
 
 
 def test_answer_matching_rule():
-    assert sd.matches_alias(" The euro\n", ("euro",)) and not sd.matches_alias(" He", ("H",))
-    assert sd.same_answer(" Paris\n", " paris, France") and not sd.same_answer(" Lima", " Lim")
+    assert icl_lens.spikes.matches_alias(" The euro\n", ("euro",)) and not icl_lens.spikes.matches_alias(" He", ("H",))
+    assert icl_lens.spikes.same_answer(" Paris\n", " paris, France") and not icl_lens.spikes.same_answer(" Lima", " Lim")
     assert sd.sampling_disagreement(" Paris\n", (" Paris", " Lyon", " paris\n", " Rome")) == 0.5
     assert np.isnan(sd.sampling_disagreement(" Paris", ()))
 
@@ -128,6 +128,9 @@ def test_dashboard_note_gives_the_detector_line_and_says_when_patches_are_explor
     _write(shipped, "tiny-gpt2", weights=[0.0])
     assert LINE in threshold_note("tiny-gpt2") and "exploration" not in threshold_note("tiny-gpt2")
     assert "exploration" not in threshold_note("tiny-llama")  # no detector: only the threshold
+    for model in ("tiny-gpt2", "tiny-llama"):  # what a spike means, with or without a detector
+        assert threshold_note(model).startswith("A spike mark means this token's patch norm jumps above")
+        assert "does not say the answer is wrong" in threshold_note(model)
 
 
 def test_spikes_command_refuses_bad_input_before_importing_torch(tmp_path):

@@ -28,7 +28,7 @@ from icl_lens.stats import (
     stratum_mean_auroc,
     stratum_mean_auroc_difference,
 )
-from icl_lens.stats.auroc import MeanAuroc
+from icl_lens.stats import MeanAuroc
 
 KINDS = 6
 

@@ -46,7 +46,7 @@ PROMPT_SETS = ("patch, prompt tail", "hidden, prompt tail")
 SAMPLING = "sampling disagreement"
 SPIKE = "spike score (mean, window 16), max over answer"
 # The library's feature blocks each shippable candidate reads, in order: the shipped detector computes the same
-# vector from a generation (icl_lens.model.spike_detector.feature_vector)
+# vector from a generation (icl_lens.spikes.feature_vector)
 LIBRARY_FEATURES = {
     "patch, answer tokens": ("patch:answer",),
     "patch, answer + last prompt token": ("patch:answer+last",),

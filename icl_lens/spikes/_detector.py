@@ -37,12 +37,12 @@ state (:meth:`SpikeDetector.describe`: one line).
 """
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from icl_lens.spikes._answer_match import same_answer
 from icl_lens.spikes._thresholds import cached_json
 
 DETECTORS_FILE = Path(__file__).resolve().parent / "data" / "spike_detectors.json"
@@ -54,7 +54,6 @@ SINGLE_BLOCKS = ("neglogp", "neglogp_min", "neglogp_first", "entropy_first", "le
 FEATURE_BLOCKS = (*PATCH_BLOCKS, "logprob", "hidden", *SINGLE_BLOCKS)
 BASELINES = ("neglogp", "neglogp_min", "neglogp_first", "entropy_first", "length")  # cheap: every answer has them
 TINY = 1e-30  # floor before the log: a zero norm (no finite patch, docs/design.md §2) stays finite
-ARTICLES = ("the ", "a ", "an ")
 
 
 def probe_layer(n_layers: int) -> int:
@@ -62,39 +61,12 @@ def probe_layer(n_layers: int) -> int:
     return n_layers // 2
 
 
-def answer_line(generated_text: str) -> str:
-    """The answer line of a completion: text before the first newline, stripped of spaces and quotes."""
-    return generated_text.split("\n", 1)[0].strip().strip("\"'“”‘’").strip()
 
 
-def normalise_answer(text: str) -> str:
-    """Casefolded, accents removed (NFKD, combining marks dropped), one leading article dropped."""
-    text = unicodedata.normalize("NFKD", text.strip().casefold())
-    text = "".join(c for c in text if not unicodedata.combining(c))
-    for article in ARTICLES:
-        if text.startswith(article):
-            return text[len(article):].lstrip()
-    return text
 
 
-def matches_alias(generated_text: str, aliases) -> bool:
-    """The answer line starts with an alias at a word boundary, after :func:`normalise_answer` (so "He" does not
-    match the alias "H")."""
-    answer = normalise_answer(answer_line(generated_text))
-    for alias in aliases:
-        a = normalise_answer(alias)
-        if a and answer.startswith(a) and (len(answer) == len(a) or not answer[len(a)].isalnum()):
-            return True
-    return False
 
 
-def same_answer(a: str, b: str) -> bool:
-    """Whether two completions give the same answer by the matching rule: one answer line starts with the other
-    at a word boundary (:func:`matches_alias` with the other as the only alias). Two empty answer lines agree."""
-    x, y = answer_line(a), answer_line(b)
-    if not normalise_answer(x) or not normalise_answer(y):
-        return not normalise_answer(x) and not normalise_answer(y)
-    return matches_alias(a, (y,)) or matches_alias(b, (x,))
 
 
 def _log(x: np.ndarray) -> np.ndarray:

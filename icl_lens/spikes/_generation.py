@@ -44,7 +44,6 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from icl_lens.model._greedy import prompt_state, sample_continuations, sample_seed
 from icl_lens.model._prompts import PromptError, context_limit, encode_prompt, str_tokens
 from icl_lens.model._residual_stream import recording_residual
 from icl_lens.patches._incremental import PatchSession
@@ -58,6 +57,7 @@ from icl_lens.spikes._detector import (
     read_answer,
     spike_detector,
 )
+from icl_lens.spikes._sampling import prompt_state, sample_continuations, sample_seed
 from icl_lens.spikes._scores import SpikeFlags, spike_scores
 from icl_lens.spikes._settings import SpikeSettings
 from icl_lens.spikes._thresholds import SpikeThreshold, spike_threshold

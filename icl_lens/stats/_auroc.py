@@ -112,7 +112,7 @@ def bootstrap_auroc_difference(scores_a, scores_b, positive, *, strata=None, gro
 
 
 def resampled_auroc(scores, positive, counts: np.ndarray, strata=None) -> np.ndarray:
-    """AUROC of every resample (``counts``: resamples × examples, :func:`icl_lens.stats.bootstrap.resample_counts`);
+    """AUROC of every resample (``counts``: resamples × examples, :func:`icl_lens.stats.resample_counts`);
     NaN where a resample lacks a class."""
     scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
     values, _ = _boot_values(scores, positive, strata, counts)

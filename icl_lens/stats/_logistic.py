@@ -190,7 +190,7 @@ def lambda_path(x, y, folds, *, lambdas=LAMBDAS, strata=None,
                 starts: dict[float, tuple[LogisticModel, ...]] | None = None) -> LambdaPath:
     """Fit every fold (``folds``: fold index per row) at every ``λ``, strongest first; choose the ``λ`` whose
     out-of-fold scores have the highest AUROC (ties: the larger ``λ``): pooled, or within ``strata`` (pairs of one
-    stratum only, :func:`icl_lens.stats.auroc.auroc`; 0.5 where no stratum holds both classes).
+    stratum only, :func:`icl_lens.stats.auroc`; 0.5 where no stratum holds both classes).
 
     Each fit starts from ``starts[λ][fold]`` when given (a path over similar rows), else from the previous
     ``λ``'s solution of the same fold.
