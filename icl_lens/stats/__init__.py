@@ -56,6 +56,6 @@ __all__ = [
     "MeanCI", "bootstrap_mean", "bootstrap_mean_nested", "bootstrap_ratio", "percentile_interval", "resample_counts",
     "row_nanmean",
     "wilson_interval",
-    "LAMBDAS", "LambdaPath", "NEWTON_MAX_FEATURES", "LogisticModel", "choose_lambda", "fit_logistic", "fit_with_inner_cv", "grouped_folds",
-    "lambda_path", "logistic_loss",
+    "LAMBDAS", "LambdaPath", "NEWTON_MAX_FEATURES", "LogisticModel", "choose_lambda", "fit_logistic",
+    "fit_with_inner_cv", "grouped_folds", "lambda_path", "logistic_loss",
 ]

@@ -151,6 +151,21 @@ def spike_auroc(model: str, detector: str, split: str = "within kind, grouped", 
     return row if isinstance(row, dict) and "auroc" in row else None
 
 
+def spike_unseen_auroc(model: str, detector: str, *, root: str | Path | None = None) -> dict | None:
+    """``{auroc, low, high, per_stratum}`` of one candidate on kinds it never saw (the leave-one-kind-out table of
+    ``eval_spikes.json``; None if the report lacks it)."""
+    row = lookup(read_report("spikes", root), "models", model, "loko_table", "rows", detector, "auroc")
+    return row if isinstance(row, dict) and "auroc" in row else None
+
+
+def spike_scored(model: str, *, root: str | Path | None = None) -> str | None:
+    """``"1106 questions of 22 kinds"``: what the spike evaluation scored for one model (None if absent)."""
+    entry = lookup(read_report("spikes", root), "models", model)
+    if not isinstance(entry, dict) or "questions" not in entry:
+        return None
+    return f"{entry['questions']} questions of {entry['kinds']} kinds"
+
+
 def auroc_ci(row: Mapping[str, float] | None) -> str | None:
     """``"0.769 [0.712, 0.819]"`` from an AUROC row (None stays None)."""
     return None if row is None else f"{row['auroc']:.3f} [{row['low']:.3f}, {row['high']:.3f}]"
