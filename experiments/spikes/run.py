@@ -5,7 +5,7 @@ import argparse
 from collections import Counter
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -256,6 +256,20 @@ def answer_and_evaluate(job) -> tuple[AnswerSet, dict | None]:
                                       seed=args.seed, lambdas=lambdas, command_line=cmd, kind_folds=args.kind_folds)
 
 
+def finished(jobs: list, workers: int):
+    """``(model name, (answers, result))`` of every job as it finishes: one model after another, or with
+    ``workers > 1`` one process per model, each yielded as soon as it is done (a slow model does not hold back the
+    others' reports)."""
+    if workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(answer_and_evaluate, job): job[0] for job in jobs}
+            for future in as_completed(futures):
+                yield futures[future], future.result()
+    else:
+        for job in jobs:
+            yield job[0], answer_and_evaluate(job)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Spike flags vs wrong answers: detectors against baselines within "
                                                  "kind, the shipped detector, calibrated thresholds.")
@@ -347,12 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     opening = [x for e in record["models"].values() for x in e["tables"]]
     within = [x for e in record["models"].values() for x in e.get("within_tables", [])]
     jobs = [(name, items, args, lambdas, cmd) for name in args.models]
-    if args.jobs > 1 and len(jobs) > 1:
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as pool:
-            done = list(pool.map(answer_and_evaluate, jobs))
-    else:
-        done = (answer_and_evaluate(job) for job in jobs)  # one model at a time, written as each finishes
-    for name, (answer_set, result) in zip(args.models, done):
+    for name, (answer_set, result) in finished(jobs, args.jobs):  # the report is written as each model finishes
         if result is None:
             continue
         section = model_section(answer_set, result, rate=RATE)
