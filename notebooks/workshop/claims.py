@@ -161,7 +161,7 @@ def spike_unseen_auroc(model: str, detector: str, *, root: str | Path | None = N
 def spike_scored(model: str, *, root: str | Path | None = None) -> str | None:
     """``"1106 questions of 22 kinds"``: what the spike evaluation scored for one model (None if absent)."""
     entry = lookup(read_report("spikes", root), "models", model)
-    if not isinstance(entry, dict) or "questions" not in entry:
+    if not isinstance(entry, dict) or not {"questions", "kinds"} <= set(entry):
         return None
     return f"{entry['questions']} questions of {entry['kinds']} kinds"
 
