@@ -10,9 +10,13 @@ accepted as correct (matching rule: :func:`experiments.factual_prompts.is_correc
 capital, currency, language and continent) can be kept in one cross-validation fold.
 
 Kinds: capital, continent, language, currency (one table of countries), chemical_symbol,
-author, year, arithmetic, opposite, animal_young, general, and ``invented``: the same
-question forms about entities that do not exist (made-up countries, books, elements,
-events, animals, words), whose answer list is empty, so every completion is incorrect.
+author, year, arithmetic, opposite, animal_young, general; added for leave-one-kind-out
+evaluation (issue 37): city_country, landmark_city, plural, past_tense, sport, french_word,
+animal_sound, company_country, nationality, colour; and ``invented``: the same question
+forms about entities that do not exist (made-up countries, cities, landmarks, books,
+elements, events, animals, words, athletes, companies, people), whose answer list is empty:
+the only correct answer declines (:func:`experiments.factual_prompts.is_correct_answer`).
+Plurals and past tenses get no invented subjects (a made-up word has both by rule).
 No question repeats an example of the few-shot preamble (:data:`FEW_SHOT`).
 """
 from __future__ import annotations
@@ -340,6 +344,301 @@ Who was the first person to walk on the Moon?|Neil Armstrong/Armstrong
 Who was the first president of the United States?|George Washington/Washington
 Who formulated the laws of motion and universal gravitation?|Isaac Newton/Newton"""
 
+# Kinds added for leave-one-kind-out evaluation (issue 37). Same rules: aliases separated by "/",
+# every alias accepted by the correctness rule; invented subjects where no answer can exist.
+US = "the United States/United States/US/U.S./USA/U.S.A./America/United States of America"
+UK = "the United Kingdom/United Kingdom/UK/U.K./Britain/Great Britain"
+NL = "the Netherlands/Netherlands/Holland"
+KOREA = "South Korea/Korea/Republic of Korea"
+
+# city (not a capital) | country aliases
+CITIES = f"""\
+Barcelona|Spain
+Seville|Spain
+Valencia|Spain
+Munich|Germany
+Hamburg|Germany
+Frankfurt|Germany
+Milan|Italy
+Naples|Italy
+Florence|Italy
+Venice|Italy
+Marseille|France
+Lyon|France
+Porto|Portugal
+Manchester|England/{UK}
+Liverpool|England/{UK}
+Edinburgh|Scotland/{UK}
+Rotterdam|{NL}
+Antwerp|Belgium
+Geneva|Switzerland
+Zurich|Switzerland
+Krakow|Poland
+Saint Petersburg|Russia
+Istanbul|Turkey/Turkiye
+Osaka|Japan
+Kyoto|Japan
+Shanghai|China
+Mumbai|India
+Bangalore|India
+Karachi|Pakistan
+Sydney|Australia
+Melbourne|Australia
+Auckland|New Zealand
+Toronto|Canada
+Vancouver|Canada
+Chicago|{US}
+Los Angeles|{US}
+Houston|{US}
+Rio de Janeiro|Brazil
+Sao Paulo|Brazil
+Casablanca|Morocco
+Alexandria|Egypt
+Lagos|Nigeria
+Johannesburg|South Africa
+Guadalajara|Mexico
+Medellin|Colombia
+Dubai|the United Arab Emirates/United Arab Emirates/UAE/U.A.E.
+Busan|{KOREA}
+Ho Chi Minh City|Vietnam"""
+
+# landmark (with its article) | city aliases
+LANDMARKS = """\
+the Eiffel Tower|Paris
+the Louvre|Paris
+the Arc de Triomphe|Paris
+the Colosseum|Rome
+the Trevi Fountain|Rome
+Big Ben|London
+Buckingham Palace|London
+Tower Bridge|London
+the Statue of Liberty|New York/New York City/NYC
+the Empire State Building|New York/New York City/NYC
+Times Square|New York/New York City/NYC
+the Brandenburg Gate|Berlin
+the Acropolis|Athens
+the Kremlin|Moscow
+Red Square|Moscow
+the Sagrada Familia|Barcelona
+the Golden Gate Bridge|San Francisco
+the Taj Mahal|Agra
+the Forbidden City|Beijing/Peking
+the Space Needle|Seattle
+the Gateway Arch|St. Louis/St Louis/Saint Louis
+the CN Tower|Toronto
+Christ the Redeemer|Rio de Janeiro/Rio
+the Burj Khalifa|Dubai
+the Petronas Towers|Kuala Lumpur
+the Alhambra|Granada
+the Hagia Sophia|Istanbul/Constantinople
+the Atomium|Brussels
+the Rijksmuseum|Amsterdam
+the Prado Museum|Madrid
+the Uffizi Gallery|Florence
+the Hermitage Museum|Saint Petersburg/St. Petersburg/St Petersburg
+Charles Bridge|Prague
+Schonbrunn Palace|Vienna
+the White House|Washington/Washington, D.C./Washington D.C./Washington DC
+the Lincoln Memorial|Washington/Washington, D.C./Washington D.C./Washington DC
+the Little Mermaid statue|Copenhagen
+the Hollywood sign|Los Angeles/Hollywood/LA"""
+
+# singular | plural aliases (no invented words: a made-up noun has a plural by rule)
+PLURALS = """\
+mouse|mice|child|children|man|men|woman|women|tooth|teeth|foot|feet|goose|geese|person|people/persons
+ox|oxen|cactus|cacti/cactuses|fungus|fungi/funguses|nucleus|nuclei|radius|radii|crisis|crises|thesis|theses
+analysis|analyses|phenomenon|phenomena|criterion|criteria|leaf|leaves|knife|knives|wife|wives|wolf|wolves
+life|lives|half|halves|shelf|shelves|potato|potatoes|tomato|tomatoes|hero|heroes|box|boxes|church|churches
+baby|babies|city|cities|sheep|sheep|deer|deer|fish|fish/fishes|moose|moose|cat|cats|house|houses|bus|buses/busses
+dish|dishes|key|keys|louse|lice|die|dice|index|indices/indexes|matrix|matrices"""
+
+# verb | past tense aliases (no invented verbs, as for plurals)
+PAST = """\
+go|went|eat|ate|see|saw|take|took|give|gave|write|wrote|run|ran|swim|swam|sing|sang|drink|drank|begin|began
+think|thought|bring|brought|buy|bought|catch|caught|teach|taught|fight|fought|seek|sought|fly|flew|grow|grew
+know|knew|throw|threw|draw|drew|speak|spoke|break|broke|choose|chose|freeze|froze|drive|drove|ride|rode
+rise|rose|sit|sat|stand|stood|sleep|slept|keep|kept|feel|felt|meet|met|hold|held|tell|told|sell|sold|find|found
+make|made|say|said|pay|paid|walk|walked|jump|jumped|play|played|cry|cried|stop|stopped"""
+
+FOOTBALL = "football/soccer/association football"
+F1 = "Formula One/Formula 1/F1/motor racing/auto racing/racing/motorsport"
+TRACK = "athletics/sprinting/sprint/running/track and field/track"
+# athlete | sport aliases
+ATHLETES = f"""\
+Michael Jordan|basketball
+LeBron James|basketball
+Kobe Bryant|basketball
+Wilt Chamberlain|basketball
+Roger Federer|tennis
+Serena Williams|tennis
+Rafael Nadal|tennis
+Novak Djokovic|tennis
+Bjorn Borg|tennis
+Martina Navratilova|tennis
+Lionel Messi|{FOOTBALL}
+Cristiano Ronaldo|{FOOTBALL}
+Pele|{FOOTBALL}
+Diego Maradona|{FOOTBALL}
+Zinedine Zidane|{FOOTBALL}
+David Beckham|{FOOTBALL}
+Tiger Woods|golf
+Jack Nicklaus|golf
+Usain Bolt|{TRACK}
+Jesse Owens|{TRACK}/long jump
+Michael Phelps|swimming
+Mark Spitz|swimming
+Muhammad Ali|boxing
+Mike Tyson|boxing
+Wayne Gretzky|ice hockey/hockey
+Babe Ruth|baseball
+Sachin Tendulkar|cricket
+Don Bradman|cricket
+Lewis Hamilton|{F1}
+Michael Schumacher|{F1}
+Ayrton Senna|{F1}
+Tom Brady|American football/football
+Simone Biles|gymnastics
+Nadia Comaneci|gymnastics
+Eddy Merckx|cycling/road cycling
+Magnus Carlsen|chess
+Garry Kasparov|chess
+Tony Hawk|skateboarding"""
+
+# English word | French word: "le x" / "la x" / "l'x" adds the bare noun and its indefinite form as aliases
+FRENCH = """\
+cat|le chat|dog|le chien|house|la maison|water|l'eau|bread|le pain|apple|la pomme|book|le livre
+cheese|le fromage|sun|le soleil|moon|la lune|school|l'ecole|car|la voiture|sea|la mer|tree|l'arbre
+flower|la fleur|milk|le lait|wine|le vin|window|la fenetre|door|la porte|night|la nuit|city|la ville
+king|le roi|horse|le cheval|bird|l'oiseau|fish|le poisson|love|l'amour|red|rouge|green|vert/verte
+white|blanc/blanche|black|noir/noire|small|petit/petite|thank you|merci|hello|bonjour/salut
+goodbye|au revoir/adieu|yes|oui|no|non|three|trois|ten|dix|friend|ami/amie/l'ami/l'amie/un ami/une amie"""
+
+# animal | sound aliases (each sound also as "-s" and "-ing" forms: "the cow moos")
+SOUNDS = """\
+cow|moo|dog|bark/woof|cat|meow/miaow/mew/purr|duck|quack|sheep|baa/bleat|pig|oink/grunt|horse|neigh/whinny
+lion|roar|owl|hoot|snake|hiss|bee|buzz/hum|frog|croak/ribbit|rooster|cock-a-doodle-doo/crow|donkey|bray/hee-haw
+wolf|howl|mouse|squeak|goose|honk|crow|caw|elephant|trumpet|turkey|gobble|goat|bleat/baa|chicken|cluck
+dove|coo|pigeon|coo|cricket|chirp|hyena|laugh/cackle/whoop|bear|growl/roar"""
+
+JAPAN, CHINA, INDIA, GERMANY = "Japan", "China", "India", "Germany"
+# company | country of its headquarters (aliases)
+COMPANIES = f"""\
+Toyota|{JAPAN}
+Sony|{JAPAN}
+Nintendo|{JAPAN}
+Honda|{JAPAN}
+Canon|{JAPAN}
+Samsung|{KOREA}
+Hyundai|{KOREA}
+Volkswagen|{GERMANY}
+BMW|{GERMANY}
+Siemens|{GERMANY}
+Adidas|{GERMANY}
+Nokia|Finland
+Spotify|Sweden
+Ericsson|Sweden
+Lego|Denmark
+Carlsberg|Denmark
+Nestle|Switzerland
+Rolex|Switzerland
+Novartis|Switzerland
+Ferrari|Italy
+Gucci|Italy
+Michelin|France
+Renault|France
+Peugeot|France
+Danone|France
+Philips|{NL}
+Heineken|{NL}
+Infosys|{INDIA}
+Huawei|{CHINA}
+Alibaba|{CHINA}
+Tencent|{CHINA}
+Microsoft|{US}
+Boeing|{US}
+Coca-Cola|{US}
+McDonald's|{US}
+Walmart|{US}
+Embraer|Brazil
+Petrobras|Brazil
+Gazprom|Russia
+Qantas|Australia
+BlackBerry|Canada"""
+
+# person | nationality aliases
+NATIONALITIES = f"""\
+Pablo Picasso|Spanish
+Salvador Dali|Spanish/Catalan
+Vincent van Gogh|Dutch
+Rembrandt|Dutch
+Frida Kahlo|Mexican
+Leonardo da Vinci|Italian
+Galileo Galilei|Italian
+Giuseppe Verdi|Italian
+Antonio Vivaldi|Italian
+Wolfgang Amadeus Mozart|Austrian
+Sigmund Freud|Austrian
+Gustav Klimt|Austrian
+Ludwig van Beethoven|German
+Johann Sebastian Bach|German
+Karl Marx|German
+Napoleon Bonaparte|French/Corsican
+Claude Monet|French
+Charles de Gaulle|French
+Winston Churchill|British/English
+Isaac Newton|English/British
+Charles Darwin|English/British
+Nelson Mandela|South African
+Mahatma Gandhi|Indian
+Confucius|Chinese
+Leo Tolstoy|Russian
+Pyotr Ilyich Tchaikovsky|Russian
+Hans Christian Andersen|Danish
+Henrik Ibsen|Norwegian
+Edvard Munch|Norwegian
+Jean Sibelius|Finnish
+Alfred Nobel|Swedish
+Simon Bolivar|Venezuelan
+Akira Kurosawa|Japanese
+Bob Marley|Jamaican
+Abraham Lincoln|American/US/U.S.
+Socrates|Greek/Athenian"""
+
+# thing (with its article) | colour aliases
+COLOURS = """\
+a ripe banana|yellow
+grass|green
+snow|white
+coal|black
+a ripe tomato|red
+a flamingo|pink
+a lemon|yellow
+milk|white
+blood|red
+a polar bear|white
+chocolate|brown
+an emerald|green
+a ruby|red
+a sapphire|blue
+a carrot|orange
+a pumpkin|orange
+a lime|green
+an eggplant|purple/violet/dark purple
+a strawberry|red
+a canary|yellow
+a raven|black
+a fire engine|red
+a plum|purple/violet/dark purple
+a cherry|red
+a clear daytime sky|blue/light blue/sky blue
+a blueberry|blue/dark blue/purple/blue-purple"""
+
+INVENTED_CITIES = ("Valdremont", "Korvassa", "Ostmere Falls", "Drellingham")
+INVENTED_LANDMARKS = ("the Tower of Quessaly", "the Velmora Bridge", "the Pellish Gate", "the Orvane Basilica")
+INVENTED_ATHLETES = ("Kastor Velimund", "Orla Brennick", "Tavi Maronen", "Dusan Kelvoric")
+INVENTED_COMPANIES = ("Quorvane Industries", "Drumhollow Motors", "Pellmarsh Foods", "Ysselmoor Electric")
+INVENTED_PEOPLE = ("Ilvar Penthesk", "Maritsa Olvendahl", "Teodor Vranske", "Casimir Dolbrecht")
+
 # Invented entities: names that belong to nothing real.
 INVENTED_COUNTRIES = ("Veltravia", "Zarkovia", "Ostrelund", "Quenmaria", "Drovnia", "Kelvathia", "Thessivar",
                       "Brolkania", "Ulvessa", "Norvaskia", "Pelandria", "Marendor", "Glavenia", "Istrowa")
@@ -465,6 +764,93 @@ def general_questions() -> list[dict]:
     return rows
 
 
+def _lines(table: str) -> list[tuple[str, str]]:
+    """``subject|aliases`` one per line → [(subject, aliases)]."""
+    return [tuple(line.split("|", 1)) for line in table.splitlines()]
+
+
+def _article(word: str) -> str:
+    return ("an " if word[0].lower() in "aeiou" else "a ") + word
+
+
+def _strip_article(text: str) -> str:
+    for article in ("the ", "a ", "an "):
+        if text.startswith(article):
+            return text[len(article):]
+    return text
+
+
+def city_questions() -> list[dict]:
+    return [_row(f"In which country is {city}?", _aliases(countries), "city_country", city)
+            for city, countries in _lines(CITIES)]
+
+
+def landmark_questions() -> list[dict]:
+    return [_row(f"In which city is {name}?", _aliases(cities), "landmark_city", _strip_article(name))
+            for name, cities in _lines(LANDMARKS)]
+
+
+def plural_questions() -> list[dict]:
+    return [_row(f'What is the plural of "{word}"?', _aliases(plural), "plural", word) for word, plural in _pairs(PLURALS)]
+
+
+def past_tense_questions() -> list[dict]:
+    return [_row(f'What is the past tense of "{verb}"?', _aliases(past), "past_tense", verb) for verb, past in _pairs(PAST)]
+
+
+def sport_questions() -> list[dict]:
+    return [_row(f"Which sport is {name} famous for?", _aliases(sports), "sport", name) for name, sports in _lines(ATHLETES)]
+
+
+def _french_aliases(field: str) -> list[str]:
+    """``le chat`` → chat, le chat, un chat; ``la x`` → x, la x, une x; ``l'x`` → x, l'x; anything else as written."""
+    out = []
+    for alias in _aliases(field):
+        for article, indefinite in (("le ", "un "), ("la ", "une "), ("l'", "")):
+            if alias.startswith(article):
+                noun = alias[len(article):]
+                out += [noun, alias] + ([indefinite + noun] if indefinite else [])
+                break
+        else:
+            out.append(alias)
+    return list(dict.fromkeys(out))
+
+
+def french_questions() -> list[dict]:
+    return [_row(f'What is the French word for "{word}"?', _french_aliases(french), "french_word", word)
+            for word, french in _pairs(FRENCH)]
+
+
+def _sound_aliases(field: str) -> list[str]:
+    """Each sound, and for one-word sounds its ``-s`` and ``-ing`` forms ("moo", "moos", "mooing")."""
+    out = []
+    for sound in _aliases(field):
+        out.append(sound)
+        if sound.isalpha():
+            out += [sound + ("es" if sound.endswith(("s", "sh", "ch", "x", "z")) else "s"), sound + "ing"]
+    return out
+
+
+def sound_questions() -> list[dict]:
+    return [_row(f"What sound does {_article(animal)} make?", _sound_aliases(sounds), "animal_sound", animal)
+            for animal, sounds in _pairs(SOUNDS)]
+
+
+def company_questions() -> list[dict]:
+    return [_row(f"In which country is the company {name} based?", _aliases(countries), "company_country", name)
+            for name, countries in _lines(COMPANIES)]
+
+
+def nationality_questions() -> list[dict]:
+    return [_row(f"What was the nationality of {name}?", _aliases(nations), "nationality", name)
+            for name, nations in _lines(NATIONALITIES)]
+
+
+def colour_questions() -> list[dict]:
+    return [_row(f"What colour is {thing}?", _aliases(colours), "colour", _strip_article(thing))
+            for thing, colours in _lines(COLOURS)]
+
+
 def invented_questions() -> list[dict]:
     """The real kinds' question forms about made-up entities (no correct answer exists)."""
     rows = []
@@ -479,13 +865,24 @@ def invented_questions() -> list[dict]:
     rows += [_row(f"What is a baby {a} called?", [], "invented", a) for a in INVENTED_ANIMALS]
     rows += [_row(f'What is the opposite of "{w}"?', [], "invented", w) for w in INVENTED_WORDS]
     rows += [_row(q, [], "invented", q) for q in INVENTED_GENERAL]
+    # the kinds added for leave-one-kind-out (no invented plurals or past tenses: a made-up word has them by rule)
+    rows += [_row(f"In which country is {c}?", [], "invented", c) for c in INVENTED_CITIES]
+    rows += [_row(f"In which city is {n}?", [], "invented", _strip_article(n)) for n in INVENTED_LANDMARKS]
+    rows += [_row(f"Which sport is {n} famous for?", [], "invented", n) for n in INVENTED_ATHLETES]
+    rows += [_row(f'What is the French word for "{w}"?', [], "invented", w) for w in INVENTED_WORDS[:4]]
+    rows += [_row(f"What sound does {_article(a)} make?", [], "invented", a) for a in INVENTED_ANIMALS[:4]]
+    rows += [_row(f"In which country is the company {n} based?", [], "invented", n) for n in INVENTED_COMPANIES]
+    rows += [_row(f"What was the nationality of {n}?", [], "invented", n) for n in INVENTED_PEOPLE]
+    rows += [_row(f"What colour is {_article(a)}?", [], "invented", a) for a in INVENTED_ANIMALS[4:]]
     return rows
 
 
 def build_questions() -> list[dict]:
     rows = (country_questions() + symbol_questions() + author_questions() + year_questions()
             + arithmetic_questions() + opposite_questions() + young_questions() + general_questions()
-            + invented_questions())
+            + city_questions() + landmark_questions() + plural_questions() + past_tense_questions()
+            + sport_questions() + french_questions() + sound_questions() + company_questions()
+            + nationality_questions() + colour_questions() + invented_questions())
     prompts = [r["prompt"] for r in rows]
     duplicates = sorted({p for p in prompts if prompts.count(p) > 1})
     if duplicates:

@@ -19,9 +19,13 @@ match the alias "H").
 from __future__ import annotations
 
 import json
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
+
+from icl_lens.spikes import answer_line, matches_alias, normalise_answer, same_answer
+
+__all__ = ["DATA_FILE", "FEW_SHOT", "FactualPrompt", "load_factual_prompts", "completion_answer", "normalise",
+           "is_correct", "same_answer", "declines", "is_correct_answer", "stratum", "question_templates"]
 
 DATA_FILE = Path(__file__).resolve().parent / "data" / "factual_prompts.jsonl"
 
@@ -62,22 +66,10 @@ def load_factual_prompts(path: Path | str = DATA_FILE) -> list[FactualPrompt]:
     return rows
 
 
-def completion_answer(generated_text: str) -> str:
-    """The answer line of a completion: text before the first newline, stripped of spaces and quotes."""
-    return generated_text.split("\n", 1)[0].strip().strip("\"'“”‘’").strip()
-
-
-ARTICLES = ("the ", "a ", "an ")
-
-
-def normalise(text: str) -> str:
-    """Casefolded, accents removed, one leading article dropped (module docstring)."""
-    text = unicodedata.normalize("NFKD", text.strip().casefold())
-    text = "".join(c for c in text if not unicodedata.combining(c))
-    for article in ARTICLES:
-        if text.startswith(article):
-            return text[len(article):].lstrip()
-    return text
+# The matching rule lives in the library, which applies it to sampled answers (sampling agreement)
+completion_answer = answer_line
+normalise = normalise_answer
+is_correct = matches_alias  # (generated_text, answers): starts-with match at a word boundary, after normalise
 
 
 DECLINES = ("no such", "not a real", "does not exist", "doesn't exist", "do not exist", "don't exist",
@@ -104,10 +96,14 @@ def stratum(item: FactualPrompt, templates: dict[str, str] | None = None) -> str
 
 
 def question_templates(items: list[FactualPrompt]) -> dict[str, str]:
-    """Wording with the subject replaced by ``{}`` → kind, over the real (not invented) questions."""
+    """Wording with the subject replaced by ``{}`` → kind, over the real (not invented) questions.
+
+    A question whose subject is the whole question (``general``, ``arithmetic``) has no wording
+    to share: its template would be ``{}``, which says nothing about the kind, so it is left out
+    (the invented whole-question questions stay in the ``invented`` stratum)."""
     out: dict[str, str] = {}
     for item in items:
-        if item.kind != "invented" and item.subject and item.subject in item.prompt:
+        if item.kind != "invented" and item.subject and item.subject in item.prompt and item.subject != item.prompt:
             out.setdefault(item.prompt.replace(item.subject, "{}"), item.kind)
     return out
 
@@ -117,13 +113,3 @@ def is_correct_answer(item: FactualPrompt, generated_text: str) -> bool:
     if item.kind == "invented":
         return declines(generated_text)
     return is_correct(generated_text, item.answers)
-
-
-def is_correct(generated_text: str, answers: tuple[str, ...] | list[str]) -> bool:
-    """Starts-with match at a word boundary against any alias, after :func:`normalise` (module docstring)."""
-    answer = normalise(completion_answer(generated_text))
-    for alias in answers:
-        a = normalise(alias)
-        if a and answer.startswith(a) and (len(answer) == len(a) or not answer[len(a)].isalnum()):
-            return True
-    return False

@@ -252,34 +252,41 @@ def _thought_rows(root: Path) -> list[dict]:
 
 
 def _spike_rows(spikes: dict | None) -> list[dict]:
-    """Three claims per model, read from ``eval_spikes.json``: the patch detector against −log p (paired
-    within-kind AUROC difference, cluster interval), the shipped detector against every baseline (the
-    report's ``beats_baseline``), and the shipped flag's held-out rates against its target."""
+    """Four claims per model, read from ``eval_spikes.json`` (leave one kind out, issue 37): do token patches add
+    anything beyond −log p and beyond the hidden state (nested paired differences), does the shipped ``p_wrong``
+    rank as well as −log p, and does its flag meet the within-stratum target."""
     models = (spikes or {}).get("models", {})
-    vs_logp = ("Token-patch spikes flag wrong answers better than the answer's log-probability",
-               "this project's hypothesis (after Dherin et al. 2025)")
-    vs_all = ("… and better than every baseline within kind (answer length, bag of answer tokens, −log p, "
-              "hidden-state probe)", "this project's hypothesis")
-    flag = ("The shipped flag, on held-out subjects, flags ≤ 5% of correct answers and wrong ones at a rate whose "
-            "interval lies above that", "icl_lens's target (issue 24)")
-    rows = {vs_logp: [], vs_all: [], flag: []}
+    beyond_logp = ("Token patches add to the answer's −log p in telling wrong answers, on kinds of question never seen",
+                   "this project's hypothesis (after Dherin et al. 2025)")
+    beyond_hidden = ("… and add to a hidden-state probe", "this project's hypothesis")
+    ranks = ("The shipped p_wrong ranks wrong answers on unseen kinds at least as well as −log p",
+             "icl_lens's target (issue 37)")
+    flag = ("The shipped flag, on unseen kinds, flags ≤ 5% of correct answers in every stratum and wrong ones at a "
+            "rate whose interval lies above that", "icl_lens's target (issues 24, 37)")
+    rows = {beyond_logp: [], beyond_hidden: [], ranks: [], flag: []}
     for model, entry in models.items():
-        d = (entry.get("comparisons", {}).get("patch vs baseline", {}) or {}).get("within_grouped")
-        if isinstance(d, dict) and "difference" in d:
-            rows[vs_logp].append((d["low"] > 0, f"{model} AUROC difference {_ci(d, key='difference')}"))
+        adds = entry.get("patch_adds") or {}
+        for claim, label in ((beyond_logp, "beyond −log p"), (beyond_hidden, "beyond the hidden state")):
+            d, nc = (adds.get(label) or {}).get("all answers"), (adds.get(label) or {}).get("no copied answer")
+            if isinstance(d, dict) and "difference" in d:
+                extra = "" if not isinstance(nc, dict) else f" (no copied answer {_ci(nc, key='difference')})"
+                rows[claim].append((d["low"] > 0, f"{model} {_ci(d, key='difference')}{extra}"))
         det = (entry.get("shipped") or {}).get("detector") or {}
-        if det.get("auroc_within_kind") is not None:
-            lo, hi = det["auroc_within_kind_interval"]
-            rows[vs_all].append((bool(det["beats_baseline"]),
-                                 f"{model}: {det['name']} {det['auroc_within_kind']:.3f} [{lo:.3f}, {hi:.3f}], best "
-                                 f"baseline {det['baseline']} {det['baseline_auroc_within_kind']:.3f}"))
-        held = (entry.get("shipped") or {}).get("held_out") or {}
-        if "correct_flagged" in held:
-            (cl, ch), (wl, wh) = held["correct_flagged_interval"], held["wrong_flagged_interval"]
-            rows[flag].append((bool(held["meets_target"]),
-                               f"{model}: correct {held['correct_flagged']:.1%} [{cl:.1%}, {ch:.1%}], wrong "
-                               f"{held['wrong_flagged']:.1%} [{wl:.1%}, {wh:.1%}], precision {held['precision']:.1%} "
-                               f"vs base rate {held['base_rate']:.1%} wrong"))
+        if det.get("auroc_unseen_kinds") is not None:
+            lo, hi = det["auroc_unseen_kinds_interval"]
+            d = (det.get("versus") or {}).get("−log p")
+            versus = "it is the −log p baseline" if d is None else f"− {det['baseline']} {_ci(d, key='difference')}"
+            rows[ranks].append((bool(det["ranks_as_well_as_neglogp"]),
+                                f"{model}: {det['name']} {det['auroc_unseen_kinds']:.3f} [{lo:.3f}, {hi:.3f}], "
+                                f"{versus}"))
+        unseen = (entry.get("shipped") or {}).get("unseen_kinds") or {}
+        if "meets_within" in unseen:
+            rows[flag].append((bool(unseen["meets_within"]),
+                               f"{model}: correct ≤ 5% in {unseen['strata_correct_ok']} of "
+                               f"{unseen['strata_with_correct']} strata (largest {unseen['max_correct_flagged']:.1%}), "
+                               f"wrong-rate interval > 5% in {unseen['strata_wrong_ok']} of "
+                               f"{unseen['strata_with_wrong']}; pooled correct {unseen['correct_flagged']:.1%}, "
+                               f"wrong {unseen['wrong_flagged']:.1%}"))
     out = []
     for (claim, paper), found in rows.items():
         if not found:

@@ -357,13 +357,17 @@ def _spikes(args: argparse.Namespace) -> int:
                            "run python -m experiments.spikes for it")
     if args.max_new_tokens is not None and not args.max_new_tokens >= 1:
         raise CommandError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.samples < 0:
+        raise CommandError(f"--samples must be >= 0, got {args.samples}")
+    if detector.needs_samples:
+        args.samples = max(args.samples, detector.samples)
 
     from icl_lens import generate_with_patches, load_model
 
     model = load_model(args.model, device=args.device)
     text = args.prompt if args.raw else detector.question_format.replace("{question}", args.prompt.strip())
     gen = generate_with_patches(model, text, max_new_tokens=args.max_new_tokens or detector.max_new_tokens,
-                                stop=("\n",))
+                                stop=("\n",), answer_samples=args.samples)
     flag = gen.answer_flag
     if flag is None:
         raise CommandError("the prompt is too short for the detector (it reads the last prompt tokens)")
@@ -373,7 +377,9 @@ def _spikes(args: argparse.Namespace) -> int:
         p = "n/a" if flag.p_wrong != flag.p_wrong else f"{flag.p_wrong:.2f}"
         print(f"answer: {flag.answer}")
         print(f"p_wrong {p} (threshold {detector.threshold:.2f}) -> {'FLAGGED' if flag.flagged else 'not flagged'}")
-        print(f"{detector.describe()}")
+        print(detector.describe())
+        print("baselines (higher = more likely wrong): "
+              + ", ".join(f"{k} {v:.3g}" for k, v in flag.baselines.items()))
     return 0
 
 
@@ -419,15 +425,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("spikes", help="answer a question and say whether the shipped detector flags the answer",
                        description="Asks the question in the detector's few-shot format (--raw: the prompt as it is), "
                                    "generates greedily up to the first newline and reads the answer with the model's "
-                                   "shipped wrong-answer detector (chosen and measured by python -m "
-                                   "experiments.spikes; EVAL.md, 'Spike flags'). --json prints answer, p_wrong, "
-                                   "flagged and detector {name, auroc_within_kind, baseline_auroc_within_kind, "
-                                   "beats_baseline}.")
+                                   "shipped wrong-answer detector (the candidate, patch-based or a baseline, that "
+                                   "ranked wrong answers best on kinds of question it never saw: python -m "
+                                   "experiments.spikes; EVAL.md, 'Spike flags'); prints the one line saying what "
+                                   "the flag is computed from and what token patches add. --json prints answer, "
+                                   "p_wrong, flagged, detector {name, features, auroc_unseen_kinds, baseline, "
+                                   "baseline_auroc_unseen_kinds, patch_adds, line, ...} and baselines {neglogp, "
+                                   "neglogp_min, neglogp_first, entropy_first, length, sampling_disagreement}: "
+                                   "their values for this answer.")
     p.add_argument("prompt", help="a short factual question, e.g. 'What is the capital of Peru?'")
     p.add_argument("--model", default=DEFAULT_MODEL, help="a model with a shipped detector (the embedded ones)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--raw", action="store_true", help="use the prompt as it is, without the few-shot format")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the detector's (8)")
+    p.add_argument("--samples", type=int, default=5,
+                   help="answers sampled at temperature 1 for the sampling-agreement baseline (default 5; 0: none, "
+                        "unless the detector itself reads them)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_spikes)
 

@@ -38,8 +38,8 @@ import pandas as pd
 import torch
 
 import icl_lens
-from workshop.claims import (auroc_ci, claims_view, percent_ci, spike_auroc, spike_shipped, spike_without_copied_answers,
-                             summary_claims)
+from workshop.claims import (auroc_ci, claims_view, percent_ci, spike_auroc, spike_scored, spike_shipped,
+                             spike_unseen_auroc, spike_without_copied_answers, summary_claims)
 from workshop.exercise_checks import check_answer, missing, no_answer, solutions_on
 
 torch.set_num_threads(1)
@@ -137,7 +137,8 @@ check_answer(answer_1, int((~icl_lens.spike_scores(patches, window=8).enough_con
 #
 # Sample three continuations (`greedy=False`, `temperature=1.2`, seeds 0, 1, 2, `statistic="max"`). For each, print
 # the text, the number of flagged tokens and the mean log-prob. Are flagged tokens less likely than the others?
-# Thirty tokens cannot answer that: compare with the evaluation's answer in the table below (893 questions).
+# Thirty tokens cannot answer that: compare with the evaluation's answer in the table below (its first row says how
+# many questions it scored).
 
 # %%
 samples, n_flagged = None, None  # three GenerationPatches, and the number of flagged tokens in each
@@ -162,44 +163,52 @@ if missing(samples, n_flagged):
 else:
     check_answer(n_flagged, [int(g.to_frame().flagged.sum()) for g in samples], "flagged tokens per continuation",
                  why=f"{sum(len(g.to_frame()) for g in samples)} tokens in all: far too few to say whether flagged "
-                     "tokens are less likely; the evaluation below uses 893 questions.")
+                     "tokens are less likely; the evaluation below uses every question of the labelled set.")
 
 # %% [markdown]
 # ## What the flag is worth: the evaluation's numbers
 #
-# `python -m experiments.spikes` (`reports/eval_spikes.json`) generated answers to 893 factual questions per model
-# and asked: does a flag single out the wrong answers? Read the rows in this order:
+# `python -m experiments.spikes` (`reports/eval_spikes.json`) generated answers to the questions of the labelled set
+# (`experiments/data/factual_prompts.jsonl`; the first row says how many each model was scored on) and asked: does a flag single out the wrong answers, on kinds
+# of question it never saw? Read the rows in this order:
 #
-# - **the shipped flag** (`generate_with_patches(...).answer_flag`, `icl-lens spikes`): the detector a rule fixed in
-#   code picked on the calibration half of the subjects, its probability `p_wrong` calibrated there, and the
-#   threshold that flags at most 5% of that half's correct answers; measured on the other, held-out subjects: the
-#   share of correct and of wrong answers it flags, and its precision beside the base rate of wrong answers;
-# - its **within-kind AUROC** beside the best **baseline** (answer length, a bag of the answer's tokens, −log p, a
-#   hidden-state probe); "beats every baseline" says whether each paired interval lies above zero;
-# - the **unsupervised spike score** (max over the answer, the token marks above) as a ranking of wrong vs right
-#   answers *within* a kind of question (AUROC 0.5 = chance), beside the **log-probability**;
-# - a **confound**: whether the answer repeats a word of the question (a wrong answer that copies the question);
-#   the last row leaves those answers out and compares the patch detector with the log-probability again.
+# - **the shipped flag** (`generate_with_patches(...).answer_flag`, `icl-lens spikes`): the candidate — patch
+#   detector or a baseline a user already has (−log p, entropy, length, a hidden-state probe, sampling agreement) —
+#   with the highest AUROC on unseen kinds, by a rule fixed in code; its `p_wrong` and threshold come from the
+#   calibration half of the subjects without the kind it is tested on (at most 5% of correct answers flagged there);
+# - its **AUROC on unseen kinds** (within kind, averaged over kinds) beside the **−log p** baseline's;
+# - its flag on the held-out subjects of unseen kinds: the share of correct and of wrong answers flagged, and the
+#   largest correct-answer share in any one kind (pooled rates can hide a flag that only knows the kind);
+# - the **unsupervised spike score** (max over the answer, the token marks above) beside the **answer's mean −log p**
+#   as rankings *within* a kind of question (AUROC 0.5 = chance): on kinds never seen (neither needs fitting, but
+#   the averaging over kinds is the same as the detectors'), and when every kind was seen in training;
+# - **do token patches add anything?** The patch features added to −log p and entropy, against −log p and entropy
+#   alone, on unseen kinds and leaving out answers that repeat a word of the question.
 
 # %%
 evaluation = []
 for name in ("gemma-3-270m", "smollm2-135m"):
     shipped = spike_shipped(name)
-    det, held = (None, None) if shipped is None else (shipped["detector"], shipped["held_out"])
+    det, held = (None, None) if shipped is None else (shipped["detector"], shipped.get("unseen_kinds"))
     without = spike_without_copied_answers(name)
+    interval = None if det is None else det.get("auroc_unseen_kinds_interval")
     evaluation.append({
         "model": name,
+        "questions scored": spike_scored(name),
         "shipped detector": None if det is None else det["name"],
-        "correct answers flagged (held out)": None if held is None else percent_ci(held, "correct_flagged"),
-        "wrong answers flagged (held out)": None if held is None else percent_ci(held, "wrong_flagged"),
-        "precision / base rate of wrong answers": None if held is None else
-        f"{held['precision']:.1%} / {held['base_rate']:.1%}",
-        "detector AUROC": None if det is None else auroc_ci(spike_auroc(name, det["name"])),
-        "best baseline AUROC": None if det is None else f"{det['baseline']}: {det['baseline_auroc_within_kind']:.3f}",
-        "beats every baseline": None if det is None else det["beats_baseline"],
-        "spike score AUROC": auroc_ci(spike_auroc(name, "spike score, max over answer")),
-        "log-prob AUROC": auroc_ci(spike_auroc(name, "−mean log p, answer")),
-        "patch − log-prob, no copied answers": None if without is None else
+        "AUROC on unseen kinds": None if interval is None else
+        f"{det['auroc_unseen_kinds']:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]",
+        "−log p baseline on unseen kinds": None if det is None or det.get("baselines_auroc_unseen_kinds") is None else
+        f"{det['baseline']}: {det['baselines_auroc_unseen_kinds'].get(det['baseline'], det['auroc_unseen_kinds']):.3f}",
+        "correct answers flagged (unseen kinds)": None if held is None else percent_ci(held, "correct_flagged"),
+        "wrong answers flagged (unseen kinds)": None if held is None else percent_ci(held, "wrong_flagged"),
+        "largest correct share flagged in one kind": None if held is None else f"{held['max_correct_flagged']:.1%}",
+        "spike score AUROC (unseen kinds)":
+            auroc_ci(spike_unseen_auroc(name, "spike score (mean, window 16), max over answer")),
+        "−mean log p AUROC (unseen kinds)": auroc_ci(spike_unseen_auroc(name, "−mean log p, answer")),
+        "spike score AUROC (kinds seen)": auroc_ci(spike_auroc(name, "spike score, max over answer")),
+        "log-prob AUROC (kinds seen)": auroc_ci(spike_auroc(name, "−mean log p, answer")),
+        "patch adds to −log p, unseen kinds, no copied answers": None if without is None else
         f"{without['difference']:+.3f} [{without['low']:+.3f}, {without['high']:+.3f}]"})
 pd.DataFrame(evaluation).set_index("model").T.fillna("not measured in this checkout")
 

@@ -213,25 +213,35 @@ def test_summary_counts_thought_rows_only_under_the_boundary_verdict(tmp_path):
     assert verdict({_table_key("a"): row(0.9, 0.1, True), _table_key("b"): row(0.9, 0.2, True)})["verdict"] == "not"
 
 
-def test_summary_spike_rows_follow_the_shipped_entries(tmp_path):
+def test_summary_spike_rows_follow_the_leave_one_kind_out_entries(tmp_path):
     from experiments.report import claims_summary
 
-    def entry(beats, meets):
-        return {"shipped": {"detector": {"name": "patch", "auroc_within_kind": 0.8, "auroc_within_kind_interval": [0.7, 0.9],
-                                         "baseline": "hidden", "baseline_auroc_within_kind": 0.85, "beats_baseline": beats},
-                            "held_out": {"correct_flagged": 0.02, "correct_flagged_interval": [0.0, 0.04],
-                                         "wrong_flagged": 0.3, "wrong_flagged_interval": [0.2, 0.4], "precision": 0.9,
-                                         "base_rate": 0.6, "meets_target": meets}}}
+    def diff(low):
+        return {"difference": low + 0.02, "low": low, "high": low + 0.04}
+
+    def entry(adds_logp, adds_hidden, ranks, meets):
+        return {"patch_adds": {"beyond −log p": {"all answers": diff(0.01 if adds_logp else -0.03),
+                                                 "no copied answer": diff(-0.05)},
+                               "beyond the hidden state": {"all answers": diff(0.01 if adds_hidden else -0.03)}},
+                "shipped": {"detector": {"name": "−mean log p, answer", "auroc_unseen_kinds": 0.8,
+                                         "auroc_unseen_kinds_interval": [0.7, 0.9], "baseline": "−mean log p, answer",
+                                         "versus": {"−log p": None}, "ranks_as_well_as_neglogp": ranks},
+                            "unseen_kinds": {"meets_within": meets, "strata_correct_ok": 18, "strata_with_correct": 20,
+                                             "max_correct_flagged": 0.12, "strata_wrong_ok": 9,
+                                             "strata_with_wrong": 21, "correct_flagged": 0.02,
+                                             "wrong_flagged": 0.3}}}
 
     def rows(a, b):
         (tmp_path / "eval_spikes.json").write_text(json.dumps({"models": {"a": entry(*a), "b": entry(*b)}}))
-        got = [r for r in claims_summary(tmp_path) if r["topic"] == "spikes"]
-        return [r["verdict"] for r in got[1:]], got
+        return [r for r in claims_summary(tmp_path) if r["topic"] == "spikes"]
 
-    assert rows((False, True), (False, True))[0] == ["not", "reproduced"]
-    verdicts, got = rows((True, False), (False, True))
-    assert verdicts == ["partly", "partly"] and "a: patch 0.800 [0.700, 0.900], best baseline hidden 0.850" in got[1]["number"]
-    assert rows((True, True), (True, False))[0] == ["reproduced", "partly"]
+    got = rows((False, True, True, False), (False, False, True, True))
+    assert [r["verdict"] for r in got] == ["not", "partly", "reproduced", "partly"]
+    assert "a -0.010 [-0.030, +0.010] (no copied answer -0.030 [-0.050, -0.010])" in got[0]["number"]
+    assert "a: −mean log p, answer 0.800 [0.700, 0.900], it is the −log p baseline" in got[2]["number"]
+    assert "correct ≤ 5% in 18 of 20 strata (largest 12.0%)" in got[3]["number"]
+    assert [r["verdict"] for r in rows((True, True, False, True), (True, True, False, True))] == [
+        "reproduced", "reproduced", "not", "reproduced"]
 
 
 def test_every_report_has_its_json_beside_it():

@@ -24,19 +24,22 @@ def _answers(rng, n=3, layers=2, d_model=4):
             norms=rng.random((layers, length)), correction_norms=rng.random((layers, length)),
             informative=np.arange(length) > 0, logprobs=-rng.random(2), entropies=rng.random(2),
             hidden=rng.normal(size=(3, d_model)).astype(np.float32), seconds=0.25 * i,
-            generated_ids=rng.integers(0, 100, 2)))
-    return AnswerSet("tiny-llama", layers, 1, tuple(out), 1.5, 0.5, FEW_SHOT, 8)
+            generated_ids=rng.integers(0, 100, 2), samples=(" here\n", " there"), cpu_seconds=0.1 * i))
+    return AnswerSet("tiny-llama", layers, 1, tuple(out), 1.5, 0.5, FEW_SHOT, 8, 2, 1.0)
 
 
 def test_answer_cache_round_trip(tmp_path):
     saved = _answers(np.random.default_rng(0))
     loaded = load_answers(save_answers(saved, tmp_path / "m.safetensors"))
-    for field in ("model_name", "n_layers", "probe_layer", "seconds", "cpu_seconds", "preamble", "max_new_tokens"):
+    for field in ("model_name", "n_layers", "probe_layer", "seconds", "cpu_seconds", "preamble", "max_new_tokens",
+                  "n_samples", "temperature"):
         assert getattr(loaded, field) == getattr(saved, field), field
     assert len(loaded.answers) == len(saved.answers)
     for a, b in zip(loaded.answers, saved.answers):
         assert a.item == b.item and a.completion == b.completion and a.correct == b.correct
-        assert (a.prompt_length, a.n_answer, a.seconds) == (b.prompt_length, b.n_answer, b.seconds)
+        assert (a.prompt_length, a.n_answer, a.seconds, a.cpu_seconds) == (b.prompt_length, b.n_answer, b.seconds,
+                                                                           b.cpu_seconds)
+        assert a.samples == b.samples
         for name in ("norms", "correction_norms", "informative", "logprobs", "entropies", "hidden", "generated_ids"):
             x, y = getattr(a, name), getattr(b, name)
             assert x.dtype == y.dtype and np.array_equal(x, y), name
@@ -56,8 +59,8 @@ class _Payload:
 @pytest.mark.parametrize("writer", ["pickle", "torch.save"])
 def test_a_pickle_payload_in_the_cache_is_refused_not_executed(tmp_path, load, writer):
     marker = tmp_path / "executed"
-    cache = tmp_path / "cache" / "tiny-llama.safetensors"
-    cache.parent.mkdir()
+    cache = tmp_path / "cache" / "tiny-llama" / "part-0.safetensors"  # where answer_all reads tiny-llama's answers
+    cache.parent.mkdir(parents=True)
     if writer == "pickle":
         cache.write_bytes(pickle.dumps(_Payload(marker)))
     else:
@@ -65,7 +68,7 @@ def test_a_pickle_payload_in_the_cache_is_refused_not_executed(tmp_path, load, w
     with pytest.raises(AnswerCacheError, match="not a readable answer cache"):
         load_answers(cache)
     with pytest.raises(AnswerCacheError):
-        answer_all(load("tiny-llama"), [], max_new_tokens=2, window=4, cache=cache)
+        answer_all(load("tiny-llama"), [], max_new_tokens=2, cache=tmp_path / "cache")
     assert not marker.exists()
 
 

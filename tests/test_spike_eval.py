@@ -23,7 +23,8 @@ from experiments.factual_prompts import (
     question_templates,
     stratum,
 )
-from experiments.spikes.answers import PROMPT_TAIL, Answered, AnswerSet, cache_matches
+from experiments.spikes.answers import PROMPT_TAIL, Answered, AnswerSet, answer_all, cached_answers, save_answers
+from experiments.spikes.features import reading
 from icl_lens.spikes._scores import MAD_TO_SIGMA
 from experiments.spikes.calibration import (
     answer_token_scores,
@@ -34,7 +35,7 @@ from experiments.spikes.calibration import (
     write_thresholds,
 )
 from experiments.spikes.run import DEFAULT_FLAG, QUICK_LAMBDAS, RATE, evaluate_model, main, write_detector
-from experiments.spikes.summary import LOGPROB_ANSWER, PATCH_CANDIDATES
+from experiments.spikes.summary import LOGPROB_SINGLE, LOKO_SUPERVISED
 from icl_lens.spikes._detector import spike_detector
 from icl_lens.spikes import _thresholds as spike_thresholds
 from icl_lens.model._residual_stream import recording_residual
@@ -48,7 +49,7 @@ def test_question_file_is_what_the_builder_writes(tmp_path):
     assert out.read_text() == DATA_FILE.read_text(), "rerun python -m experiments.build_questions"
     items = load_factual_prompts()
     kinds = {i.kind for i in items}
-    assert len(items) >= 600 and len(kinds - {"invented"}) >= 8
+    assert len(items) >= 1200 and len(kinds - {"invented"}) >= 20  # issue 37: at least 20 kinds, 8 of them new
     assert all(i.answers for i in items if i.kind != "invented")
     assert all(not i.answers for i in items if i.kind == "invented")
     assert sum(i.kind == "invented" for i in items) >= 40
@@ -68,9 +69,10 @@ def test_question_builder_is_deterministic_and_invents_entities():
     # the made-up entities are asked about in the real kinds' own question forms
     forms = ("What is the capital of", "On which continent is", "What language is spoken in",
              "What is the currency of", "Who wrote", "What is the chemical symbol for", "In what year",
-             "What is a baby", "What is the opposite of")
+             "What is a baby", "What is the opposite of", "In which country is", "In which city is", "Which sport is",
+             "What is the French word for", "What sound does", "What was the nationality of", "What colour is")
     asked = {f for f in forms for r in invented if r["prompt"].startswith(f)}
-    assert len(asked) >= 8 and all(any(r["prompt"].startswith(f) for r in real) for f in asked)
+    assert len(asked) >= 15 and all(any(r["prompt"].startswith(f) for r in real) for f in asked)
 
 
 def test_labelling_ignores_case_accents_and_a_leading_article():
@@ -91,7 +93,12 @@ def test_declining_is_correct_for_invented_subjects_only_and_strata_join_templat
     assert stratum(invented, templates) == stratum(real, templates) == "capital"
     items = load_factual_prompts()
     templates = question_templates(items)
-    assert all(stratum(i, templates) != "invented" for i in items if i.kind == "invented")
+    # every invented question joins the real kind worded like it, except those whose subject is the whole question
+    # (a template "{}" says nothing about the kind: it would put them with the arithmetic)
+    assert all(stratum(i, templates) != "invented" for i in items if i.kind == "invented" and i.subject != i.prompt)
+    whole = [i for i in items if i.kind == "invented" and i.subject == i.prompt]
+    assert whole and all(stratum(i, templates) == "invented" for i in whole)
+    assert "{}" not in templates
 
 
 # ---------------------------------------------------------------- calibration and verdict on planted signals
@@ -101,6 +108,7 @@ P, NEW = 30, 3  # prompt length and generated tokens (two answer tokens, then th
 
 def _fake(i: int, kind: str, correct: bool, rng, *, spike: bool = False, patch_signal: float = 0.0,
           logprob_signal: float = 0.0, correction_signal: float = 0.0, layers: int = 3, d_model: int = 6) -> Answered:
+    agree = rng.integers(0, 6)
     n = P + NEW
     base = np.array([1.0 if t % 2 == 0 else 3.0 for t in range(n)])
     norms = np.tile(base, (layers, 1)) * (1.0 if spike else rng.lognormal(0, 0.1, size=(layers, n)))
@@ -114,7 +122,8 @@ def _fake(i: int, kind: str, correct: bool, rng, *, spike: bool = False, patch_s
         item=FactualPrompt(f"q{i}?", ("x",), kind, f"s{i}"), completion=" x y\n", correct=correct,
         prompt_length=P, n_answer=2, norms=norms, correction_norms=correction,
         informative=np.arange(n) > 0, logprobs=logprobs, entropies=rng.exponential(1.0, size=NEW),
-        hidden=rng.normal(size=(PROMPT_TAIL + NEW, d_model)), seconds=0.0)
+        hidden=rng.normal(size=(PROMPT_TAIL + NEW, d_model)), seconds=0.0,
+        samples=tuple(" x y\n" if j < agree else " z\n" for j in range(5)))
 
 
 def _answer_set(rng, **signal) -> AnswerSet:
@@ -197,25 +206,29 @@ def test_flag_check_counts_on_planted_spikes():
 
 
 def test_the_rule_follows_the_planted_signal(tmp_path):
-    fast = dict(folds=3, inner_folds=2, n_boot=200, seed=0, lambdas=QUICK_LAMBDAS)
+    """A signal only the correction norms carry ships a patch detector; a signal only −log p carries ships a
+    −log p detector, baselines included in the rule. The shipped file, read back by the library, scores every
+    answer as the evaluation did."""
+    fast = dict(folds=3, inner_folds=2, n_boot=200, seed=0, lambdas=QUICK_LAMBDAS, progress=False)
     answers = _answer_set(np.random.default_rng(1), correction_signal=3.0)
     patch = evaluate_model(answers, **fast)
-    table = patch["answer_table"]
-    assert all(table.rows["patch, answer tokens"].beats(label) for label in table.baselines)
-    assert patch["measure"].detector in ("patch, answer tokens", "patch, answer + last prompt token")
-    assert patch["entry"]["detector"]["beats_baseline"] and patch["measure"].meets_target
-    assert patch["measure"].correct_flagged <= 0.05 < patch["measure"].wrong_flagged_interval[0]
-    # the shipped file, read back by the library, scores every answer as the evaluation did
+    assert patch["winner"] in LOKO_SUPERVISED and "patch" in patch["winner"]
+    adds = patch["patch_adds"]["beyond −log p"]["all answers"]
+    assert adds.low > 0  # patch features add to −log p when only they carry the signal
+    assert patch["loko_flags"][patch["winner"]].wrong_flagged > 0.3
     write_detector(tmp_path / "d.json", "fake", patch["entry"], command="test", max_new_tokens=8)
     detector = spike_detector("fake", path=tmp_path / "d.json")
-    assert detector.beats_baseline and detector.name == patch["measure"].detector
-    library = [detector.score(a.norms, a.correction_norms, a.informative, a.prompt_length, a.n_answer)
-               for a in answers.answers]
+    assert detector.name == patch["winner"] and detector.reads_patches and "flag from" in detector.describe()
+    library = [detector.score(reading(a)) for a in answers.answers]
     np.testing.assert_allclose(library, patch["shipped_scores"], rtol=1e-9, atol=1e-9)
     logp = evaluate_model(_answer_set(np.random.default_rng(2), logprob_signal=3.0), **fast)
-    assert logp["answer_table"].baselines["−log p"] in LOGPROB_ANSWER
-    assert not any(logp["answer_table"].rows[n].beats("−log p") for n in PATCH_CANDIDATES[:2])
-    assert not logp["entry"]["detector"]["beats_baseline"]
+    assert logp["winner"] in LOGPROB_SINGLE + ("log-prob and entropy",)  # a baseline wins, and is shipped
+    assert logp["patch_adds"]["beyond −log p"]["all answers"].low <= 0
+    write_detector(tmp_path / "d.json", "logp", logp["entry"], command="test", max_new_tokens=8)
+    shipped = spike_detector("logp", path=tmp_path / "d.json")
+    assert shipped.name == logp["winner"] and not shipped.reads_patches and "fake" in json.loads(
+        (tmp_path / "d.json").read_text())["models"]  # the other model's entry stays
+    assert shipped.describe().startswith(f"flag from {logp['winner']}; token patches add")
     assert spike_detector("no-such-model", path=tmp_path / "d.json") is None
 
 
@@ -270,16 +283,26 @@ def test_generation_takes_the_calibrated_threshold(load, tmp_path, monkeypatch):
     assert gen.spikes.threshold == 1.0 and gen.threshold is None
 
 
-def test_answer_cache_is_reused_only_when_it_matches():
+def test_answer_cache_is_read_by_question_and_settings(tmp_path, load):
+    """The cache is keyed by the model's input text: questions already answered with the same settings are read
+    back (labels from the current answer key), files made with other settings are left alone, and a run whose
+    questions are all cached generates nothing (tiny-llama's context is shorter than the preamble: a forward
+    would fail)."""
     rng = np.random.default_rng(0)
-    answers = tuple(_fake(i, "k", True, rng) for i in range(3))
-    items = [a.item for a in answers]
-    saved = AnswerSet("m", 3, 1, answers, 1.0, preamble=FEW_SHOT, max_new_tokens=8)
-    assert cache_matches(saved, "m", items, 8)
-    assert not cache_matches(saved, "other", items, 8)
-    assert not cache_matches(saved, "m", items, 4)  # generated with another token budget
-    assert not cache_matches(saved, "m", items[:2], 8) and not cache_matches(saved, "m", items[::-1], 8)
-    assert not cache_matches(replace(saved, preamble=FEW_SHOT + "Q: x\n"), "m", items, 8)
+    answers = tuple(replace(_fake(i, "k", True, rng), item=FactualPrompt(f"Where is place {i}?", ("x",), "k", f"s{i}"))
+                    for i in range(4))
+    head = dict(model_name="tiny-llama", n_layers=3, probe_layer=1, preamble=FEW_SHOT, max_new_tokens=8, n_samples=5)
+    folder = tmp_path / "tiny-llama"
+    save_answers(AnswerSet(answers=answers[:2], seconds=1.0, **head), folder / "part-a.safetensors")
+    save_answers(AnswerSet(answers=answers[2:], seconds=1.0, **head), folder / "part-b.safetensors")
+    save_answers(AnswerSet(answers=answers[:1], seconds=1.0, **{**head, "max_new_tokens": 4}), folder / "c.safetensors")
+    found = cached_answers(folder, "tiny-llama", 8, 5, 1.0)
+    assert set(found) == {a.item.text for a in answers}
+    assert not cached_answers(folder, "tiny-llama", 8, 3, 1.0) and len(cached_answers(folder, "tiny-llama", 4, 5, 1.0)) == 1
+    rekeyed = [replace(a.item, answers=("nowhere",)) for a in answers[::-1]]  # a changed answer key, another order
+    out = answer_all(load("tiny-llama"), rekeyed, max_new_tokens=8, cache=tmp_path, n_samples=5, progress=False)
+    assert [a.item for a in out.answers] == rekeyed and not any(a.correct for a in out.answers)
+    assert out.seconds == sum(a.seconds for a in answers)
 
 
 # ---------------------------------------------------------------- residual recorder
@@ -317,7 +340,7 @@ def test_quick_run_on_smollm2(tmp_path):
     thresholds = tmp_path / "thresholds.json"
     detectors = tmp_path / "detectors.json"
     main(["--models", "smollm2-135m", "--quick", "--out", str(out), "--thresholds-out", str(thresholds),
-          "--detectors-out", str(detectors)])
+          "--detectors-out", str(detectors), "--cache", str(tmp_path / "cache")])
     text = out.read_text()
     record = json.loads(out.with_suffix(".json").read_text())
     entry = record["models"]["smollm2-135m"]
@@ -325,6 +348,10 @@ def test_quick_run_on_smollm2(tmp_path):
     assert all(s in text for s in entry["readme_sentences"]) and all(s in text for s in record["summary"])
     assert "patch, answer + last prompt token" in entry["aurocs"]
     assert "beats hidden probe?" in text and "Prompt-only features" in text
+    assert text.index("never saw (leave one kind out)") < text.index("Within sample")  # the section opens with LOKO
+    assert {"− −log p", "− hidden probe", "− sampling agreement"} <= set(text.split(" | "))
+    assert entry["shipping_rule_winner"] == entry["shipped"]["detector"]["name"]
+    assert set(entry["patch_adds"]) == {"beyond −log p", "beyond the hidden state"}
     detector = spike_detector("smollm2-135m", path=detectors)
     assert detector.name == entry["shipped"]["detector"]["name"] and 0 <= detector.threshold <= 1
     rows = json.loads(thresholds.read_text())["models"]["smollm2-135m"]["thresholds"]
@@ -340,3 +367,7 @@ def test_readme_states_the_measured_verdict():
             assert sentence in readme, f"README's spike section lacks the measured sentence for {name}: {sentence}"
     items = load_factual_prompts()
     assert f"{len(items)} labelled questions of {len({i.kind for i in items})} kinds" in readme
+    for name, entry in record["models"].items():  # a model scored on part of the set says so, with the count
+        if entry.get("answered_only"):
+            scored = f"{name} was scored on {entry['questions']} of {len(items)} questions ({entry['kinds']} kinds)"
+            assert scored in readme, f"README does not say that {name} was scored on part of the set: {scored}"

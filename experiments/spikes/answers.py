@@ -19,22 +19,32 @@ Two passes per question (:func:`answer_one`):
    ``n_layers // 2`` is recorded during that same forward
    (:func:`icl_lens.model._residual_stream.recording_residual`).
 
+3. **Sample** ``n_samples`` (5) more answers at temperature 1 from the same prompt, as one
+   batch: the prompt's keys and values from pass 1 are repeated ``n_samples`` times and each
+   row draws its tokens from ``softmax(logits / T)`` (a generator seeded from the question
+   text, so a rerun draws the same samples), stopping as the greedy answer does. How many
+   of them agree with the greedy answer is the *sampling agreement* baseline (the cheap form
+   of semantic-entropy detection; Kuhn et al. 2023, arXiv 2302.09664).
+
 Kept per question: patch norms ``‖ΔW[l, t]‖_F`` and correction norms ``‖attn_C − attn_0‖[l, t]``
 of every layer and position (the spike scores need the whole sequence for their windows),
-the log-probs and entropies, the residual at positions ``P − PROMPT_TAIL … end``, and the
-generated token ids and text (so anyone can re-score the answers).
+the log-probs and entropies, the residual at positions ``P − PROMPT_TAIL … end``, the
+generated token ids and text (so anyone can re-score the answers) and the sampled texts.
 
-The answer cache (:func:`save_answers`, :func:`load_answers`) is one safetensors file per
-model: the arrays as tensors, everything else as JSON in the file's header. Loading it
-parses data only (no pickle), so a cache file written by someone else cannot run code; a
-file that is not such a cache is refused with :class:`AnswerCacheError`.
+The answer cache (:func:`save_answers`, :func:`load_answers`) is a folder per model of
+safetensors files, each holding the answers of a run of questions: the arrays as tensors,
+everything else as JSON in the file's header. :func:`answer_all` writes one file every
+``chunk`` questions, so an interrupted run resumes where it stopped, and keys answers by the
+model's input text, so questions added to the set are the only ones answered on the next
+run. Loading parses data only (no pickle), so a cache file written by someone else cannot
+run code; a file that is not such a cache is refused with :class:`AnswerCacheError`.
 """
 from __future__ import annotations
 
 import ctypes
 import json
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -45,15 +55,23 @@ from tqdm.auto import tqdm
 import torch
 from transformers import DynamicCache
 
-from experiments.factual_prompts import FEW_SHOT, FactualPrompt, is_correct
-from icl_lens.spikes import informative_positions
-from icl_lens.spikes import predictive_stats
+from experiments.factual_prompts import FEW_SHOT, FactualPrompt, is_correct_answer
+from icl_lens.model import encode_prompt, recording_residual, str_tokens
 from icl_lens.patches import PatchSession
-from icl_lens.model import encode_prompt, str_tokens
-from icl_lens.model import recording_residual
+from icl_lens.spikes import (
+    PromptState,
+    informative_positions,
+    predictive_stats,
+    probe_layer,
+    sample_continuations,
+    sample_seed,
+    stopped,
+)
 
 
 PROMPT_TAIL = 4  # prompt positions P - 4 … P - 1 whose residual is kept (prompt-only probe)
+N_SAMPLES = 5  # answers sampled per question for the sampling-agreement baseline
+TEMPERATURE = 1.0
 
 
 @dataclass(frozen=True)
@@ -73,6 +91,8 @@ class Answered:
     hidden: np.ndarray  # (PROMPT_TAIL + new) d_model: residual entering the probe layer at P - PROMPT_TAIL, …
     seconds: float
     generated_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # new: the generated token ids (completion = their decoded text)
+    samples: tuple[str, ...] = ()  # completions sampled at temperature 1 (module docstring, pass 3)
+    cpu_seconds: float = float("nan")  # this process's CPU time for the question
 
     def hidden_at(self, position: int) -> np.ndarray:
         """The probe layer's residual at sequence position ``position`` (≥ P − PROMPT_TAIL)."""
@@ -94,11 +114,8 @@ class AnswerSet:
     cpu_seconds: float = float("nan")
     preamble: str = ""
     max_new_tokens: int = 8
-
-
-def probe_layer(n_layers: int) -> int:
-    """The layer whose incoming residual stream the hidden-state probe reads: the middle one."""
-    return n_layers // 2
+    n_samples: int = 0
+    temperature: float = TEMPERATURE
 
 
 def common_prefix(a: torch.Tensor | None, b: torch.Tensor) -> int:
@@ -112,9 +129,10 @@ def common_prefix(a: torch.Tensor | None, b: torch.Tensor) -> int:
 
 @torch.no_grad()
 def greedy_continuation(model, ids: torch.Tensor, *, max_new_tokens: int, stop: str = "\n",
-                        session: PatchSession | None = None, previous: torch.Tensor | None = None
-                        ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-    """Greedy decoding with a plain key/value cache; returns (generated ids, log-probs, entropies).
+                        session: PatchSession | None = None, previous: torch.Tensor | None = None,
+                        keep_prompt: bool = False):
+    """Greedy decoding with a plain key/value cache; returns (generated ids, log-probs, entropies),
+    and with ``keep_prompt`` also the :class:`PromptState` the samples start from.
 
     Stops after an EOS token, once the generated text contains ``stop``, or after
     ``max_new_tokens`` (the stopping token is kept), as :func:`icl_lens.generate_with_patches`
@@ -126,7 +144,9 @@ def greedy_continuation(model, ids: torch.Tensor, *, max_new_tokens: int, stop: 
     n = min(common_prefix(previous, ids), len(ids) - 1)
     lent = session.prefix_cache(ids, n) if session is not None and n > 0 else None
     cache, start = (lent[0], n) if lent is not None else (DynamicCache(), 0)
-    logits, cache = model(ids[None, start:], past_key_values=cache, return_type="logits_and_cache")
+    logits, cache = model(ids[None, start:], past_key_values=cache, return_type="logits_and_cache", logits_to_keep=1)
+    # a step appends by concatenation (new tensors), so these stay the prompt's keys and values
+    prompt = PromptState(tuple((layer.keys, layer.values) for layer in cache.layers), logits[0, -1, :vocab])
     out: list[int] = []
     logprobs, entropies = [], []
     for _ in range(max_new_tokens):
@@ -135,26 +155,34 @@ def greedy_continuation(model, ids: torch.Tensor, *, max_new_tokens: int, stop: 
         out.append(token)
         logprobs.append(float(logp[token]))
         entropies.append(entropy)
-        if (eos is not None and token == eos) or stop in model.tokenizer.decode(out):
-            break
-        if len(out) == max_new_tokens:
+        if stopped(model, out, stop, eos) or len(out) == max_new_tokens:
             break
         step = torch.tensor([[token]], dtype=ids.dtype, device=ids.device)
-        logits, cache = model(step, past_key_values=cache, return_type="logits_and_cache")
-    return torch.tensor(out, dtype=ids.dtype, device=ids.device), np.array(logprobs), np.array(entropies)
+        logits, cache = model(step, past_key_values=cache, return_type="logits_and_cache", logits_to_keep=1)
+    result = (torch.tensor(out, dtype=ids.dtype, device=ids.device), np.array(logprobs), np.array(entropies))
+    return (*result, prompt) if keep_prompt else result
 
 
 def answer_one(model, item: FactualPrompt, session: PatchSession, *, max_new_tokens: int, layer: int,
-               previous: torch.Tensor | None = None) -> tuple[Answered, torch.Tensor]:
-    """Generate, then read every patch and the probe layer's residual in one pass (module docstring).
+               previous: torch.Tensor | None = None, n_samples: int = 0, temperature: float = TEMPERATURE,
+               seed: int = 0) -> tuple[Answered, torch.Tensor]:
+    """Generate, read every patch and the probe layer's residual in one pass, and draw ``n_samples``
+    answers at ``temperature`` (module docstring).
 
     ``session`` must be a ``PatchSession(model, logits=False)`` whose last update was ``previous``
     (or fresh, with ``previous=None``). Returns the answer and the ids of the full sequence.
     """
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     ids = encode_prompt(model, item.text)
-    new, logprobs, entropies = greedy_continuation(model, ids, max_new_tokens=max_new_tokens, session=session,
-                                                   previous=previous)
+    new, logprobs, entropies, prompt = greedy_continuation(model, ids, max_new_tokens=max_new_tokens,
+                                                           session=session, previous=previous, keep_prompt=True)
+    samples = ()
+    if n_samples:
+        generator = torch.Generator().manual_seed(sample_seed(item.text, seed))
+        drawn = sample_continuations(model, prompt, n=n_samples, temperature=temperature,
+                                     max_new_tokens=max_new_tokens, generator=generator)
+        samples = tuple("".join(str_tokens(model, torch.tensor(row, dtype=ids.dtype))) for row in drawn)
+    del prompt
     full = torch.cat([ids, new])
     with recording_residual(model, layer) as rec:
         patches = session.update(full)
@@ -169,13 +197,14 @@ def answer_one(model, item: FactualPrompt, session: PatchSession, *, max_new_tok
     text = "".join(tokens)
     n_answer = next((k for k, tok in enumerate(tokens) if "\n" in tok), len(tokens))
     return Answered(
-        item=item, completion=text, correct=is_correct(text, item.answers),
+        item=item, completion=text, correct=is_correct_answer(item, text),
         prompt_length=int(ids.numel()), n_answer=max(1, n_answer),
         norms=patches.norms().double().cpu().numpy(),
         correction_norms=patches.correction_norms().double().cpu().numpy(),
         informative=informative_positions(patches).numpy(),
         logprobs=logprobs, entropies=entropies, hidden=rows[-keep:].numpy(),
-        seconds=time.perf_counter() - start, generated_ids=new.cpu().numpy().astype(np.int64),
+        seconds=time.perf_counter() - start, generated_ids=new.cpu().numpy().astype(np.int64), samples=samples,
+        cpu_seconds=time.process_time() - cpu_start,
     ), full
 
 
@@ -192,15 +221,17 @@ def release_freed_memory() -> None:
         pass
 
 
-def cache_matches(saved: AnswerSet, model_name: str, items: list[FactualPrompt], max_new_tokens: int) -> bool:
-    """Whether saved answers were generated by this model, for these questions, after the current few-shot
-    preamble and with this ``max_new_tokens``."""
-    return (saved.model_name == model_name and getattr(saved, "preamble", "") == FEW_SHOT
-            and saved.max_new_tokens == max_new_tokens and [a.item for a in saved.answers] == list(items))
+def cache_matches(saved: AnswerSet, model_name: str, max_new_tokens: int, n_samples: int,
+                  temperature: float) -> bool:
+    """Whether saved answers were generated by this model after the current few-shot preamble, with this
+    ``max_new_tokens`` and the same sampling (count and temperature)."""
+    return (saved.model_name == model_name and saved.preamble == FEW_SHOT and saved.max_new_tokens == max_new_tokens
+            and saved.n_samples == n_samples and saved.temperature == temperature)
 
 
-CACHE_FORMAT = "icl_lens.spikes.answers/2"
+CACHE_FORMAT = "icl_lens.spikes.answers/3"
 _ARRAYS = ("norms", "correction_norms", "informative", "logprobs", "entropies", "hidden", "generated_ids")
+_ROW = ("completion", "correct", "prompt_length", "n_answer", "seconds", "cpu_seconds", "samples")
 
 
 class AnswerCacheError(ValueError):
@@ -214,8 +245,7 @@ def save_answers(answer_set: AnswerSet, path: Path | str) -> Path:
     for i, a in enumerate(answer_set.answers):
         for name in _ARRAYS:
             tensors[f"{i}.{name}"] = np.ascontiguousarray(getattr(a, name))
-        rows.append({"item": asdict(a.item), "completion": a.completion, "correct": bool(a.correct),
-                     "prompt_length": int(a.prompt_length), "n_answer": int(a.n_answer), "seconds": float(a.seconds)})
+        rows.append({"item": asdict(a.item), **{n: getattr(a, n) for n in _ROW}})
     head = {f.name: getattr(answer_set, f.name) for f in fields(AnswerSet) if f.name != "answers"}
     meta = {"format": CACHE_FORMAT, "answer_set": json.dumps(head), "answers": json.dumps(rows)}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -236,8 +266,8 @@ def load_answers(path: Path | str) -> AnswerSet:
         head, rows = json.loads(meta["answer_set"]), json.loads(meta["answers"])
         answers = tuple(
             Answered(item=FactualPrompt(**{**r["item"], "answers": tuple(r["item"]["answers"])}),
-                     completion=r["completion"], correct=r["correct"], prompt_length=r["prompt_length"],
-                     n_answer=r["n_answer"], seconds=r["seconds"], **{n: arrays[f"{i}.{n}"] for n in _ARRAYS})
+                     **{n: (tuple(r[n]) if n == "samples" else r[n]) for n in _ROW},
+                     **{n: arrays[f"{i}.{n}"] for n in _ARRAYS})
             for i, r in enumerate(rows))
         return AnswerSet(answers=answers, **head)
     except AnswerCacheError:
@@ -247,33 +277,59 @@ def load_answers(path: Path | str) -> AnswerSet:
                                "remove it to regenerate") from None
 
 
-def answer_all(model, items: list[FactualPrompt], *, max_new_tokens: int, window: int | None = None,
-               cache: Path | None = None) -> AnswerSet:
+def cached_answers(folder: Path, model_name: str, max_new_tokens: int, n_samples: int,
+                   temperature: float) -> dict[str, Answered]:
+    """Input text → answer, from every file of the model's cache folder generated with these settings
+    (files made with other settings are left alone; a file that is not a cache raises :class:`AnswerCacheError`)."""
+    found: dict[str, Answered] = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        saved = load_answers(path)
+        if cache_matches(saved, model_name, max_new_tokens, n_samples, temperature):
+            found.update({a.item.text: a for a in saved.answers})
+    return found
+
+
+def answer_all(model, items: list[FactualPrompt], *, max_new_tokens: int, cache: Path | str | None = None,
+               n_samples: int = N_SAMPLES, temperature: float = TEMPERATURE, seed: int = 0, chunk: int = 25,
+               progress: bool = True) -> AnswerSet:
     """Answer ``items`` in order with one shared session (its cached preamble is reused).
 
-    ``cache``: a safetensors file (:func:`save_answers`) to load the answers from if it exists
-    (same model, questions, few-shot preamble and ``max_new_tokens``), else to save them to
-    (re-running only the analysis costs no generation). A file there that is not an answer
-    cache raises :class:`AnswerCacheError`; it is never unpickled. ``window`` is unused (the
-    spike scores are computed from the cached norms), kept for callers.
+    ``cache``: a folder; the model's answers live in ``cache/<model name>/`` (module docstring).
+    Questions already answered there with the same settings are read back (their labels and
+    aliases taken from ``items``, so a changed answer key costs no generation); the others are
+    answered and saved ``chunk`` at a time, so an interrupted run loses at most ``chunk``
+    answers. ``seconds``/``cpu_seconds`` of the result add up every answer's own time,
+    including those read from the cache.
     """
     name = model.cfg.model_name
-    if cache is not None and Path(cache).exists():
-        saved = load_answers(cache)
-        if cache_matches(saved, name, items, max_new_tokens):
-            return saved
+    folder = None if cache is None else Path(cache) / name
+    done = {} if folder is None else cached_answers(folder, name, max_new_tokens, n_samples, temperature)
+    todo = [item for item in items if item.text not in done]
     layer = probe_layer(int(model.cfg.n_layers))
-    session = PatchSession(model, logits=False)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    answers, previous = [], None
-    for i, item in enumerate(tqdm(items, desc=f"{name}: answering", unit="question")):
+    head = dict(model_name=name, n_layers=int(model.cfg.n_layers), probe_layer=layer, preamble=FEW_SHOT,
+                max_new_tokens=max_new_tokens, n_samples=n_samples, temperature=temperature)
+    session, previous, fresh = PatchSession(model, logits=False) if todo else None, None, []
+
+    def flush() -> None:
+        if folder is not None and fresh:
+            part = AnswerSet(answers=tuple(fresh), seconds=sum(a.seconds for a in fresh),
+                             cpu_seconds=sum(a.cpu_seconds for a in fresh), **head)
+            save_answers(part, folder / f"part-{time.strftime('%Y%m%d-%H%M%S')}-{len(done):05d}.safetensors")
+            fresh.clear()
+
+    bar = tqdm(todo, desc=f"{name}: answering ({len(done)} of {len(items)} cached)", unit="question",
+               disable=not progress, mininterval=5.0)
+    for i, item in enumerate(bar):
         answer, previous = answer_one(model, item, session, max_new_tokens=max_new_tokens, layer=layer,
-                                      previous=previous)
-        answers.append(answer)
+                                      previous=previous, n_samples=n_samples, temperature=temperature, seed=seed)
+        done[item.text] = answer
+        fresh.append(answer)
+        if len(fresh) >= chunk:
+            flush()
         if i % 10 == 9:
             release_freed_memory()
-    out = AnswerSet(name, int(model.cfg.n_layers), layer, tuple(answers), time.perf_counter() - start,
-                    time.process_time() - cpu_start, FEW_SHOT, max_new_tokens)
-    if cache is not None:
-        save_answers(out, cache)
-    return out
+    flush()
+    answers = tuple(replace(done[item.text], item=item, correct=is_correct_answer(item, done[item.text].completion))
+                    for item in items)
+    return AnswerSet(answers=answers, seconds=sum(a.seconds for a in answers),
+                     cpu_seconds=sum(a.cpu_seconds for a in answers), **head)

@@ -34,28 +34,43 @@ class HeldOut:
 
 
 def supervised(x: np.ndarray, wrong: np.ndarray, groups: np.ndarray, folds: np.ndarray, *, inner_k: int, seed: int,
-               desc: str, lambdas=LAMBDAS) -> tuple[np.ndarray, tuple[LogisticModel, ...]]:
-    """Held-out logistic-regression scores of every fold, and the fold models."""
+               desc: str, lambdas=LAMBDAS, pca: int = 0) -> tuple[np.ndarray, tuple[LogisticModel, ...]]:
+    """Held-out logistic-regression scores of every fold, and the fold models; ``pca``: first project the
+    features on that many principal components of the fold's training rows."""
     scores, chosen = np.empty(len(wrong)), []
     for f in tqdm(np.unique(folds), desc=desc, unit="fold", leave=False):
         test = folds == f
-        model = fit_with_inner_cv(x[~test], wrong[~test], groups[~test], k=inner_k, lambdas=lambdas, seed=seed)
-        scores[test] = model.decision(x[test])
+        train_x, test_x = x[~test], x[test]
+        if pca:
+            mean, comps = pca_basis(train_x, pca)
+            train_x, test_x = (train_x - mean) @ comps, (test_x - mean) @ comps
+        model = fit_with_inner_cv(train_x, wrong[~test], groups[~test], k=inner_k, lambdas=lambdas, seed=seed)
+        scores[test] = model.decision(test_x)
         chosen.append(model)
     return scores, tuple(chosen)
 
 
 def held_out_scores(feature_sets: dict[str, np.ndarray], single: dict[str, np.ndarray], wrong: np.ndarray,
                     groups: np.ndarray, *, k: int = 5, inner_k: int = 5, lambdas=LAMBDAS,
-                    seed: int = 0) -> dict[str, HeldOut]:
-    """Every detector's grouped K-fold held-out scores (module docstring), by name."""
+                    seed: int = 0, pca: dict[str, tuple[str, int]] | None = None) -> dict[str, HeldOut]:
+    """Every detector's grouped K-fold held-out scores (module docstring), by name; ``pca``: name → (feature set,
+    components) of PCA-reduced regressions."""
     folds = grouped_folds(groups, k, seed)
     out = {name: HeldOut(name, "single score", s) for name, s in single.items()}
-    for name, x in feature_sets.items():
+    jobs = [(name, x, 0) for name, x in feature_sets.items()]
+    jobs += [(name, feature_sets[source], n) for name, (source, n) in (pca or {}).items()]
+    for name, x, n in jobs:
         scores, models = supervised(x, wrong, groups, folds, inner_k=inner_k, seed=seed,
-                                    desc=f"logistic regression: {name}", lambdas=lambdas)
+                                    desc=f"logistic regression: {name}", lambdas=lambdas, pca=n)
         out[name] = HeldOut(name, "logistic regression", scores, tuple(m.lam for m in models), models)
     return out
+
+
+def pca_basis(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean, components)`` of the top ``k`` principal components of the rows of ``x`` (components ``d × k``)."""
+    mean = x.mean(0)
+    _, _, vt = np.linalg.svd(x - mean, full_matrices=False)
+    return mean, vt[:k].T
 
 
 def averaged_model(models: tuple[LogisticModel, ...]) -> LogisticModel:

@@ -13,18 +13,22 @@ shipped detector computes exactly what was evaluated:
   answer token and averaged over the answer), ``patch, answer + last prompt token`` (``6L``),
   ``hidden, answer + last prompt token`` (the residual stream entering layer ``L // 2`` at the
   same three readouts, ``3d``: a linear probe), ``log-prob and entropy`` (``−log p`` and
-  entropy of the first answer token and their means over the answer), ``patch + log-prob``,
-  and ``bag of answer tokens`` (how often each token id occurs in the answer: a detector that
-  can only learn the answer's words);
+  entropy of the first answer token and their means over the answer), ``patch + log-prob``
+  and ``hidden + patch`` (the nested pairs that ask whether patches add anything to what a
+  user already has), and ``bag of answer tokens`` (how often each token id occurs in the
+  answer: a detector that can only learn the answer's words);
 * prompt-only features, known before a word of the answer exists:
   ``patch, prompt tail`` (the two logs per layer at each of the last ``PROMPT_TAIL`` prompt
   positions, ``8L``) and ``hidden, prompt tail`` (the residual at the last prompt token and
   its mean over the tail, ``2d``).
 
-Single scores (no fitting): ``−log p`` and entropy (first token, answer mean; the first
-token's are prompt-only too: they come from the distribution after the prompt), the answer
-length in tokens, the unsupervised spike score (max over the answer) for each statistic and
-window, and a string check: does the answer's first word repeat a word of the question?
+Single scores (no fitting): ``−log p`` (first token, answer mean, and the answer's largest,
+i.e. its least likely token) and entropy (first token, answer mean; the first token's are
+prompt-only too: they come from the distribution after the prompt), the answer length in
+tokens, **sampling disagreement** (1 − the share of the question's temperature-1 samples whose
+answer agrees with the greedy one, :func:`experiments.factual_prompts.same_answer`), the
+unsupervised spike score (max over the answer) for each statistic and window, and a string
+check: does the answer's first word repeat a word of the question?
 """
 from __future__ import annotations
 
@@ -34,32 +38,45 @@ import numpy as np
 
 from experiments.factual_prompts import completion_answer, normalise
 from experiments.spikes.answers import PROMPT_TAIL, Answered
-from icl_lens.spikes import patch_readout, spike_readout
+from icl_lens.spikes import AnswerReading, feature_block, feature_vector
 
 ANSWER_SETS = ("patch, answer tokens", "patch, answer + last prompt token", "hidden, answer + last prompt token",
-               "log-prob and entropy", "patch + log-prob", "bag of answer tokens")
+               "log-prob and entropy", "patch + log-prob", "hidden + patch", "bag of answer tokens")
 PROMPT_SETS = ("patch, prompt tail", "hidden, prompt tail")
-READOUT = {"patch, answer tokens": "answer", "patch, answer + last prompt token": "answer+last",
-           "patch, prompt tail": "prompt"}
+SAMPLING = "sampling disagreement"
+SPIKE = "spike score (mean, window 16), max over answer"
+# The library's feature blocks each shippable candidate reads, in order: the shipped detector computes the same
+# vector from a generation (icl_lens.spikes.feature_vector)
+LIBRARY_FEATURES = {
+    "patch, answer tokens": ("patch:answer",),
+    "patch, answer + last prompt token": ("patch:answer+last",),
+    "patch, prompt tail": ("patch:prompt",),
+    "patch + log-prob": ("patch:answer+last", "logprob"),
+    "hidden + patch": ("hidden", "patch:answer+last"),
+    "hidden, answer + last prompt token": ("hidden",),
+    "hidden, PCA": ("hidden",),
+    "log-prob and entropy": ("logprob",),
+    "−mean log p, answer": ("neglogp",),
+    "−min log p, answer": ("neglogp_min",),
+    "−log p, first answer token": ("neglogp_first",),
+    "entropy, first answer token": ("entropy_first",),
+    "answer length in tokens": ("length",),
+    SAMPLING: ("sampling_disagreement",),
+    SPIKE: ("spike",),
+}
 
 
-def patch_features(a: Answered, readout: str) -> np.ndarray:
-    return patch_readout(a.norms, a.correction_norms, a.prompt_length, a.n_answer, readout)
+def reading(a: Answered) -> AnswerReading:
+    """What the library's detector reads of a cached answer (hidden rows from the last prompt token on)."""
+    return AnswerReading(a.norms, a.correction_norms, a.informative, a.prompt_length, a.n_answer, a.logprobs,
+                         a.entropies, a.hidden[PROMPT_TAIL - 1:], a.samples, a.completion)
 
 
-def hidden_features(a: Answered, *, prompt_only: bool) -> np.ndarray:
-    p, k = a.prompt_length, a.n_answer
-    last = a.hidden_at(p - 1)
-    if prompt_only:
-        tail = np.stack([a.hidden_at(t) for t in range(p - PROMPT_TAIL, p)]).mean(0)
-        return np.concatenate([last, tail]).astype(float)
-    answer = np.stack([a.hidden_at(t) for t in range(p, p + k)])
-    return np.concatenate([answer[0], answer.mean(0), last]).astype(float)
-
-
-def logprob_features(a: Answered) -> np.ndarray:
-    k = a.n_answer
-    return np.array([-a.logprobs[0], -a.logprobs[:k].mean(), a.entropies[0], a.entropies[:k].mean()])
+def hidden_prompt_features(a: Answered) -> np.ndarray:
+    """The residual at the last prompt token and its mean over the prompt tail (the prompt-only probe)."""
+    p = a.prompt_length
+    tail = np.stack([a.hidden_at(t) for t in range(p - PROMPT_TAIL, p)]).mean(0)
+    return np.concatenate([a.hidden_at(p - 1), tail]).astype(float)
 
 
 def bag_of_tokens(answers: list[Answered]) -> np.ndarray:
@@ -88,12 +105,12 @@ def copies_question(a: Answered) -> bool:
 
 def feature_sets(answers: list[Answered]) -> dict[str, np.ndarray]:
     """Name → [n_answers, n_features] for the supervised detectors (module docstring)."""
-    sets = {name: np.stack([patch_features(a, readout) for a in answers]) for name, readout in READOUT.items()}
-    sets["hidden, answer + last prompt token"] = np.stack([hidden_features(a, prompt_only=False) for a in answers])
-    sets["hidden, prompt tail"] = np.stack([hidden_features(a, prompt_only=True) for a in answers])
-    sets["log-prob and entropy"] = np.stack([logprob_features(a) for a in answers])
-    sets["patch + log-prob"] = np.concatenate([sets["patch, answer + last prompt token"],
-                                               sets["log-prob and entropy"]], axis=1)
+    readings = [reading(a) for a in answers]
+    sets = {name: np.stack([feature_vector(r, LIBRARY_FEATURES[name]) for r in readings])
+            for name in ("patch, answer tokens", "patch, answer + last prompt token", "patch, prompt tail",
+                         "hidden, answer + last prompt token", "log-prob and entropy", "patch + log-prob",
+                         "hidden + patch")}
+    sets["hidden, prompt tail"] = np.stack([hidden_prompt_features(a) for a in answers])
     sets["bag of answer tokens"] = bag_of_tokens(answers)
     return sets
 
@@ -102,22 +119,22 @@ def spike_name(statistic: str, window: int) -> str:
     return f"spike score ({statistic}, window {window}), max over answer"
 
 
+SINGLE = {"−log p, first answer token": "neglogp_first", "−mean log p, answer": "neglogp",
+          "−min log p, answer": "neglogp_min", "entropy, first answer token": "entropy_first",
+          "answer length in tokens": "length", SAMPLING: "sampling_disagreement"}
+
+
 def single_scores(answers: list[Answered], *, statistics, windows) -> dict[str, np.ndarray]:
     """Name → one score per answer, used as is (no fitting)."""
     out: dict[str, list[float]] = {}
     for a in answers:
-        k = a.n_answer
-        values = {
-            "−log p, first answer token": -a.logprobs[0],
-            "−mean log p, answer": -a.logprobs[:k].mean(),
-            "entropy, first answer token": a.entropies[0],
-            "mean entropy, answer": a.entropies[:k].mean(),
-            "answer length in tokens": float(k),
-            "answer repeats a question word": float(copies_question(a)),
-        }
+        r = reading(a)
+        values = {name: feature_block(r, block)[0] for name, block in SINGLE.items()}
+        values["mean entropy, answer"] = a.entropies[:a.n_answer].mean()
+        values["answer repeats a question word"] = float(copies_question(a))
         for w in windows:
             for s in statistics:
-                v = spike_readout(a.norms, a.informative, a.prompt_length, k, statistic=s, window=w)
+                v = feature_block(r, "spike", statistic=s, window=w)[0]
                 if not np.isfinite(v):
                     raise RuntimeError(f"no spike score (not enough context) at the answer of {a.item.prompt!r}; "
                                        "the preamble should be longer than the window")
@@ -136,3 +153,4 @@ def token_spike_scores(a: Answered, *, window: int, statistic: str) -> np.ndarra
     flags = spike_scores_from_norms(torch.as_tensor(a.norms), informative=torch.as_tensor(a.informative),
                                     window=window, statistic=statistic)
     return flags.scores.numpy()
+

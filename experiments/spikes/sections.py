@@ -4,27 +4,40 @@ from __future__ import annotations
 from experiments.factual_prompts import completion_answer
 from experiments.spikes.answers import AnswerSet
 from experiments.spikes.calibration import FlagCheck
-from experiments.spikes.summary import TARGET_RATE, FlagMeasure, Table
-from icl_lens.stats import AurocDifference, AurocResult
+from experiments.spikes.summary import (
+    NESTED,
+    TARGET_RATE,
+    FlagRates,
+    Table,
+    adds_something,
+    ranks_as_well,
+)
+from icl_lens.stats import AurocDifference, AurocResult, MeanAuroc
 
 
-def fmt(r: AurocResult | AurocDifference | None) -> str:
+def fmt(r: AurocResult | MeanAuroc | AurocDifference | None) -> str:
     if r is None:
         return "n/a"
-    value = r.auroc if isinstance(r, AurocResult) else r.difference
+    value = r.difference if isinstance(r, AurocDifference) else r.auroc
     sign = "+" if isinstance(r, AurocDifference) else ""
     return f"{value:{sign}.3f} [{r.low:{sign}.3f}, {r.high:{sign}.3f}]"
 
 
-def pct(x: float) -> str:
-    return "n/a" if x != x else f"{100 * x:.1f}%"
+def pct(x: float | None) -> str:
+    return "n/a" if x is None or x != x else f"{100 * x:.1f}%"
 
 
 def pct_ci(x: float, ci) -> str:
     return pct(x) + ("" if ci is None else f" [{pct(ci[0])}, {pct(ci[1])}]")
 
 
-def balance_table(answer_set: AnswerSet, strata: dict[str, str]) -> list[str]:
+def signed_pct_ci(x: float, ci) -> str:
+    if x != x:
+        return "n/a"
+    return f"{100 * x:+.1f} pts" + ("" if ci is None else f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]")
+
+
+def balance_table(answer_set: AnswerSet) -> list[str]:
     kinds = sorted({a.item.kind for a in answer_set.answers})
     lines = ["| kind | questions | correct | share correct | example (completion) |", "|---|---:|---:|---:|---|"]
     for kind in kinds:
@@ -45,27 +58,110 @@ def _beats(row, label: str) -> str:
 
 
 def detector_table(table: Table) -> list[str]:
+    """The within-sample table: AUROC, pooled AUROC and *beats* against each baseline."""
     labels = list(table.baselines)
-    head = "| detector | features | within-kind AUROC [cluster 95%] | " + " | ".join(f"beats {lab}?" for lab in labels)
-    lines = [head + " |", "|---|---:|---|" + "---|" * len(labels)]
+    head = ("| detector | features | within-kind AUROC [cluster 95%] | pooled AUROC | "
+            + " | ".join(f"beats {lab}?" for lab in labels))
+    lines = [head + " |", "|---|---:|---|---:|" + "---|" * len(labels)]
     for row in table.rows.values():
         cells = " | ".join(_beats(row, lab) for lab in labels)
-        lines.append(f"| {row.name} | {row.n_features} | {fmt(row.auroc)} | {cells} |")
+        pooled = "n/a" if row.pooled != row.pooled else f"{row.pooled:.3f}"
+        lines.append(f"| {row.name} | {row.n_features} | {fmt(row.auroc)} | {pooled} | {cells} |")
     names = ", ".join(f"{lab} = `{name}`" for lab, name in table.baselines.items())
     return lines + ["", f"Baselines: {names}. Cells: beats? (AUROC difference detector − baseline, paired cluster "
-                        "95% interval; yes when it lies above 0)."]
+                        "95% interval; yes when it lies above 0). Pooled AUROC mixes kinds: the kind-only prior's "
+                        "within-kind AUROC is 0.5 by construction."]
 
 
-def per_stratum_table(rows: list[dict], names: list[str]) -> list[str]:
-    lines = ["| stratum | n | incorrect | of which invented | " + " | ".join(names) + " |",
-             "|---|---:|---:|---:|" + "---:|" * len(names)]
-    for row in rows:
-        cells = " | ".join("—" if row[n] is None else f"{row[n]:.3f}" for n in names)
-        lines.append(f"| {row['stratum']} | {row['n']} | {row['incorrect']} | {row['invented']} | {cells} |")
+def loko_detector_table(table: Table, shipped: str) -> list[str]:
+    """The leave-one-kind-out table: detector × AUROC [interval] and the differences against three baselines."""
+    labels = list(table.baselines)
+    lines = ["| detector | features | AUROC on unseen kinds [95%] | kinds | "
+             + " | ".join(f"− {lab}" for lab in labels) + " |", "|---|---:|---|---:|" + "---|" * len(labels)]
+    for row in table.rows.values():
+        cells = " | ".join("—" if row.versus.get(lab) is None else fmt(row.versus[lab]) for lab in labels)
+        name = f"**{row.name}** (shipped)" if row.name == shipped else row.name
+        kinds = row.auroc.n_strata if row.auroc is not None else 0
+        lines.append(f"| {name} | {row.n_features} | {fmt(row.auroc)} | {kinds} | {cells} |")
+    names = ", ".join(f"{lab} = `{name}`" for lab, name in table.baselines.items())
+    return lines + ["", f"Baselines: {names}. Differences: detector − baseline, paired, subjects resampled within "
+                        "kinds (95%)."]
+
+
+def adds_sentence(model_name: str, adds: dict) -> str:
+    """The summary row: do token patches add anything beyond −log p and the hidden state (with intervals)?"""
+    parts = []
+    for label, (a, b) in NESTED.items():
+        d, nc = adds[label]["all answers"], adds[label]["no copied answer"]
+        verdict = {True: "**yes**", False: "no", None: "not measured"}[adds_something(d)]
+        parts.append(f"{label}: {verdict}, `{a}` − `{b}` = {fmt(d)} (answers that do not repeat a question word: "
+                     f"{fmt(nc)})")
+    return f"{model_name}: do token patches add anything on unseen kinds? " + "; ".join(parts) + "."
+
+
+def flag_sentence(model_name: str, r: FlagRates) -> str:
+    """The shipped flag's within-stratum verdict (and the pooled rates beside it)."""
+    verdict = "meets" if r.meets_within else "does not meet"
+    return (f"{model_name}: on unseen kinds the flag of `{r.detector}` flags at most {pct(r.max_correct_flagged)} of "
+            f"correct answers in any stratum ({r.strata_correct_ok} of {r.strata_with_correct} strata at or below "
+            f"{pct(TARGET_RATE)}); its wrong-answer rate's interval lies above {pct(TARGET_RATE)} in "
+            f"{r.strata_wrong_ok} of {r.strata_with_wrong} strata; within-stratum detection (wrong − correct rate, "
+            f"mean over strata with both) {signed_pct_ci(r.within_detection, r.within_detection_interval)}; pooled: "
+            f"{pct_ci(r.correct_flagged, r.correct_flagged_interval)} of correct, "
+            f"{pct_ci(r.wrong_flagged, r.wrong_flagged_interval)} of wrong answers flagged: it {verdict} the "
+            f"within-stratum target.")
+
+
+def ship_sentence(model_name: str, table: Table, shipped: str, line: str) -> str:
+    row = table.rows[shipped]
+    base = table.baselines["−log p"]
+    d = row.versus.get("−log p")
+    versus = ("it is the −log p baseline itself" if d is None else
+              f"against `{base}` {fmt(d)}: it {'ranks' if ranks_as_well(table, shipped) else 'does not rank'} at "
+              "least as well as −log p")
+    return (f"{model_name}: the shipping rule picks `{shipped}` (AUROC on unseen kinds {fmt(row.auroc)}, "
+            f"{row.auroc.n_strata if row.auroc else 0} kinds; {versus}). Its line: \"{line}\".")
+
+
+def summary_sentences(model_name: str, result: dict) -> list[str]:
+    line = result["entry"]["detector"]["line"]
+    return [adds_sentence(model_name, result["patch_adds"]),
+            ship_sentence(model_name, result["loko_table"], result["winner"], line),
+            flag_sentence(model_name, result["loko_flags"][result["winner"]])]
+
+
+def flag_summary_table(rows: list[FlagRates]) -> list[str]:
+    lines = ["| flag | protocol | correct flagged (pooled) | wrong flagged (pooled) | precision / base rate | "
+             f"largest correct rate in a stratum | strata ≤ {pct(TARGET_RATE)} correct | strata with wrong-rate "
+             f"interval > {pct(TARGET_RATE)} | within-stratum detection |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.detector} | {r.protocol} | {pct_ci(r.correct_flagged, r.correct_flagged_interval)} | "
+                     f"{pct_ci(r.wrong_flagged, r.wrong_flagged_interval)} | {pct(r.precision)} / {pct(r.base_rate)} | "
+                     f"{pct(r.max_correct_flagged)} | {r.strata_correct_ok} of {r.strata_with_correct} | "
+                     f"{r.strata_wrong_ok} of {r.strata_with_wrong} | "
+                     f"{signed_pct_ci(r.within_detection, r.within_detection_interval)} |")
     return lines
 
 
-def flag_table(checks: list[FlagCheck], rate: float) -> list[str]:
+def stratum_flag_table(shipped: FlagRates, kind_only: FlagRates, aurocs: dict[str, MeanAuroc | None]) -> list[str]:
+    """Per stratum: the shipped flag on unseen kinds beside the kind-only flag, and per-kind AUROCs."""
+    names = [n for n in aurocs]
+    lines = ["| stratum | correct | wrong | shipped: correct flagged | shipped: wrong flagged | kind-only: correct / "
+             "wrong flagged | " + " | ".join(f"AUROC {n}" for n in names) + " |",
+             "|---|---:|---:|---:|---:|---:|" + "---:|" * len(names)]
+    kind = {r.stratum: r for r in kind_only.strata}
+    for r in shipped.strata:
+        k = kind.get(r.stratum)
+        cells = " | ".join("—" if aurocs[n] is None or r.stratum not in aurocs[n].per_stratum
+                           else f"{aurocs[n].per_stratum[r.stratum]:.3f}" for n in names)
+        lines.append(f"| {r.stratum} | {r.correct} | {r.wrong} | {pct_ci(r.correct_flagged, r.correct_flagged_interval)}"
+                     f" | {pct_ci(r.wrong_flagged, r.wrong_flagged_interval)} | "
+                     f"{'n/a' if k is None else pct(k.correct_flagged) + ' / ' + pct(k.wrong_flagged)} | {cells} |")
+    return lines
+
+
+def token_flag_table(checks: list[FlagCheck], rate: float) -> list[str]:
     lines = [f"| statistic | window | threshold | correct tokens flagged (target ≤ {pct(rate)}) | incorrect tokens "
              "flagged | answer precision | answer recall |", "|---|---:|---:|---:|---:|---:|---:|"]
     for c in checks:
@@ -76,71 +172,56 @@ def flag_table(checks: list[FlagCheck], rate: float) -> list[str]:
     return lines
 
 
-def table_sentence(model_name: str, table: Table, names) -> str:
-    """Which patch detectors of a table beat every baseline, from the numbers."""
-    winners = [n for n in names if n in table.rows and all(table.rows[n].beats(lab) for lab in table.baselines)]
-    if winners:
-        return f"{model_name}, {table.title}: {', '.join(winners)} beat every baseline of the table."
-    best = max((n for n in names if n in table.rows), key=lambda n: -1 if table.rows[n].auroc is None
-               else table.rows[n].auroc.auroc)
-    row = table.rows[best]
-    lost = [lab for lab in table.baselines if row.beats(lab) is False]
-    return (f"{model_name}, {table.title}: no patch detector beats every baseline; the best, {best} "
-            f"({fmt(row.auroc)}), does not beat {', '.join(lost)}.")
+def model_tables(name: str, result: dict) -> list[str]:
+    """The leave-one-kind-out table the spike section opens with, for one model, and its summary row."""
+    return ([f"#### {name}", ""] + loko_detector_table(result["loko_table"], result["winner"])
+            + ["", f"**Summary.** {adds_sentence(name, result['patch_adds'])}", ""])
 
 
-def flag_sentence(model_name: str, m: FlagMeasure) -> str:
-    verdict = ("meets the target" if m.meets_target else "does not meet the target")
-    return (f"{model_name}: the rule picks `{m.detector}` on the calibration half; at p_wrong > {m.threshold:.3f} it "
-            f"flags {pct_ci(m.correct_flagged, m.correct_flagged_interval)} of held-out correct answers and "
-            f"{pct_ci(m.wrong_flagged, m.wrong_flagged_interval)} of wrong ones; precision "
-            f"{pct_ci(m.precision, m.precision_interval)} against a base rate of {pct(m.base_rate)} wrong "
-            f"({m.held_out_answers} held-out answers): it {verdict} (≤ {pct(TARGET_RATE)} of correct answers "
-            f"flagged, wrong-answer rate interval above {pct(TARGET_RATE)}).")
+def within_tables(name: str, result: dict, folds: int) -> list[str]:
+    """Today's within-sample tables (every kind seen in training), for one model."""
+    return ([f"#### {name}", "",
+             f"Answer-token features (held-out scores of a grouped {folds}-fold by subject over all answers; pairs "
+             "within a template stratum; 95% cluster bootstrap over subjects):", ""]
+            + detector_table(result["answer_table"])
+            + ["", "Prompt-only features (read before a word of the answer exists):", ""]
+            + detector_table(result["prompt_table"]) + [""])
 
 
-def model_tables(name: str, answer_table: Table, prompt_table: Table, folds: int) -> list[str]:
-    """The two tables the spike section opens with, for one model."""
-    lines = [f"#### {name}", "",
-             f"Answer-token features (within-kind AUROC for predicting an **incorrect** answer; held-out scores of a "
-             f"grouped {folds}-fold by subject; pairs within a template stratum; 95% cluster bootstrap over subjects):",
-             ""]
-    lines += detector_table(answer_table)
-    lines += ["", "Prompt-only features (read before a word of the answer exists):", ""]
-    lines += detector_table(prompt_table)
-    return lines + ["", table_sentence(name, answer_table, ("patch, answer tokens", "patch, answer + last prompt token")),
-                    table_sentence(name, prompt_table, ("patch, prompt tail",)), ""]
-
-
-def model_section(answer_set: AnswerSet, *, answer_table: Table, prompt_table: Table, stratum_rows, stratum_names,
-                  measure: FlagMeasure, checks: list[FlagCheck], rate: float, fit_seconds: tuple[float, float],
-                  folds: int, n_declined: int, no_copies=None, n_no_copies: int = 0) -> list[str]:
+def model_section(answer_set: AnswerSet, result: dict, *, rate: float) -> list[str]:
     answers = answer_set.answers
     n, right = len(answers), sum(a.correct for a in answers)
-    cpu = answer_set.cpu_seconds
-    fit_wall, fit_cpu = fit_seconds
     name = answer_set.model_name
+    held = result["held_out"]
+    loko, winner = result["loko_table"], result["winner"]
+    per_kind = {n_: loko.rows[n_].auroc for n_ in dict.fromkeys([winner, loko.baselines["−log p"],
+                                                                 loko.baselines["hidden probe"],
+                                                                 loko.baselines["sampling agreement"]])}
     lines = [f"### {name}", "",
-             f"{n} questions, {right} answered correctly ({pct(right / n)}; {n_declined} of them invented questions "
-             f"answered by declining). Generating the answers (greedy, cached), then one patch pass per question "
-             f"with log-probs and the layer-{answer_set.probe_layer} residual, took {answer_set.seconds:.0f} s wall "
-             f"clock ({answer_set.seconds / n:.2f} s per question, {cpu:.0f} s CPU); the evaluation from the cached "
-             f"answers (fits, calibration, bootstraps) {fit_wall:.0f} s wall clock, {fit_cpu:.0f} s CPU.", ""]
+             f"{n} questions, {right} answered correctly ({pct(right / n)}; {result['n_declined']} of them invented "
+             f"questions answered by declining). Generating the answers (greedy, one patch pass with log-probs and "
+             f"the layer-{answer_set.probe_layer} residual, and {answer_set.n_samples} samples at temperature "
+             f"{answer_set.temperature:g}; cached) took {answer_set.seconds:.0f} s wall clock "
+             f"({answer_set.seconds / n:.2f} s per question, {answer_set.cpu_seconds:.0f} s CPU); the evaluation "
+             f"from the cached answers (fits, leave one kind out, calibration, bootstraps) "
+             f"{result['fit_seconds']:.0f} s wall clock, {result['fit_cpu_seconds']:.0f} s CPU.", ""]
     lines += ["Label balance per kind (first question of each kind as an example):", ""]
-    lines += balance_table(answer_set, {})
-    lines += ["", "AUROC inside each template stratum (grouped K-fold scores; — where the stratum has one class only):",
-              ""]
-    lines += per_stratum_table(stratum_rows, stratum_names)
-    if no_copies is not None:
-        lines += ["", f"Only the {n_no_copies} answers whose first word does not repeat a word of the question: "
-                  f"patch, answer + last prompt token − {answer_table.baselines['−log p']}, within kind: "
-                  f"{fmt(no_copies)}."]
-    cal = ", ".join(f"{k} {v:.3f}" for k, v in measure.calibration_aurocs.items())
-    lines += ["", f"**The shipped flag.** Candidates' within-kind AUROC on the calibration half (out of fold): {cal}. "
-              + flag_sentence(name, measure)
-              + f" Within-kind AUROC of the shipped detector on the held-out half: {fmt(measure.held_out_auroc)}.", ""]
-    lines += [f"Token-level spike flags (`generate_with_patches`' marks; threshold: ≤ {pct(rate)} of correct answers' "
-              "tokens above it on the calibration half, one-sided 95% Wilson bound; measured on the held-out half):",
-              ""]
-    lines += flag_table(checks, rate)
+    lines += balance_table(answer_set)
+    lines += ["", f"**The shipped flag.** {ship_sentence(name, loko, winner, result['entry']['detector']['line'])} "
+              f"Fitted on the calibration half ({result['n_calibration_questions']} answers) and measured on the "
+              f"other ({int(held.sum())} answers), pooled and within stratum; on unseen kinds (each held-out answer "
+              "flagged by the detector fitted, calibrated and thresholded without its kind) beside the baselines' "
+              "flags; within sample beside the kind-only flag:", ""]
+    lines += flag_summary_table([*result["loko_flags"].values(), result["within_flag"], result["kind_flag"]])
+    lines += ["", "Per stratum (held-out half): the shipped flag on unseen kinds, the kind-only flag, and the "
+              "within-kind AUROC of each kind scored without it:", ""]
+    lines += stratum_flag_table(result["loko_flags"][winner], result["kind_flag"], per_kind)
+    lines += ["", f"Token-level spike flags (`generate_with_patches`' marks; threshold: ≤ {pct(rate)} of correct "
+              "answers' tokens above it on the calibration half, one-sided 95% Wilson bound; measured on the "
+              "held-out half):", ""]
+    lines += token_flag_table(result["checks"], rate)
     return lines + [""]
+
+
+__all__ = ["fmt", "model_section", "model_tables", "within_tables", "summary_sentences", "adds_sentence",
+           "flag_sentence", "ship_sentence"]

@@ -11,10 +11,16 @@ record holds (docs/design.md §2; Dherin et al. 2025, arXiv 2507.16003):
   at most 5% of the answer tokens of correct answers flagged), 3.5 for models, statistics
   or windows without a calibration,
 * ``answer_flag``: where the model has a shipped wrong-answer detector
-  (:mod:`icl_lens.spikes._detector`), its reading of the answer (the generated tokens
-  before the first newline): ``p_wrong``, ``flagged`` and the detector's measured AUROC and
-  its baselines'. It was measured on short factual answers asked in the detector's
-  ``question_format``; for other prompts it is an extrapolation,
+  (:mod:`icl_lens.spikes._detector`: the candidate, patch-based or not, that ranked wrong
+  answers best on kinds of question it never saw), its reading of the answer (the generated
+  tokens before the first newline): ``p_wrong``, ``flagged``, the detector's one-line
+  description (what the flag is computed from and what token patches add), and the
+  baselines' values for this answer (−log p, entropy, length; sampling disagreement when
+  samples were drawn). A detector that reads the hidden state has the probe layer's residual
+  recorded during generation; one that reads sampling agreement gets ``answer_samples``
+  answers sampled at temperature 1 after the prompt (one batch, seeded from the prompt's
+  text). It was measured on short factual answers asked in the detector's ``question_format``;
+  for other prompts it is an extrapolation,
 * ``logprob_k = log p(g_k | prefix)`` and the predictive entropy
   ``H_k = −Σ_v p(v | prefix) log p(v | prefix)`` (nats) of the distribution ``g_k`` was
   drawn from, both under the model's own distribution (temperature 1, whatever the
@@ -28,19 +34,31 @@ same ``session`` to several calls also reuses a shared prompt prefix (few-shot p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from icl_lens.patches._patch_set import TokenPatches
-from icl_lens.spikes._scores import SpikeFlags, spike_scores
-from icl_lens.patches._incremental import PatchSession
 from icl_lens.model._prompts import PromptError, context_limit, encode_prompt, str_tokens
-from icl_lens.spikes._detector import PROMPT_TAIL, AnswerFlag, read_answer, spike_detector
+from icl_lens.model._residual_stream import recording_residual
+from icl_lens.patches._incremental import PatchSession
+from icl_lens.patches._patch_set import TokenPatches
+from icl_lens.spikes._detector import (
+    PROMPT_TAIL,
+    AnswerFlag,
+    AnswerReading,
+    answer_length,
+    probe_layer,
+    read_answer,
+    spike_detector,
+)
+from icl_lens.spikes._sampling import prompt_state, sample_continuations, sample_seed
+from icl_lens.spikes._scores import SpikeFlags, spike_scores
 from icl_lens.spikes._settings import SpikeSettings
 from icl_lens.spikes._thresholds import SpikeThreshold, spike_threshold
 
@@ -180,6 +198,7 @@ def generate_with_patches(
     stop_at_eos: bool = True,
     session: PatchSession | None = None,
     detector: bool = True,
+    answer_samples: int | None = None,
     **spike_settings,
 ) -> GenerationPatches:
     """Generate up to ``max_new_tokens`` tokens and record each one's patches (module docstring).
@@ -193,7 +212,9 @@ def generate_with_patches(
     keyword arguments (``window``, ``threshold``, ``layers``, ``statistic``). ``session``: a
     :class:`PatchSession` of this model to reuse (its cached prefix is reused where the new
     prompt shares it). ``detector``: read the answer with the model's shipped wrong-answer
-    detector where there is one (``answer_flag``; module docstring).
+    detector where there is one (``answer_flag``; module docstring). ``answer_samples``:
+    answers to sample for the sampling-agreement reading (default: as many as the detector
+    reads, 0 for a detector that does not; the command line asks for them to print the baseline).
     """
     _validate(max_new_tokens, greedy, temperature)
     settings = SpikeSettings.of(spikes or CALIBRATED, **spike_settings)
@@ -219,7 +240,11 @@ def generate_with_patches(
     entropies: list[float] = []
     stop_reason = "max_new_tokens"
     recomputed: list[int] = []
-    with torch.no_grad():
+    name = model.cfg.model_name
+    found = spike_detector(name) if detector else None
+    record = (recording_residual(model, probe_layer(int(model.cfg.n_layers))) if found is not None and found.needs_hidden
+              else nullcontext(None))
+    with torch.no_grad(), record as residual:
         patches = session.update(ids)
         recomputed.append(_recomputed(session, ids))
         for _ in range(max_new_tokens):
@@ -237,18 +262,33 @@ def generate_with_patches(
             if stop and any(s in model.tokenizer.decode(ids[prompt_length:].tolist()) for s in stop):
                 stop_reason = "stop"
                 break
-    name = model.cfg.model_name
     chosen = None
     if settings.threshold is None:
         chosen = spike_threshold(name, settings)
         settings = settings.replace(threshold=chosen.value)
     flags = spike_scores(patches, settings)
-    found = spike_detector(name) if detector else None
     answer_flag = None
     if found is not None and prompt_length >= PROMPT_TAIL and len(logprobs) > 0:
-        answer_flag = read_answer(found, patches.norms().double().cpu().numpy(),
-                                  patches.correction_norms().double().cpu().numpy(), flags.informative.numpy(),
-                                  prompt_length, str_tokens(model, ids)[prompt_length:])
+        generated = str_tokens(model, ids)[prompt_length:]
+        k = answer_length(generated)
+        hidden = None
+        if residual is not None:  # rows cover the last sum(recomputed) positions; keep P - 1 … P + k - 1
+            rows = residual.rows().double().numpy()
+            hidden = rows[rows.shape[0] - (ids.numel() - prompt_length + 1):][:k + 1]
+        n_samples = (found.samples if found.needs_samples else 0) if answer_samples is None else int(answer_samples)
+        drawn: tuple[str, ...] = ()
+        if n_samples > 0:
+            prompt_ids = ids[:prompt_length]
+            rows = sample_continuations(
+                model, prompt_state(model, prompt_ids, session=session), n=n_samples, temperature=1.0,
+                max_new_tokens=found.max_new_tokens, stop="\n",
+                generator=torch.Generator().manual_seed(sample_seed(model.tokenizer.decode(prompt_ids.tolist(),
+                                                                          skip_special_tokens=True))))
+            drawn = tuple("".join(str_tokens(model, torch.tensor(r, dtype=ids.dtype))) for r in rows)
+        reading = AnswerReading(patches.norms().double().cpu().numpy(), patches.correction_norms().double().cpu().numpy(),
+                                flags.informative.numpy(), prompt_length, k, np.array(logprobs), np.array(entropies),
+                                hidden, drawn, "".join(generated))
+        answer_flag = read_answer(found, reading, generated)
     return GenerationPatches(
         model_name=name,
         prompt_length=prompt_length,

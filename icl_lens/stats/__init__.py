@@ -3,7 +3,8 @@
 * ``_auroc.py``: AUROC with ties, ``AUROC = P(s⁺ > s⁻) + ½ P(s⁺ = s⁻)`` over (positive,
   negative) pairs (Mann–Whitney U / ``n⁺ n⁻``); ``strata=`` counts only pairs within one
   group (within-kind AUROC, ``Σ S_ij K_ij / Σ S_ij``); bootstrap intervals of one AUROC and of
-  the paired difference of two scores on the same resamples.
+  the paired difference of two scores on the same resamples; the mean over strata of the
+  within-stratum AUROC (clusters resampled within each stratum), alone and paired.
 * ``_bootstrap.py``: percentile bootstrap over examples. A resample is a count vector ``w``
   (``Σ w = n``), so a weighted-sum statistic costs one matrix product over all resamples; the
   interval is the ``(1−level)/2`` and ``(1+level)/2`` quantiles of the resampled statistic
@@ -23,29 +24,38 @@
 from icl_lens.stats._auroc import (
     AurocDifference,
     AurocResult,
+    MeanAuroc,
     auroc,
     bootstrap_auroc,
     bootstrap_auroc_difference,
+    resampled_auroc,
+    stratum_mean_auroc,
+    stratum_mean_auroc_difference,
 )
 from icl_lens.stats._bootstrap import (
     MeanCI, bootstrap_mean, bootstrap_mean_nested, bootstrap_ratio, percentile_interval, resample_counts,
+    row_nanmean,
 )
 from icl_lens.stats._intervals import wilson_interval
 from icl_lens.stats._logistic import (
     LAMBDAS,
+    LambdaPath,
     NEWTON_MAX_FEATURES,
     LogisticModel,
     choose_lambda,
     fit_logistic,
     fit_with_inner_cv,
     grouped_folds,
+    lambda_path,
     logistic_loss,
 )
 
 __all__ = [
-    "AurocDifference", "AurocResult", "auroc", "bootstrap_auroc", "bootstrap_auroc_difference",
+    "AurocDifference", "AurocResult", "MeanAuroc", "auroc", "bootstrap_auroc", "bootstrap_auroc_difference",
+    "resampled_auroc", "stratum_mean_auroc", "stratum_mean_auroc_difference",
     "MeanCI", "bootstrap_mean", "bootstrap_mean_nested", "bootstrap_ratio", "percentile_interval", "resample_counts",
+    "row_nanmean",
     "wilson_interval",
-    "LAMBDAS", "NEWTON_MAX_FEATURES", "LogisticModel", "choose_lambda", "fit_logistic", "fit_with_inner_cv",
-    "grouped_folds", "logistic_loss",
+    "LAMBDAS", "LambdaPath", "NEWTON_MAX_FEATURES", "LogisticModel", "choose_lambda", "fit_logistic",
+    "fit_with_inner_cv", "grouped_folds", "lambda_path", "logistic_loss",
 ]

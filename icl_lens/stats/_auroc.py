@@ -14,6 +14,11 @@ removes what a score gains merely by telling the strata (e.g. question kinds) ap
 
 Paired difference of two scores on the same examples: both AUROCs are computed on the
 same resamples, and the interval is the percentile interval of ``AUROC_a(w) − AUROC_b(w)``.
+
+Mean over strata (:func:`stratum_mean_auroc`): ``(1/S) Σ_s AUROC_s`` over the ``S`` strata
+holding both classes (e.g. the kinds of question, each scored by a model that never saw it);
+a resample draws clusters (subjects) *within each stratum*, and a stratum whose resample
+lacks a class is left out of that resample's mean.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from icl_lens.stats._bootstrap import percentile_interval, resample_counts
+from icl_lens.stats._bootstrap import percentile_interval, resample_counts, row_nanmean
 
 
 @dataclass(frozen=True)
@@ -104,3 +109,62 @@ def bootstrap_auroc_difference(scores_a, scores_b, positive, *, strata=None, gro
     boots_b, _ = _boot_values(b, positive, strata, counts)
     low, high = percentile_interval((boots_a - boots_b)[ok], level)
     return AurocDifference(point, low, high)
+
+
+def resampled_auroc(scores, positive, counts: np.ndarray, strata=None) -> np.ndarray:
+    """AUROC of every resample (``counts``: resamples × examples, :func:`icl_lens.stats.resample_counts`);
+    NaN where a resample lacks a class."""
+    scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
+    values, _ = _boot_values(scores, positive, strata, counts)
+    return values
+
+
+@dataclass(frozen=True)
+class MeanAuroc:
+    """The mean over strata of the within-stratum AUROC, its interval, and each stratum's AUROC."""
+
+    auroc: float
+    low: float
+    high: float
+    per_stratum: dict[str, float]
+
+    @property
+    def n_strata(self) -> int:
+        return len(self.per_stratum)
+
+
+def _stratum_boots(scores: np.ndarray, positive: np.ndarray, strata: np.ndarray, groups, n_boot: int,
+                   seed: int) -> tuple[dict[str, float], np.ndarray]:
+    """Each stratum's AUROC and a ``[n_boot, S]`` array of its resampled AUROCs (clusters within the stratum)."""
+    point, boots = {}, []
+    for i, s in enumerate(sorted(np.unique(strata).tolist())):
+        sel = strata == s
+        y = positive[sel]
+        if not 0 < y.sum() < y.size:
+            continue
+        point[s] = auroc(scores[sel], y)
+        counts = resample_counts(int(sel.sum()), n_boot, seed + i, None if groups is None else np.asarray(groups)[sel])
+        boots.append(resampled_auroc(scores[sel], y, counts))
+    if not point:
+        raise ValueError("no stratum holds both a positive and a negative example")
+    return point, np.stack(boots, axis=1)
+
+
+def stratum_mean_auroc(scores, positive, strata, *, groups=None, n_boot: int = 2000, seed: int = 0,
+                       level: float = 0.95) -> MeanAuroc:
+    """Mean over strata of the within-stratum AUROC with a percentile interval (module docstring)."""
+    scores, positive, strata = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool), np.asarray(strata)
+    point, boots = _stratum_boots(scores, positive, strata, groups, n_boot, seed)
+    low, high = percentile_interval(row_nanmean(boots), level)
+    return MeanAuroc(float(np.mean(list(point.values()))), low, high, point)
+
+
+def stratum_mean_auroc_difference(scores_a, scores_b, positive, strata, *, groups=None, n_boot: int = 2000,
+                                  seed: int = 0, level: float = 0.95) -> AurocDifference:
+    """``mean AUROC(scores_a) − mean AUROC(scores_b)`` over strata, on the same resamples (paired)."""
+    a, b = np.asarray(scores_a, dtype=float), np.asarray(scores_b, dtype=float)
+    positive, strata = np.asarray(positive, dtype=bool), np.asarray(strata)
+    pa, ba = _stratum_boots(a, positive, strata, groups, n_boot, seed)
+    pb, bb = _stratum_boots(b, positive, strata, groups, n_boot, seed)
+    low, high = percentile_interval(row_nanmean(ba - bb), level)
+    return AurocDifference(float(np.mean(list(pa.values())) - np.mean(list(pb.values()))), low, high)

@@ -42,6 +42,14 @@ def resample_counts(n: int, n_boot: int = 2000, seed: int = 0, groups=None) -> n
     return rng.multinomial(g, np.full(g, 1.0 / g), size=n_boot).astype(float)[:, index]
 
 
+def row_nanmean(x: np.ndarray) -> np.ndarray:
+    """Mean of each row over its finite entries, for the rows that have one (e.g. resamples × strata, a stratum
+    whose resample lacks a class being NaN): rows with no finite entry are dropped."""
+    ok = np.isfinite(x)
+    keep = ok.any(axis=1)
+    return np.where(ok, x, 0.0)[keep].sum(1) / ok[keep].sum(1)
+
+
 def percentile_interval(resampled: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     """The ``level`` percentile interval of resampled statistics."""
     if not 0 < level < 1:

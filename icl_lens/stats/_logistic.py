@@ -21,7 +21,8 @@ iterations. With one class only in the training rows the minimiser does not exis
 clipped class rate.
 
 ``λ`` is chosen by an inner grouped K-fold inside the training rows: the value whose
-pooled out-of-fold scores have the highest AUROC (ties: the larger ``λ``).
+pooled out-of-fold scores have the highest AUROC (ties: the larger ``λ``); :func:`lambda_path`
+keeps every ``λ``'s out-of-fold scores and fold models, and can score within strata instead.
 
 Why not scikit-learn: this is the only model the evaluations need; a few dozen lines of torch
 keep the dependency list unchanged, run in float64 on the same threads budget, and are
@@ -173,23 +174,61 @@ def _pooled_auroc(scores: np.ndarray, y: np.ndarray) -> float:
     return auroc(scores, y) if 0 < y.sum() < y.size else 0.5
 
 
-def choose_lambda(x, y, groups, *, k: int = 5, lambdas=LAMBDAS, seed: int = 0) -> float:
-    """The ``λ`` with the best pooled inner out-of-fold AUROC (ties: the larger ``λ``)."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=bool)
-    k = min(k, len(np.unique(groups)))
-    folds = grouped_folds(groups, k, seed)
+@dataclass(frozen=True)
+class LambdaPath:
+    """Out-of-fold scores over a ``λ`` grid (:func:`lambda_path`): per ``λ`` the scores of every row by the model
+    fitted without its fold, the fold models and the AUROC of those scores; ``best``: the chosen ``λ``."""
+
+    folds: np.ndarray
+    oof: dict[float, np.ndarray]
+    models: dict[float, tuple[LogisticModel, ...]]
+    aurocs: dict[float, float]
+    best: float
+
+
+def lambda_path(x, y, folds, *, lambdas=LAMBDAS, strata=None,
+                starts: dict[float, tuple[LogisticModel, ...]] | None = None) -> LambdaPath:
+    """Fit every fold (``folds``: fold index per row) at every ``λ``, strongest first; choose the ``λ`` whose
+    out-of-fold scores have the highest AUROC (ties: the larger ``λ``): pooled, or within ``strata`` (pairs of one
+    stratum only, :func:`icl_lens.stats.auroc`; 0.5 where no stratum holds both classes).
+
+    Each fit starts from ``starts[λ][fold]`` when given (a path over similar rows), else from the previous
+    ``λ``'s solution of the same fold.
+    """
+    x, y, folds = np.asarray(x, dtype=float), np.asarray(y, dtype=bool), np.asarray(folds)
+    names = np.unique(folds)
+    oof, models, aurocs = {}, {}, {}
     best, best_auc = max(lambdas), -1.0
     previous: dict[int, LogisticModel] = {}
-    for lam in sorted(lambdas, reverse=True):  # strongest first; each fit starts from the previous λ's
+    for lam in sorted(lambdas, reverse=True):
         scores = np.empty(len(y))
-        for f in range(k):
+        fitted = []
+        for i, f in enumerate(names):
             test = folds == f
-            previous[f] = fit_logistic(x[~test], y[~test], lam=lam, start=previous.get(f))
-            scores[test] = previous[f].decision(x[test])
-        auc = _pooled_auroc(scores, y)
+            start = starts[lam][i] if starts is not None and lam in starts else previous.get(i)
+            previous[i] = fit_logistic(x[~test], y[~test], lam=lam, start=start)
+            scores[test] = previous[i].decision(x[test])
+            fitted.append(previous[i])
+        auc = _auroc_or_half(scores, y, strata)
+        oof[lam], models[lam], aurocs[lam] = scores, tuple(fitted), auc
         if auc > best_auc + 1e-12:
             best, best_auc = lam, auc
-    return best
+    return LambdaPath(folds, oof, models, aurocs, best)
+
+
+def _auroc_or_half(scores: np.ndarray, y: np.ndarray, strata=None) -> float:
+    if strata is None:
+        return _pooled_auroc(scores, y)
+    strata = np.asarray(strata)
+    if not any(0 < y[strata == s].sum() < (strata == s).sum() for s in np.unique(strata)):
+        return 0.5
+    return auroc(scores, y, strata)
+
+
+def choose_lambda(x, y, groups, *, k: int = 5, lambdas=LAMBDAS, seed: int = 0) -> float:
+    """The ``λ`` with the best pooled inner out-of-fold AUROC (ties: the larger ``λ``)."""
+    k = min(k, len(np.unique(groups)))
+    return lambda_path(x, y, grouped_folds(groups, k, seed), lambdas=lambdas).best
 
 
 def fit_with_inner_cv(x, y, groups, *, k: int = 5, lambdas=LAMBDAS, seed: int = 0) -> LogisticModel:

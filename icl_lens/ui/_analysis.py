@@ -238,17 +238,23 @@ def default_threshold(model_name: str) -> float:
     return spike_threshold(model_name).value
 
 
+SPIKE_MEANING = ("A spike mark means this token's patch norm jumps above the tokens just before it (the context "
+                 "changes the model's weights unusually much there); a mark alone does not say the answer is wrong.")
+
+
 def threshold_note(model_name: str) -> str:
     """Where :func:`default_threshold` comes from, in words (calibrated for this model, or the 3.5 fallback),
-    and, where the model has a shipped wrong-answer detector, whether it beats its baselines, with the numbers:
-    where it does not, the marks are exploration, not an error flag."""
-    note = f"default flag threshold {spike_threshold(model_name).describe()}"
+    and, where the model has a shipped wrong-answer detector, its one line: what the flag is computed from and
+    what token patches add on unseen kinds, with the numbers. A flag that reads no token patch (−log p, the hidden
+    state, sampling agreement) leaves the patch norms and spike marks on screen as exploration."""
+    note = f"{SPIKE_MEANING} Default flag threshold {spike_threshold(model_name).describe()}"
     detector = spike_detector(model_name)
     if detector is None:
         return note
-    if not detector.beats_baseline:
-        return f"Patch norms and spike marks are exploration, not an error flag: the {detector.describe()}. ({note})"
-    return f"{note}. The {detector.describe()}."
+    if not detector.reads_patches:
+        return (f"Wrong-answer {detector.describe()}. Patch norms and spike marks are exploration, not the error "
+                f"flag. ({note})")
+    return f"Wrong-answer {detector.describe()}. ({note})"
 
 
 def alignment_matrix(patches: TokenPatches, layer: int) -> Float[Tensor, "pos pos"]:

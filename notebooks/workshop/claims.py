@@ -151,6 +151,21 @@ def spike_auroc(model: str, detector: str, split: str = "within kind, grouped", 
     return row if isinstance(row, dict) and "auroc" in row else None
 
 
+def spike_unseen_auroc(model: str, detector: str, *, root: str | Path | None = None) -> dict | None:
+    """``{auroc, low, high, per_stratum}`` of one candidate on kinds it never saw (the leave-one-kind-out table of
+    ``eval_spikes.json``; None if the report lacks it)."""
+    row = lookup(read_report("spikes", root), "models", model, "loko_table", "rows", detector, "auroc")
+    return row if isinstance(row, dict) and "auroc" in row else None
+
+
+def spike_scored(model: str, *, root: str | Path | None = None) -> str | None:
+    """``"1106 questions of 22 kinds"``: what the spike evaluation scored for one model (None if absent)."""
+    entry = lookup(read_report("spikes", root), "models", model)
+    if not isinstance(entry, dict) or not {"questions", "kinds"} <= set(entry):
+        return None
+    return f"{entry['questions']} questions of {entry['kinds']} kinds"
+
+
 def auroc_ci(row: Mapping[str, float] | None) -> str | None:
     """``"0.769 [0.712, 0.819]"`` from an AUROC row (None stays None)."""
     return None if row is None else f"{row['auroc']:.3f} [{row['low']:.3f}, {row['high']:.3f}]"
@@ -183,8 +198,9 @@ def thought_locality(models: Sequence[str] = ("gemma-3-270m", "smollm2-135m"), *
 
 
 def spike_shipped(model: str, *, root: str | Path | None = None) -> dict | None:
-    """The shipped detector's entry of ``eval_spikes.json``: ``detector`` (name, AUROCs, baselines, ``beats_baseline``)
-    and ``held_out`` (its flag's rates on the held-out subjects, with intervals)."""
+    """The shipped detector's entry of ``eval_spikes.json``: ``detector`` (name, AUROC on unseen kinds, the −log p
+    baseline's, what patches add, its line), ``held_out`` (its flag's rates on the held-out subjects, every kind
+    seen) and ``unseen_kinds`` (the same on kinds left out, pooled and within stratum), with intervals."""
     entry = lookup(read_report("spikes", root), "models", model, "shipped")
     return entry if isinstance(entry, dict) and {"detector", "held_out"} <= set(entry) else None
 
@@ -196,8 +212,8 @@ def percent_ci(row: Mapping[str, Any], key: str) -> str:
 
 
 def spike_without_copied_answers(model: str, *, root: str | Path | None = None) -> dict | None:
-    """The paired patch-vs-log-probability AUROC difference on answers that do not repeat a question word
-    (``{difference, low, high}``; None if absent)."""
+    """What patch features add to −log p and entropy on unseen kinds, on answers that do not repeat a question word:
+    the paired AUROC difference (``{difference, low, high}``; None if absent)."""
     row = lookup(read_report("spikes", root), "models", model, "without_copied_answers", "patch_vs_baseline")
     return row if isinstance(row, dict) and "difference" in row else None
 
