@@ -19,10 +19,10 @@ import os
 import re
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from icl_lens.model._names import DEFAULT_MODEL, DTYPE_NAMES, EMBEDDED_MODELS, known_model_names
+from icl_lens.patches._memory import available_memory, estimate_patches_memory, format_bytes
 from icl_lens.thought._defaults import CONDITIONS, DISTILL_STEPS, KINDS, ThoughtFit
 
 # Default tolerance of the equivalence identity (relative to the largest |logit|), docs/design.md §2.
@@ -32,8 +32,6 @@ HALF = ("bfloat16", "float16")
 DEVICE = re.compile(r"(cpu|mps|cuda)(:\d+)?")
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([kmgt])(i)?)?b?", re.IGNORECASE)
 
-
-EQUIVALENCE_CHUNK = 128  # verify_equivalence's default chunk_size
 
 class CommandError(ValueError):
     """A command-line input is invalid; the message says which and why."""
@@ -78,6 +76,8 @@ def _probe_writable(folder: Path, what: str) -> None:
 
 def check_out_file(out: str) -> None:
     """``--out`` of ``patches``: a new or regular file, in an existing folder this process can write."""
+    if not out.strip():
+        raise CommandError("--out is empty; name the file to write the factors to, or leave --out out")
     path = Path(out)
     if path.is_dir():
         raise CommandError(f"--out {out} is a directory; give a file name, e.g. {path / 'patches.safetensors'}")
@@ -91,6 +91,8 @@ def check_out_file(out: str) -> None:
 
 def check_out_folder(out: str) -> None:
     """``--out`` of ``sweep``: a folder (created with its parents) under one this process can write."""
+    if not out.strip():
+        raise CommandError("--out is empty; name the folder to sweep into")
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise CommandError(f"--out {out} exists and is not a folder")
@@ -110,86 +112,6 @@ def parse_size(text: str) -> int:
     return int(number * (1024 if binary else 1000) ** " kmgt".index(prefix))
 
 
-def _size(n: float) -> str:
-    for scale, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
-
-
-# -- memory ----------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Bytes the ``patches`` command holds beyond the loaded model, by part (an estimate).
-
-    ``weights``: each layer's dense MLP weights materialised in the patch dtype (plus a float32
-    copy of the model for the half-precision noise floor); ``factors``: the token patches,
-    ``layers · tokens · (d_mlp per dense input + 2 d_model)``; ``activations``: the forward's
-    per-layer activations and its float64 attention scores; ``equivalence``: full-vocabulary
-    logits of the positions the equivalence check compares at once (and the noise floor).
-    """
-
-    tokens: int
-    weights: int
-    factors: int
-    activations: int
-    equivalence: int
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.factors + self.activations + self.equivalence
-
-    def describe(self) -> str:
-        return (f"about {_size(self.total)} for {self.tokens} tokens (factors {_size(self.factors)}, activations "
-                f"{_size(self.activations)}, equivalence check {_size(self.equivalence)}, weights {_size(self.weights)})")
-
-    def to_frame(self):
-        import pandas as pd
-
-        parts = ("weights", "factors", "activations", "equivalence")
-        return pd.DataFrame({"part": [*parts, "total"], "bytes": [*(getattr(self, p) for p in parts), self.total]})
-
-
-def estimate_patches_memory(model, n_tokens: int, *, noise_floor: bool = False) -> MemoryEstimate:
-    """What ``icl-lens patches`` needs for an ``n_tokens`` prompt on ``model`` (a loaded bridge).
-
-    Within about 25% of the peak RSS measured on SmolLM2-135M (30 layers, 49k vocabulary) at
-    256–1,500 tokens (tests/test_cli.py repeats one such run); it grows as ``tokens · layers · (d_mlp + d_model)`` for the factors and activations,
-    ``min(tokens, 128) · vocabulary`` for the (chunked) equivalence check and ``heads · tokens²`` for attention.
-    ``noise_floor``: a float32 copy of the model and its logits too (half precision).
-    """
-    from icl_lens.model._block_family import block_family
-    from icl_lens.model._types import patch_dtype
-
-    cfg, n = model.cfg, int(n_tokens)
-    patch = patch_dtype(model).itemsize
-    logit = max(cfg.dtype.itemsize, 4)
-    dense = 2 if block_family(model).gated else 1
-    L, D, F, H, V = cfg.n_layers, cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_vocab
-    weights = L * (dense + 1) * F * D * patch
-    factors = L * n * (dense * F + 2 * D) * patch
-    activations = 4 * L * n * D * patch + 3 * H * n * n * 8  # scores, float64 softmax, mask
-    chunk = min(n, EQUIVALENCE_CHUNK)  # verify_equivalence unembeds and compares this many positions at a time
-    equivalence = 4 * chunk * V * logit  # contextual logits, kept-only rows, their stack, the difference
-    if noise_floor:
-        weights += 4 * sum(p.numel() for p in model.parameters())
-        equivalence += 4 * chunk * V * 4
-    return MemoryEstimate(tokens=n, weights=weights, factors=factors, activations=activations,
-                          equivalence=equivalence)
-
-
-def available_memory(device) -> int:
-    """Free memory where the work runs: available RAM (psutil), or free memory of the CUDA device."""
-    if device.type == "cuda":
-        import torch
-
-        return int(torch.cuda.mem_get_info(device)[0])
-    import psutil
-
-    return int(psutil.virtual_memory().available)
-
-
 # -- commands --------------------------------------------------------------------------------------
 
 def _patches(args: argparse.Namespace) -> int:
@@ -197,7 +119,7 @@ def _patches(args: argparse.Namespace) -> int:
     if args.tolerance is not None and not args.tolerance > 0:
         raise CommandError(f"--tolerance must be > 0, got {args.tolerance}")
     check_device_name(args.device)
-    if args.out:
+    if args.out is not None:
         check_out_file(args.out)
 
     from icl_lens import load_model, token_patches, verify_equivalence
@@ -208,10 +130,10 @@ def _patches(args: argparse.Namespace) -> int:
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     n_tokens = encode_prompt(model, args.prompt).numel()  # a prompt beyond the context stops here
     need = estimate_patches_memory(model, n_tokens, noise_floor=args.tolerance is None and args.dtype in HALF)
-    have = available_memory(device) if args.max_memory is None else args.max_memory
+    have = available_memory(device, args.max_memory)
     if need.total > have and not args.force:
-        where = "--max-memory" if args.max_memory is not None else f"available on {device}"
-        raise CommandError(f"this prompt needs {need.describe()}, more than the {_size(have)} {where}; "
+        where = "--max-memory" if have == args.max_memory else f"available on {device}"
+        raise CommandError(f"this prompt needs {need.describe()}, more than the {format_bytes(have)} {where}; "
                            f"shorten the prompt, or pass --force to try anyway")
 
     patches = token_patches(model, args.prompt, layers=args.layers)
@@ -269,12 +191,20 @@ def _patches(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    if not Path(args.prompts).is_file():
-        raise CommandError(f"prompts file {args.prompts} does not exist")
+    from icl_lens.sweep._lock import check_unlocked  # neither imports torch
+    from icl_lens.sweep._rows import check_prompts_file
+
+    try:
+        check_prompts_file(args.prompts)
+    except (OSError, ValueError) as err:
+        raise CommandError(str(err)) from None
     if args.batch_size < 1:
         raise CommandError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.max_memory is not None and not args.max_memory > 0:
+        raise CommandError(f"--max-memory must be > 0, got {args.max_memory}")
     check_device_name(args.device, auto=True)
     check_out_folder(args.out)
+    check_unlocked(args.out)  # a second sweep into the same folder is refused before torch is imported
 
     from icl_lens.model._loading import check_device
     from icl_lens.sweep import run_sweep
@@ -282,7 +212,8 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.device != "auto":
         check_device(args.device)
     result = run_sweep(args.prompts, model=args.model, out=args.out, batch_size=args.batch_size, dtype=args.dtype,
-                       device=args.device, factors=args.factors, layers=args.layers, progress=not args.quiet)
+                       device=args.device, factors=args.factors, layers=args.layers, max_memory=args.max_memory,
+                       progress=not args.quiet)
     m = result.manifest
     if result.main_process:  # one report, however many processes
         c = m["counts"]
@@ -447,17 +378,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="patch norms of every prompt of a JSONL file into Parquet parts (resumable)",
                        description='Rows {"id": ..., "prompt": ...}. Writes OUT/norms/part-*.parquet (id, layer, '
                                    'position, token, norm, correction_norm), OUT/manifest.json and, with --factors, '
-                                   'OUT/factors/part-*.safetensors. A rerun skips the ids already done. Under '
+                                   'OUT/factors/part-*.safetensors. A rerun verifies the parts against their '
+                                   'checksums and skips the ids already done. A prompt over the memory budget, or one that runs out of memory or gives '
+                                   'non-finite values, is a bad row. Under '
                                    '"accelerate launch --num_processes N -m icl_lens sweep ..." the prompts are split '
                                    'between the processes.')
-    p.add_argument("prompts", help="JSONL file, one {\"id\": ..., \"prompt\": ...} per line")
+    p.add_argument("prompts", help="JSONL file, one {\"id\": ..., \"prompt\": ...} per line (or a pipe: /dev/stdin)")
     p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
     p.add_argument("--out", required=True, help="output folder (created; reused to resume)")
     p.add_argument("--batch-size", type=int, default=16, help="prompts per padded batch (default 16)")
     p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
-    p.add_argument("--layers", type=int, nargs="+", default=None, help="only these layers (default: all)")
+    p.add_argument("--layers", type=int, nargs="+", default=None,
+                   help="only these layers (negative as Python's, e.g. -1 the last; default: all)")
     p.add_argument("--factors", action="store_true", help="also write the patch factors as safetensors shards")
+    p.add_argument("--max-memory", type=parse_size, default=None, metavar="SIZE",
+                   help="memory the sweep may use, e.g. 4GB (default: the smallest of the available RAM and the "
+                        "cgroup's limit, or the free memory of the CUDA device); a prompt whose estimated need "
+                        "exceeds it is a bad row")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_sweep)
 

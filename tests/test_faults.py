@@ -153,7 +153,8 @@ def test_resume_with_other_settings_or_an_edited_prompt_is_refused(tmp_path):
         _sweep(prompts, tmp_path / "fresh", layers=[999], factors=True)  # factors once kept no row, silently
     assert not list((tmp_path / "fresh" / "norms").glob("part-*"))
     # The revision (known for hub and embedded models) is compared when both sides know it.
-    part = Part(Path("x"), {"model": "m", "revision": "abc", "dtype": "float32", "layers": None, "factors": False}, {})
+    part = Part(Path("x"), {"model": "m", "revision": "abc", "dtype": "float32", "layers": None, "factors": False}, {},
+                {})
     with pytest.raises(SweepSettingsError, match="revision 'abc', not 'def'"):
         check_settings([part], {**part.settings, "revision": "def"}, tmp_path)
     check_settings([part], {**part.settings, "revision": None}, tmp_path)

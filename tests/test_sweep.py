@@ -108,7 +108,7 @@ def test_cli_sweep(prompts, tmp_path):
                            str(out), "--batch-size", "4", "--layers", "0", "2", "--quiet"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "7 of 8 prompts done" in proc.stdout and "bad row line 8 (id 100): missing prompt" in proc.stdout
+    assert "7 of 7 prompts done" in proc.stdout and "bad row line 8 (id 100): missing prompt" in proc.stdout
     assert sorted(pd.read_parquet(out / "norms").layer.unique()) == [0, 2]
     missing = subprocess.run([sys.executable, "-m", "icl_lens", "sweep", str(tmp_path / "nope.jsonl"), "--out",
                               str(out)], capture_output=True, text=True, timeout=120)

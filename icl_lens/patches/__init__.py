@@ -5,7 +5,8 @@ the model's :class:`DenseWeights` for the output factors on demand), :func:`toke
 contextual forward; a list of prompts is batched), its reference method
 :func:`token_patches_naive` and :func:`verify_equivalence`, :func:`patch_norms` (norms of many
 prompts, no factors), :class:`PatchSession` (a growing prompt), :func:`patches_applied` (the
-kept-only forward) and :func:`context_effect` (where the context effect lives).
+kept-only forward), :func:`context_effect` (where the context effect lives) and
+:func:`estimate_patches_memory` / :func:`available_memory` (what a prompt needs, what the process may use).
 """
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,8 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
     from icl_lens.patches._dense_weights import DenseWeights, StaleWeightsError
     from icl_lens.patches._incremental import PatchSession, UpdateStats
     from icl_lens.patches._kept_only import patches_applied
+    from icl_lens.patches._memory import (MemoryEstimate, available_memory, cgroup_memory_available,
+                                          estimate_patches_memory, memory_limits)
     from icl_lens.patches._patch_set import NORM_COLUMNS, PatchFileError, TokenPatches, norm_frame
     from icl_lens.patches._token_patches import (EquivalenceReport, noise_floor, token_patches, token_patches_naive,
                                                  verify_equivalence)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,11 +102,32 @@ def _parse_line(line_no: int, raw: bytes) -> SweepRow | BadRow:
     return SweepRow(line_no, rid, prompt, prompt_sha(data))
 
 
-def read_rows(path: str | Path) -> tuple[list[SweepRow], list[BadRow]]:
-    """Good rows (in file order) and bad rows with reasons. Raises only if the file cannot be read."""
+def check_prompts_file(path: str | Path, *, processes: int = 1) -> None:
+    """One clear error for a prompts path that cannot be read as JSONL: missing, a folder, unreadable, or a
+    pipe (``/dev/stdin``, ``<(...)``) that several processes would each have to read whole."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"prompts file {path} does not exist")
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"prompts file {path} does not exist") from None
+    except OSError as err:
+        raise OSError(f"prompts file {path} cannot be read ({err.strerror or err})") from None
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"prompts file {path} is a folder; give the JSONL file inside it")
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+        raise ValueError(f"prompts file {path} is not a file or a pipe")
+    if not stat.S_ISREG(mode) and processes > 1:
+        raise ValueError(f"prompts file {path} is a pipe, which only one process can read; save it to a file for "
+                         f"{processes} processes")
+    if not os.access(path, os.R_OK):
+        raise PermissionError(f"prompts file {path} cannot be read (permission denied)")
+
+
+def read_rows(path: str | Path) -> tuple[list[SweepRow], list[BadRow]]:
+    """Good rows (in file order) and bad rows with reasons, from a file or a pipe (``/dev/stdin``, read once).
+    Raises only if the path cannot be read (:func:`check_prompts_file`)."""
+    path = Path(path)
+    check_prompts_file(path)
     rows: list[SweepRow] = []
     bad: list[BadRow] = []
     first_line: dict[str, int] = {}

@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,9 +38,10 @@ import pandas as pd
 import torch
 
 from icl_lens.sweep._lock import FolderLock
-from icl_lens.sweep._parts import (COLUMNS, FACTOR_PARTS, NORM_PARTS, SweepSettingsError, atomic_write_text,
-                                  check_prompts, check_settings, clean_folder, done_prompts, read_parts, write_part)
-from icl_lens.sweep._rows import BadRow, SweepRow, read_rows
+from icl_lens.sweep._parts import (CHECKSUMS, COLUMNS, FACTOR_PARTS, NORM_PARTS, SKIP, SweepSettingsError,
+                                  atomic_write_text, check_prompts, check_settings, clean_folder, done_prompts,
+                                  failed_prompts, part_stem, read_parts, read_records, write_part)
+from icl_lens.sweep._rows import BadRow, SweepRow, check_prompts_file, read_rows
 
 BAD_PARTS = "bad"
 MANIFEST = "manifest.json"
@@ -112,26 +112,31 @@ def _requested_device(device: str) -> str:
 
 
 def _layer_list(layers) -> list[int] | None:
-    """Sorted distinct layer indices (checked against the model once it is loaded)."""
+    """Sorted distinct layer indices as given (negative as Python's; checked against the model once it is loaded)."""
     if layers is None:
         return None
     out = sorted({int(x) for x in layers})
-    if not out or out[0] < 0:
-        raise ValueError(f"--layers must be layer indices >= 0, got {list(layers)}")
+    if not out:
+        raise ValueError("--layers must name at least one layer")
     return out
 
 
-def _check_layers(lm, layers: list[int] | None) -> None:
+def _model_layers(lm, layers: list[int] | None) -> list[int] | None:
+    """The model's layer numbers (a negative index counts from the end, as in ``patches --layers``)."""
     n = lm.cfg.n_layers
-    if layers is not None and layers[-1] >= n:
-        raise ValueError(f"--layers must be in 0..{n - 1} (the model has {n} layers); got {layers}")
+    if layers is None:
+        return None
+    if any(not -n <= x < n for x in layers):
+        raise ValueError(f"--layers must be in 0..{n - 1} or -{n}..-1 (the model has {n} layers); got {layers}")
+    return sorted({x % n for x in layers})
 
 
 def _encoded_batches(lm, rows: list[SweepRow], batch_size: int
                      ) -> tuple[list[list[tuple[SweepRow, torch.Tensor]]], list[BadRow]]:
     """Every row encoded once (or its bad row), then batched once by token count (longest first, the batching
-    of :func:`icl_lens.patch_norms`), before the split between processes: every process count forms the same
-    batches, so the union of the parts is exactly what one process writes (rounding included)."""
+    of :func:`icl_lens.patch_norms`). The batches are formed from every row that fits the context, done or not,
+    before the split between processes: every run and every process count forms the same batches, so a resume
+    computes each row in the batch a clean run computes it in (padding, rounding and all)."""
     from icl_lens.patches._batches import length_batches
     from icl_lens.sweep._encode import encode_row
 
@@ -142,27 +147,96 @@ def _encoded_batches(lm, rows: list[SweepRow], batch_size: int
     return [[good[i] for i in batch] for batch in length_batches([len(x) for _, x in good], batch_size)], bad
 
 
-def _norm_frame(lm, chunk: list[tuple[SweepRow, torch.Tensor]], out: Path, stem: str, factors: bool,
-                layers: list[int] | None) -> pd.DataFrame:
-    """Norms of one batch as one table, through the public doors (the ids as they were encoded); with
-    ``factors``, the batch's factor shard is written first."""
+def _needs(lm, lengths: list[int]) -> int:
+    """Bytes a batch of prompts of these token counts needs (the estimate of ``icl-lens patches``, without its
+    equivalence check: the weights once, the factors and activations of every row at the padded length)."""
+    from icl_lens.patches._memory import estimate_patches_memory
+
+    est = estimate_patches_memory(lm, max(lengths), equivalence=False)
+    return est.weights + len(lengths) * (est.total - est.weights)
+
+
+def row_failure(err: BaseException) -> str | None:
+    """The reason a row fails for, if ``err`` is one a row can cause (out of memory, non-finite values); None for
+    anything else (a bug, an interrupt), which stops the sweep."""
+    import torch
+
+    text = " ".join(str(err).split())
+    if isinstance(err, FloatingPointError):
+        return f"non-finite values when computed alone ({text}); the prompt overflows the model in this dtype " \
+               f"(try --dtype float64), or the model's weights are not finite"
+    oom = isinstance(err, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(err, RuntimeError) and any(s in text.lower() for s in ("out of memory", "can't allocate memory",
+                                                                          "cannot allocate memory")))
+    if oom:
+        return f"out of memory when computed alone ({text[:300]}); shorten the prompt or give the sweep more memory"
+    return None
+
+
+def _compute(lm, chunk: list[tuple[SweepRow, torch.Tensor]], factors: bool, layers: list[int] | None
+             ) -> tuple[pd.DataFrame, dict]:
+    """Norms of one batch as one table, through the public doors (the ids as they were encoded), and with
+    ``factors`` the batch's patches by id."""
     from icl_lens.patches._batches import patch_norms
-    from icl_lens.patches._patch_set import TokenPatches
     from icl_lens.patches._token_patches import token_patches
 
     ids, names = [x for _, x in chunk], np.asarray([r.id for r, _ in chunk], dtype=object)
+    patches = {}
     if factors:
-        patches = token_patches(lm, ids, batch_size=len(chunk), layers=layers)
-        TokenPatches.save_many(dict(zip(names, patches)), out / FACTOR_PARTS / f"{stem}.safetensors")
-        frame = pd.concat([p.to_frame().assign(prompt=i) for i, p in enumerate(patches)], ignore_index=True)
+        found = token_patches(lm, ids, batch_size=len(chunk), layers=layers)
+        patches = dict(zip(names, found))
+        frame = pd.concat([p.to_frame().assign(prompt=i) for i, p in enumerate(found)], ignore_index=True)
     else:
         frame = patch_norms(lm, ids, batch_size=len(chunk), layers=layers, progress=False)
     frame.insert(0, "id", names[frame.pop("prompt").to_numpy()])
-    return frame[list(COLUMNS)]
+    return frame[list(COLUMNS)], patches
+
+
+def _free(lm) -> None:
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available() and str(lm.cfg.device).startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def _run_batch(lm, members, todo, whole: bool, factors: bool, layers) -> tuple[pd.DataFrame, dict, dict]:
+    """Norms (and patches) of the ``todo`` rows of one batch, and ``{id: reason}`` of those that failed.
+
+    ``whole``: the batch's ``members`` run together (the rows already done too, so every row sees the padding
+    of a clean run) and the ``todo`` rows are kept; if that fails for a reason a row can cause, or without
+    ``whole``, each ``todo`` row runs alone and a row that fails alone is a failed row."""
+    want = {r.id for r, _ in todo}
+    if whole:
+        try:
+            frame, patches = _compute(lm, members, factors, layers)
+            return frame[frame.id.isin(want)], {k: p for k, p in patches.items() if k in want}, {}
+        except Exception as err:  # noqa: BLE001 — a row-caused failure is retried row by row, anything else raises
+            if row_failure(err) is None:
+                raise
+            _free(lm)
+    frames, patches, failed = [], {}, {}
+    for row in todo:
+        try:
+            frame, found = _compute(lm, [row], factors, layers)
+        except Exception as err:  # noqa: BLE001 — as above, for one row
+            reason = row_failure(err)
+            if reason is None:
+                raise
+            failed[row[0].id] = reason
+            _free(lm)
+            continue
+        frames.append(frame)
+        patches.update(found)
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
+    return frame, patches, failed
 
 
 def _open_folder(out: Path, factors: bool) -> FolderLock:
-    """Create ``out``, take its lock, clear what a killed run left; one clear error if ``out`` is unusable."""
+    """Create ``out``, take its lock, clear what a killed run left and verify what it holds (quarantining what
+    does not match its checksum); one clear error if ``out`` is unusable."""
+    if not str(out).strip():
+        raise SweepSettingsError("--out is empty; name the folder to sweep into")
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = FolderLock(out).acquire()
@@ -173,7 +247,7 @@ def _open_folder(out: Path, factors: bool) -> FolderLock:
     try:
         clean_folder(out)
         shutil.rmtree(out / BAD_PARTS, ignore_errors=True)  # last run's bad rows are recomputed
-        for sub in (NORM_PARTS, BAD_PARTS) + ((FACTOR_PARTS,) if factors else ()):
+        for sub in (NORM_PARTS, BAD_PARTS, CHECKSUMS) + ((FACTOR_PARTS,) if factors else ()):
             (out / sub).mkdir(exist_ok=True)
     except BaseException:
         lock.release()
@@ -183,25 +257,33 @@ def _open_folder(out: Path, factors: bool) -> FolderLock:
 
 def run_sweep(prompts: str | Path, *, model: str, out: str | Path, batch_size: int = 16,
               dtype: str = "float32", device: str = "auto", factors: bool = False,
-              layers: list[int] | None = None, progress: bool = True) -> SweepResult:
-    """Patch norms of every good row of ``prompts`` into ``out`` (see the module doc); returns the manifest."""
+              layers: list[int] | None = None, max_memory: int | None = None, progress: bool = True) -> SweepResult:
+    """Patch norms of every good row of ``prompts`` into ``out`` (see the module doc); returns the manifest.
+
+    ``max_memory``: bytes the sweep may use (default: what the host, the cgroup or the CUDA device has free,
+    :func:`icl_lens.patches.available_memory`); a row whose estimate exceeds it is a bad row."""
     from accelerate import PartialState
     from tqdm.auto import tqdm
 
     from icl_lens.model._loading import load_model, resolve_dtype
+    from icl_lens.patches._memory import format_bytes, memory_limits
+    from icl_lens.patches._patch_set import TokenPatches
 
     start = time.perf_counter()
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    if max_memory is not None and not max_memory > 0:
+        raise ValueError(f"--max-memory must be > 0, got {max_memory}")
     layers = _layer_list(layers)
     settings = {"model": model, "revision": None, "dtype": str(resolve_dtype(dtype)).removeprefix("torch."),
                 "layers": layers, "factors": bool(factors)}
-    if not Path(prompts).is_file():
-        raise FileNotFoundError(f"prompts file {prompts} does not exist")
     out = Path(out)
+    if not str(out).strip():
+        raise SweepSettingsError("--out is empty; name the folder to sweep into")
     device = _requested_device(device)
     # cpu=True lets processes started by accelerate launch / torchrun on CPUs join one gloo group.
     state = PartialState(cpu=device == "cpu")
+    check_prompts_file(prompts, processes=state.num_processes)
     if device.startswith("cuda") and state.num_processes > 1 and state.device.type == "cuda":
         device = str(state.device)  # one GPU per process
     lock = _open_folder(out, factors) if state.is_main_process else None
@@ -209,43 +291,70 @@ def run_sweep(prompts: str | Path, *, model: str, out: str | Path, batch_size: i
         state.wait_for_everyone()
         rows, bad = read_rows(prompts)
         parts = read_parts(out)
-        check_settings(parts, settings, out)
+        # negative layers are known only once the model is loaded; compare the rest now, before loading it
+        check_settings(parts, settings if not layers or layers[0] >= 0 else {**settings, "layers": SKIP}, out)
         before = done_prompts(parts)
         check_prompts(rows, before, out)
-        todo = [r for r in rows if r.id not in before]
-        if device == "cpu" and state.num_processes > 1:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // state.num_processes))
+        shas = {r.id: r.sha for r in rows}
+        failed = {k: v for k, v in failed_prompts(parts).items() if shas.get(k) == v["sha"]}  # edited: retried
+        pending = [r for r in rows if r.id not in before and r.id not in failed]
+        processes = state.num_processes
+        if device == "cpu" and processes > 1:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // processes))
 
         mine_bad: list[BadRow] = []
-        written = 0
-        lm = None
-        if todo:  # every process checks the model against the folder before any work
+        written, budget = 0, {}
+        batches, encode_bad, lm = [], [], None
+        if pending:  # every process checks the model against the folder before any work
             lm = load_model(model, device=device, dtype=dtype)
-            _check_layers(lm, layers)
+            settings["layers"] = layers = _model_layers(lm, layers)
             settings["revision"] = model_revision(lm, model)
             check_settings(parts, settings, out)
-        batches, encode_bad = _encoded_batches(lm, todo, batch_size) if todo else ([], [])
+            batches, encode_bad = _encoded_batches(lm, rows, batch_size)
+            bounds = memory_limits(torch.device(device), max_memory)
+            if device == "cpu" and processes > 1:  # the processes share the host's memory
+                bounds = {f"{k} / {processes} processes": v // processes for k, v in bounds.items()}
+            limited_by = min(bounds, key=bounds.get)
+            budget = {"bytes": bounds[limited_by], "limited_by": limited_by}
         if state.is_main_process:  # every process found the same bad rows; one reports them
-            mine_bad += encode_bad
+            mine_bad += [b for b in encode_bad if b.id not in before]
         with state.split_between_processes(batches) as mine:
             mine = list(mine)
             bar = tqdm(total=sum(len(c) for c in mine), desc=f"sweep {model}", unit="prompt",
                        disable=not (progress and state.is_main_process and mine))
-            tag = f"r{state.process_index:03d}"
             for chunk in mine:
-                stem = f"part-{tag}-{uuid.uuid4().hex[:12]}"
-                frame = _norm_frame(lm, chunk, out, stem, factors, layers)
-                write_part(frame, out / NORM_PARTS / f"{stem}.parquet", settings, {r.id: r.sha for r, _ in chunk})
-                written += len(chunk)
+                members = []
+                for row, ids in chunk:
+                    need = _needs(lm, [len(ids)])
+                    if need <= budget["bytes"]:
+                        members.append((row, ids))
+                    elif row.id not in before:
+                        mine_bad.append(BadRow(row.line, row.id,
+                                               f"this prompt needs about {format_bytes(need)} for {len(ids)} tokens, "
+                                               f"more than the {format_bytes(budget['bytes'])} of "
+                                               f"{budget['limited_by']}; shorten it, or give the sweep more memory"))
+                todo = [(r, x) for r, x in members if r.id not in before and r.id not in failed]
+                if todo:
+                    whole = (not any(r.id in failed for r, _ in members)
+                             and _needs(lm, [len(x) for _, x in members]) <= budget["bytes"])
+                    frame, patches, fails = _run_batch(lm, members, todo, whole, factors, layers)
+                    stem = part_stem(state.process_index)
+                    if factors:
+                        TokenPatches.save_many(patches, out / FACTOR_PARTS / f"{stem}.safetensors")
+                    write_part(frame, out, stem, settings, {r.id: r.sha for r, _ in todo if r.id not in fails},
+                               {r.id: {"sha": r.sha, "line": r.line, "reason": fails[r.id]}
+                                for r, _ in todo if r.id in fails})
+                    written += len(todo) - len(fails)
                 bar.update(len(chunk))
             bar.close()
         atomic_write_text(out / BAD_PARTS / f"r{state.process_index:03d}.json",
                           json.dumps({"bad_rows": [b.to_dict() for b in mine_bad], "written": written,
-                                      "revision": settings["revision"]}))
+                                      "revision": settings["revision"], "layers": settings["layers"],
+                                      "memory": budget}))
         state.wait_for_everyone()
         manifest = {}
         if state.is_main_process:
-            manifest = _manifest(out, prompts, settings, rows, bad, before, device, state.num_processes, batch_size,
+            manifest = _manifest(out, prompts, settings, rows, bad, before, device, processes, batch_size,
                                  start)
             atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
         state.wait_for_everyone()
@@ -260,30 +369,45 @@ def run_sweep(prompts: str | Path, *, model: str, out: str | Path, batch_size: i
 
 def _manifest(out: Path, prompts, settings: dict, rows: list[SweepRow], bad: list[BadRow], before: dict[str, str],
               device: str, processes: int, batch_size: int, start: float) -> dict:
-    """The folder's manifest, from every process's report and every part now in the folder."""
-    extra_bad, new, revision = [], 0, settings["revision"]
+    """The folder's manifest, from every process's report and every part now in the folder.
+
+    Counts: ``rows`` every non-blank line; ``bad`` the bad rows (unreadable lines, prompts over the context or
+    the memory budget, rows that failed in an earlier or this run); ``good`` the others; ``done`` the good rows
+    with a part; ``left`` the good rows without one (a killed run's)."""
+    extra_bad, new, revision, memory = [], 0, settings["revision"], {}
     for report in sorted((out / BAD_PARTS).glob("r*.json")):
         data = json.loads(report.read_text())
         extra_bad += [BadRow(**b) for b in data["bad_rows"]]
         new += data["written"]
         revision = revision or data["revision"]
+        memory = memory or data["memory"]
     parts = read_parts(out)
     revision = revision or next((p.settings.get("revision") for p in parts if p.settings.get("revision")), None)
-    all_bad = sorted(bad + extra_bad, key=lambda b: b.line)
+    layers = settings["layers"] if not settings["layers"] or settings["layers"][0] >= 0 else parts[0].settings[
+        "layers"] if parts else settings["layers"]
+    by_id = {r.id: r for r in rows}
+    failed = [BadRow(by_id[k].line, k, v["reason"]) for k, v in failed_prompts(parts).items()
+              if k in by_id and by_id[k].sha == v["sha"]]
+    all_bad = sorted(bad + extra_bad + failed, key=lambda b: b.line)
     done = done_prompts(parts)
-    ids = {r.id for r in rows}
+    ids = by_id.keys()
+    good = len(rows) + len(bad) - len(all_bad)
     return {
-        "prompts": str(Path(prompts).resolve()),
+        "prompts": str(Path(prompts).resolve()) if Path(prompts).is_file() else str(prompts),
         **settings,
+        "layers": layers,
         "revision": revision,
         "device": device,
         "processes": processes,
         "batch_size": batch_size,
+        "memory": memory,
         "versions": _versions(),
-        "counts": {"rows": len(rows) + len(bad), "good": len(rows), "bad": len(all_bad),
+        "counts": {"rows": len(rows) + len(bad), "good": good, "bad": len(all_bad),
                    "done_before": len(before.keys() & ids), "done_now": new, "done": len(done.keys() & ids),
-                   "left": len(ids - done.keys()) - len(extra_bad)},
+                   "left": good - len(done.keys() & ids)},
         "seconds": round(time.perf_counter() - start, 3),
         "bad_rows": [b.to_dict() for b in all_bad],
         "done_prompts": done,
+        "parts": {record["part"]: {k: record[k] for k in ("blake2b", "bytes", "factors")}
+                  for record in read_records(out)},
     }
