@@ -11,18 +11,33 @@ Layout of the output folder ``DIR``:
   ``load_many(path, weights=icl_lens.dense_weights(model))``), keyed by id
   (:meth:`icl_lens.TokenPatches.load_many`, or ``load(path, key=id)``), written before the
   matching norms part.
+- ``checksums/part-*.json``: the BLAKE2b digest of each part and its shard, written last.
 - ``manifest.json``: model, revision (when known), dtype, layers, factors, device,
-  versions, counts, seconds, bad rows with line numbers and reasons, and ``done_prompts``
-  (id → the first 16 hex digits of the SHA-256 of each done prompt).
+  versions, the memory budget, counts, seconds, bad rows with line numbers and reasons,
+  ``done_prompts`` (id → the first 16 hex digits of the SHA-256 of each done prompt) and
+  the parts' digests.
 - ``sweep.lock`` while a sweep runs (:mod:`icl_lens.sweep._lock`).
 
-A rerun on the same ``DIR`` skips the ids already done, whatever ``--batch-size``. It
+No row stops a sweep. Each row is sized with the estimate of ``icl-lens patches``
+(:func:`icl_lens.patches.estimate_patches_memory`, no equivalence check) against the budget
+(:func:`icl_lens.patches.memory_limits`: host RAM, cgroup room, ``--max-memory``; free CUDA
+memory on a GPU; CPU processes share it); a row over it is a bad row. A batch whose rows
+together exceed the budget, or that runs out of memory or gives non-finite values, runs
+row by row, and a row that fails alone is recorded in its batch's part as failed (a rerun
+reports it without running it).
+
+Batches are formed from every row that fits the context, done or not, longest first (ties
+in file order), before the split between processes, and a batch with rows left runs whole
+(the done rows too, for their padding) keeping only those rows: a resume after any kill
+writes what a clean run writes, bit for bit. A rerun on the same ``DIR`` verifies every part
+against its checksum (:func:`~icl_lens.sweep._parts.clean_folder`), skips the ids already
+done, whatever ``--batch-size``. It
 stops with one error, before any work, if the folder was computed with another model,
 revision, dtype, layers or factors setting, or if a prompt was edited under an id
 already done (:class:`~icl_lens.sweep._parts.SweepSettingsError`). Several processes
-(``accelerate launch --num_processes N -m icl_lens sweep ...``) split the ids left to do
-with accelerate's ``PartialState().split_between_processes``; each writes its own parts,
-so the union is what one process would write.
+(``accelerate launch --num_processes N -m icl_lens sweep ...``) split the batches with
+accelerate's ``PartialState().split_between_processes``; each writes its own parts, so the
+union is what one process would write.
 """
 from __future__ import annotations
 
@@ -232,11 +247,37 @@ def _run_batch(lm, members, todo, whole: bool, factors: bool, layers) -> tuple[p
     return frame, patches, failed
 
 
+def _within_budget(lm, chunk, budget: dict) -> tuple[list, list[BadRow]]:
+    """The rows of a batch whose own estimate fits the memory budget, and a bad row for each of the others."""
+    from icl_lens.patches._memory import format_bytes
+
+    members, over = [], []
+    for row, ids in chunk:
+        need = _needs(lm, [len(ids)])
+        if need <= budget["bytes"]:
+            members.append((row, ids))
+        else:
+            over.append(BadRow(row.line, row.id, f"this prompt needs about {format_bytes(need)} for {len(ids)} "
+                                                 f"tokens, more than the {format_bytes(budget['bytes'])} of "
+                                                 f"{budget['limited_by']}; shorten it, or give the sweep more memory"))
+    return members, over
+
+
+def _write_batch(lm, out: Path, stem: str, members, todo, whole: bool, settings: dict) -> int:
+    """Run one batch (:func:`_run_batch`) and write its shard, part and checksum record; the rows done."""
+    from icl_lens.patches._patch_set import TokenPatches
+
+    frame, patches, fails = _run_batch(lm, members, todo, whole, settings["factors"], settings["layers"])
+    if settings["factors"]:
+        TokenPatches.save_many(patches, out / FACTOR_PARTS / f"{stem}.safetensors")
+    write_part(frame, out, stem, settings, {r.id: r.sha for r, _ in todo if r.id not in fails},
+               {r.id: {"sha": r.sha, "line": r.line, "reason": fails[r.id]} for r, _ in todo if r.id in fails})
+    return len(todo) - len(fails)
+
+
 def _open_folder(out: Path, factors: bool) -> FolderLock:
     """Create ``out``, take its lock, clear what a killed run left and verify what it holds (quarantining what
     does not match its checksum); one clear error if ``out`` is unusable."""
-    if not str(out).strip():
-        raise SweepSettingsError("--out is empty; name the folder to sweep into")
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = FolderLock(out).acquire()
@@ -266,8 +307,7 @@ def run_sweep(prompts: str | Path, *, model: str, out: str | Path, batch_size: i
     from tqdm.auto import tqdm
 
     from icl_lens.model._loading import load_model, resolve_dtype
-    from icl_lens.patches._memory import format_bytes, memory_limits
-    from icl_lens.patches._patch_set import TokenPatches
+    from icl_lens.patches._memory import memory_limits
 
     start = time.perf_counter()
     if batch_size < 1:
@@ -323,34 +363,19 @@ def run_sweep(prompts: str | Path, *, model: str, out: str | Path, batch_size: i
             bar = tqdm(total=sum(len(c) for c in mine), desc=f"sweep {model}", unit="prompt",
                        disable=not (progress and state.is_main_process and mine))
             for chunk in mine:
-                members = []
-                for row, ids in chunk:
-                    need = _needs(lm, [len(ids)])
-                    if need <= budget["bytes"]:
-                        members.append((row, ids))
-                    elif row.id not in before:
-                        mine_bad.append(BadRow(row.line, row.id,
-                                               f"this prompt needs about {format_bytes(need)} for {len(ids)} tokens, "
-                                               f"more than the {format_bytes(budget['bytes'])} of "
-                                               f"{budget['limited_by']}; shorten it, or give the sweep more memory"))
+                members, over = _within_budget(lm, chunk, budget)
+                mine_bad += [b for b in over if b.id not in before]
                 todo = [(r, x) for r, x in members if r.id not in before and r.id not in failed]
                 if todo:
                     whole = (not any(r.id in failed for r, _ in members)
                              and _needs(lm, [len(x) for _, x in members]) <= budget["bytes"])
-                    frame, patches, fails = _run_batch(lm, members, todo, whole, factors, layers)
-                    stem = part_stem(state.process_index)
-                    if factors:
-                        TokenPatches.save_many(patches, out / FACTOR_PARTS / f"{stem}.safetensors")
-                    write_part(frame, out, stem, settings, {r.id: r.sha for r, _ in todo if r.id not in fails},
-                               {r.id: {"sha": r.sha, "line": r.line, "reason": fails[r.id]}
-                                for r, _ in todo if r.id in fails})
-                    written += len(todo) - len(fails)
+                    written += _write_batch(lm, out, part_stem(state.process_index), members, todo, whole,
+                                            settings)
                 bar.update(len(chunk))
             bar.close()
         atomic_write_text(out / BAD_PARTS / f"r{state.process_index:03d}.json",
                           json.dumps({"bad_rows": [b.to_dict() for b in mine_bad], "written": written,
-                                      "revision": settings["revision"], "layers": settings["layers"],
-                                      "memory": budget}))
+                                      "revision": settings["revision"], "memory": budget}))
         state.wait_for_everyone()
         manifest = {}
         if state.is_main_process:
