@@ -383,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    'non-finite values, is a bad row. Under '
                                    '"accelerate launch --num_processes N -m icl_lens sweep ..." the prompts are split '
                                    'between the processes.')
-    p.add_argument("prompts", help="JSONL file, one {\"id\": ..., \"prompt\": ...} per line (or a pipe: /dev/stdin)")
+    p.add_argument("prompts",
+                   help="JSONL file, one {\"id\": ..., \"prompt\": ...} per line (or a pipe: /dev/stdin)")
     p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
     p.add_argument("--out", required=True, help="output folder (created; reused to resume)")
     p.add_argument("--batch-size", type=int, default=16, help="prompts per padded batch (default 16)")

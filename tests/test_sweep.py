@@ -141,7 +141,7 @@ def test_a_damaged_part_is_quarantined_and_redone(prompts, tmp_path):
     part = sorted((out / "norms").glob("part-*.parquet"))[0]
     redo = set(pd.read_parquet(part).id)
     part.write_bytes(part.read_bytes()[:100])  # damaged outside the sweep (a disk fault, a bad copy)
-    with pytest.warns(UserWarning, match="cannot be read"):
+    with pytest.warns(UserWarning, match="does not match its checksum"):
         again = run_sweep(prompts, model="tiny-llama", out=out, batch_size=3, device="cpu", progress=False)
     assert again.manifest["counts"]["done_now"] == len(redo) and (out / "quarantine" / part.name).exists()
     pd.testing.assert_frame_equal(_sorted(pd.read_parquet(out / "norms")), first)

@@ -17,17 +17,9 @@ import torch
 
 from icl_lens import TokenPatches
 from icl_lens.patches import available_memory, cgroup_memory_available, estimate_patches_memory, memory_limits
-from icl_lens.sweep import SweepLockedError, run_sweep
+from icl_lens.sweep import SweepLockedError
 from icl_lens.sweep._run import row_failure
-
-ROOT = Path(__file__).parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-KEYS = ["id", "layer", "position"]
-
-
-def _write(path: Path, rows: dict) -> Path:
-    path.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in rows.items()))
-    return path
+from test_faults import ENV, KEYS, _norms, _sweep, _write  # the sweep fault-injection helpers
 
 
 def _rows(n: int, too_long: tuple[int, ...] = ()) -> dict:
@@ -35,14 +27,6 @@ def _rows(n: int, too_long: tuple[int, ...] = ()) -> dict:
     rows = {i: f"Row {i}: the cat sat on the mat" + " and purred" * (i % 7) for i in range(n)}
     rows.update({i: "y" * 300 for i in too_long})
     return rows
-
-
-def _norms(out: Path) -> pd.DataFrame:
-    return pd.read_parquet(out / "norms").sort_values(KEYS).reset_index(drop=True)
-
-
-def _sweep(prompts, out, **kw):
-    return run_sweep(prompts, **{"model": "tiny-llama", "out": out, "device": "cpu", "progress": False, **kw})
 
 
 # -- the budget ---------------------------------------------------------------------------------------------------
@@ -100,20 +84,23 @@ def test_row_failures_are_told_from_bugs():
     assert row_failure(KeyError("bug")) is None and row_failure(RuntimeError("shape mismatch")) is None
 
 
-@pytest.fixture(scope="module")
-def poisoned(tmp_path_factory):
-    """tiny-gpt2 saved as a local model whose embedding of "~" overflows: any prompt with a "~" gives non-finite
-    activations (finite weights, as a float16 overflow on a real model), every other prompt is fine."""
+def _poison(folder: Path, name: str) -> str:
+    """The tiny model ``name`` saved as a local model whose embedding of "~" overflows: any prompt with a "~" gives
+    non-finite activations (finite weights, as a float16 overflow on a real model), every other prompt is fine."""
     from icl_lens.model._byte_tokenizer import save_byte_tokenizer
     from icl_lens.model._tiny_models import build_tiny_model
 
-    folder = tmp_path_factory.mktemp("poisoned")
-    model, tok = build_tiny_model("tiny-gpt2"), save_byte_tokenizer(folder / "tokenizer")
+    model, tok = build_tiny_model(name), save_byte_tokenizer(folder / "tokenizer")
     with torch.no_grad():
-        model.transformer.wte.weight[tok("~")["input_ids"][-1]] = 3e38
-    model.save_pretrained(folder / "model")
-    tok.save_pretrained(folder / "model")
-    return str(folder / "model")
+        model.get_input_embeddings().weight[tok("~")["input_ids"][-1]] = 3e38
+    model.save_pretrained(folder / name)
+    tok.save_pretrained(folder / name)
+    return str(folder / name)
+
+
+@pytest.fixture(scope="module")
+def poisoned(tmp_path_factory):
+    return _poison(tmp_path_factory.mktemp("poisoned"), "tiny-gpt2")
 
 
 def test_a_row_over_the_cgroup_budget_and_a_non_finite_row_are_bad_rows_and_the_rest_finish(poisoned, tmp_path,
@@ -156,9 +143,12 @@ def test_a_row_over_the_cgroup_budget_and_a_non_finite_row_are_bad_rows_and_the_
 
 # -- deterministic batches: kills at random moments, then a resume --------------------------------------------------
 
-@pytest.mark.parametrize("model", ["tiny-gemma3", "tiny-gpt2"])
-def test_resumes_after_random_kills_are_bit_identical_with_too_long_rows_present(model, tmp_path):
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-gpt2"])
+def test_resumes_after_random_kills_are_bit_identical_with_too_long_rows_present(name, tmp_path):
+    """Too-long rows and a row that fails (its batch then runs row by row) shift no batch of a resume."""
+    model = _poison(tmp_path, name)
     rows = _rows(36, too_long=(3, 17, 30))
+    rows[9] = "Row 9 holds a tilde ~ that overflows the model" + " and purred" * 8  # in the first batch
     prompts, out, clean = _write(tmp_path / "p.jsonl", rows), tmp_path / "run", tmp_path / "clean"
     cli = [sys.executable, "-m", "icl_lens", "sweep", str(prompts), "--model", model, "--out", str(out),
            "--batch-size", "4", "--factors", "--device", "cpu", "--quiet"]
@@ -180,11 +170,12 @@ def test_resumes_after_random_kills_are_bit_identical_with_too_long_rows_present
     with pytest.warns(UserWarning, match="stale sweep lock"):
         resumed = _sweep(prompts, out, model=model, batch_size=4, factors=True)
     _sweep(prompts, clean, model=model, batch_size=4, factors=True)
-    assert resumed.manifest["counts"]["done"] == 33 and resumed.manifest["counts"]["bad"] == 3
+    assert resumed.manifest["counts"]["done"] == 32 and resumed.manifest["counts"]["bad"] == 4
+    assert "non-finite values" in {b["id"]: b["reason"] for b in resumed.manifest["bad_rows"]}["9"]
     pd.testing.assert_frame_equal(_norms(out), _norms(clean), check_exact=True)  # bit for bit
     got = {k: p for s in sorted((out / "factors").glob("*.safetensors")) for k, p in TokenPatches.load_many(s).items()}
     want = {k: p for s in (clean / "factors").glob("*.safetensors") for k, p in TokenPatches.load_many(s).items()}
-    assert got.keys() == want.keys() == {str(i) for i in rows} - {"3", "17", "30"}
+    assert got.keys() == want.keys() == {str(i) for i in rows} - {"3", "9", "17", "30"}
     assert all(torch.equal(got[k].delta, want[k].delta) and torch.equal(got[k].v, want[k].v) for k in want)
 
 
@@ -264,11 +255,14 @@ def _cli(*args, **kw):
                           env=ENV, **kw)
 
 
-def test_empty_out_folders_pipes_and_negative_layers(tmp_path):
+def test_empty_out_folders_pipes_and_negative_layers(tmp_path, monkeypatch):
     prompts = _write(tmp_path / "p.jsonl", _rows(3))
     for args in (["sweep", str(prompts), "--out", ""], ["patches", "hi", "--out", ""]):
         proc = _cli(*args, cwd=tmp_path)
         assert proc.returncode == 2 and "--out is empty" in proc.stderr and proc.stderr.count("\n") == 1
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="--out is empty"):
+        _sweep(prompts, "")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl"]  # nothing written into the current folder
     proc = _cli("sweep", str(tmp_path), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "is a folder; give the JSONL file inside it" in proc.stderr

@@ -140,8 +140,8 @@ def _quarantine(out: Path, stem: str, paths: list[Path], why: str) -> None:
     for path in paths:
         if path.exists():
             os.replace(path, out / QUARANTINE / path.name)
-    warnings.warn(f"icl_lens: {stem} {why}; moved to {out / QUARANTINE}, its prompts will be done again",
-                  stacklevel=3)
+    warnings.warn(f"icl_lens: {stem} {why}; moved to {out / QUARANTINE}, and its prompts that no other part holds "
+                  f"will be done again", stacklevel=3)
 
 
 def _damage(path: Path, record_path: Path, shard: Path) -> str | None:

@@ -317,9 +317,9 @@ def run_sweep(prompts: str | Path, *, model: str, out: str | Path, batch_size: i
     layers = _layer_list(layers)
     settings = {"model": model, "revision": None, "dtype": str(resolve_dtype(dtype)).removeprefix("torch."),
                 "layers": layers, "factors": bool(factors)}
-    out = Path(out)
-    if not str(out).strip():
+    if not os.fspath(out).strip():  # Path("") would be the current folder
         raise SweepSettingsError("--out is empty; name the folder to sweep into")
+    out = Path(out)
     device = _requested_device(device)
     # cpu=True lets processes started by accelerate launch / torchrun on CPUs join one gloo group.
     state = PartialState(cpu=device == "cpu")
