@@ -193,14 +193,14 @@ def test_a_truncated_shard_a_copied_part_and_a_flipped_byte_are_caught_and_redon
     def ids(path):
         return set(pd.read_parquet(path).id)
 
+    redo = ids(parts[0]) | ids(parts[1])
     shard = out / "factors" / f"{parts[0].stem}.safetensors"
     shard.write_bytes(shard.read_bytes()[:-100])  # truncated (a full disk, an interrupted copy)
     flipped = bytearray(parts[1].read_bytes())
-    flipped[len(flipped) // 3] ^= 0x01  # one bit inside a data page: Parquet reads it without complaint
+    flipped[len(flipped) // 3] ^= 0x01  # one bit inside the data: Parquet may read it without complaint
     parts[1].write_bytes(bytes(flipped))
     copy = parts[2].with_name(f"{parts[2].stem} (1).parquet")  # a sync tool's conflict copy
     copy.write_bytes(parts[2].read_bytes())
-    redo = ids(parts[0]) | ids(parts[1])
     with pytest.warns(UserWarning) as caught:
         again = _sweep(prompts, out, batch_size=3, factors=True)
     said = " ".join(str(w.message) for w in caught)
