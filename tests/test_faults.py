@@ -300,6 +300,25 @@ MALFORMED = {
     "a tensor no entry describes": (lambda t, h: ({**t, "1.v": t["0.v"]}, h), "no header entry describes: 1.v"),
     "a repeated key": (lambda t, h: ({**t, **{k.replace("0.", "1.", 1): v for k, v in t.items()}},
                                      {**h, "entries": h["entries"] * 2}), "repeats the key"),
+    # issue 43: indices that are not increasing or out of range, non-finite or negative norms
+    "layers repeated": (lambda t, h: _entry(layers=[0] * len(h["entries"][0]["layers"]))(t, h), "'layers' is not increasing"),
+    "layers unsorted": (lambda t, h: _entry(layers=h["entries"][0]["layers"][::-1])(t, h), "'layers' is not increasing"),
+    "a layer past the model's": (lambda t, h: _entry(layers=h["entries"][0]["layers"][:-1] + [2 ** 70])(t, h),
+                                 r"layer 1180591620717411303424 in the header is out of range \(the model has 3 layers\)"),
+    "a huge layer, no checksum": (lambda t, h: _entry(weights_checksum=None, layers=h["entries"][0]["layers"][:-1]
+                                                      + [10 ** 30])(t, h), r"out of range \(at most 10000 layers\)"),
+    "positions repeated": (lambda t, h: _entry(positions=[0] * len(h["entries"][0]["tokens"]))(t, h),
+                           "'positions' is not increasing"),
+    "positions unsorted": (lambda t, h: _entry(positions=list(range(len(h["entries"][0]["tokens"])))[::-1])(t, h),
+                           "'positions' is not increasing"),
+    "u_norm NaN": (_tensor("u_norm", lambda x: torch.where(x == x.max(), torch.nan, x)), "u_norm holds non-finite"),
+    "u_norm inf": (_tensor("u_norm", lambda x: torch.where(x == x.max(), torch.inf, x)), "u_norm holds non-finite"),
+    "u_norm negative": (_tensor("u_norm", lambda x: -x), "u_norm holds negative norms"),
+    "v with an inf": (_tensor("v", lambda x: torch.where(x == x.max(), -torch.inf, x)), "v holds non-finite"),
+    "delta NaN": (_tensor("delta", lambda x: torch.full_like(x, torch.nan)), "delta holds non-finite"),
+    "a negative token id": (_tensor("token_ids", lambda x: x - 1000), "token_ids holds a negative id"),
+    "no positions": (lambda t, h: ({k: (v[:, :0] if k.split(".")[1] in ("v", "delta", "correction", "u_norm", "zero_input")
+                                        else v) for k, v in t.items()}, h), "holds 3 layers and 0 positions"),
 }
 
 
@@ -323,3 +342,60 @@ def test_the_unmodified_patch_file_loads(patch_file):
     loaded = TokenPatches.load(patch_file)
     assert torch.equal(loaded.delta, tensors["0.delta"]) and list(loaded.tokens) == header["entries"][0]["tokens"]
     assert header["version"] == 2 and "0.u_in" not in tensors  # δ stored, u formed on demand
+
+
+def test_a_truncated_patch_file_is_one_clear_error(patch_file, tmp_path):
+    data = patch_file.read_bytes()
+    for cut in (len(data) // 2, len(data) - 1, 7):
+        path = tmp_path / f"cut{cut}.safetensors"
+        path.write_bytes(data[:cut])
+        with pytest.raises(PatchFileError, match="is not a safetensors file"):
+            TokenPatches.load(path)
+
+
+BOMB = """
+import json, resource, sys, time
+import torch
+from safetensors.torch import save_file
+from icl_lens import TokenPatches
+from icl_lens.patches._patch_set import PatchFileError
+n, path, all_positions = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "all"
+pos = n if all_positions else 1
+d = 1 if all_positions else 4
+tensors = {"0.delta": torch.zeros(1, pos, d, dtype=torch.float16), "0.v": torch.zeros(1, pos, d, dtype=torch.float16),
+           "0.correction": torch.zeros(1, pos, d, dtype=torch.float16), "0.u_norm": torch.zeros(1, pos),
+           "0.zero_input": torch.zeros(1, pos, dtype=torch.bool), "0.token_ids": torch.zeros(n, dtype=torch.uint8)}
+entry = {"key": "0", "model": "m", "tokens": [""] * n, "kept_bos": True, "default_kept": True, "gated": False,
+         "weights_checksum": None, "layers": [0], "positions": list(range(n)) if all_positions else [n - 1]}
+save_file(tensors, path, metadata={"icl_lens": json.dumps({"format": "icl_lens.token_patches", "version": 2,
+                                                            "entries": [entry]})})
+del tensors
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+start = time.perf_counter()
+try:
+    p = TokenPatches.load(path)
+    outcome = f"loaded {p.kept.shape[0]}x{p.kept.shape[1]}"
+except PatchFileError as err:
+    outcome = f"PatchFileError: {err}"
+print(json.dumps({"outcome": outcome, "grew": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before,
+                  "seconds": time.perf_counter() - start}))
+"""
+
+
+@pytest.mark.parametrize("positions", ["one", "all"])
+def test_a_header_of_120000_tokens_cannot_bomb_a_load(tmp_path, positions):
+    """Issue 43: 120,000 empty tokens in a sub-MB file once made the load build a 14 GB kept mask (torch.eye(n)).
+
+    One position held: loads, its kept mask one row; every position held (with one-float tensors): refused
+    before the 120,000 × 120,000 mask is built. Either way the process grows by well under 100 MB."""
+    path = tmp_path / "bomb.safetensors"
+    done = subprocess.run([sys.executable, "-c", BOMB, "120000", str(path), positions], env=ENV, text=True,
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert path.stat().st_size < 5_000_000
+    if positions == "one":
+        assert result["outcome"] == "loaded 1x120000"
+    else:
+        assert result["outcome"].startswith("PatchFileError") and "default kept mask of 120000 positions" in result["outcome"]
+    assert result["grew"] < 100 * 2**20, result

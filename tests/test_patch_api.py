@@ -105,6 +105,83 @@ def test_select_slices_every_field_and_keeps_true_indices(model, full, tmp_path)
         assert torch.equal(back.norms(), p.norms())
 
 
+@pytest.mark.parametrize("asked", [[1, 2], [-2, -1]])
+def test_every_accessor_that_takes_a_layer_takes_the_models_number(model, full, asked, tmp_path):
+    """Issue 43: ``u(1)`` of a ``layers=[1, 2]`` set once returned layer 2's factor (rows, not layers)."""
+    import icl_lens
+    from icl_lens import NotHeldError
+    from icl_lens.patches._kept_only import token_patch_edits
+    from icl_lens.ui._analysis import alignment_matrix
+
+    part = token_patches(model, PROMPT, layers=asked)
+    held = tuple(sorted(a % 4 for a in asked))
+    assert part.layers == held
+    index = torch.tensor([[0, 3], [len(PROMPT) - 1, 2]])
+    loaded = TokenPatches.load(part.save(tmp_path / "part.safetensors"), weights=icl_lens.dense_weights(model))
+    picked = full.select(layers=list(held))
+    same = lambda a, b: torch.allclose(a, b, rtol=1e-12, atol=1e-13)  # noqa: E731  (matmuls of other shapes: 1 ulp)
+    for p in (part, loaded, picked):
+        for layer in held:
+            row = p.layer_row(layer)
+            assert p.layers[row] == layer
+            assert all(same(a, b) for a, b in zip(p.u(layer), full.u(layer)))
+            assert all(same(a, b) for a, b in zip(p.u(layer, index), full.u(layer, index)))
+            assert same(p.u_coordinates(layer), full.u_coordinates(layer))
+            assert same(p.stacked_u(layer), full.stacked_u(layer))
+            assert torch.equal(p.norms()[row], full.norms()[layer]) and torch.equal(p.v[row], full.v[layer])
+            assert same(alignment_matrix(p, layer), alignment_matrix(full, layer))
+            assert torch.equal(p.select(layers=layer).v, full.select(layers=layer).v)
+            assert same(p[3].u(layer)[0], full.u(layer)[0][3])
+        assert same(p.u_in, full.u_in[list(held)]) and same(p.u_gate, full.u_gate[list(held)])
+        assert same(p.stacked_u(), full.stacked_u()[list(held)])
+        frame = p.to_frame()
+        assert sorted(frame.layer.unique()) == list(held)
+        edits = token_patch_edits(p, index, torch.float64)
+        whole = token_patch_edits(full, index, torch.float64)
+        assert set(edits) == set(held) and all(same(edits[l].u_in, whole[l].u_in) for l in held)
+        for absent in sorted(set(range(4)) - set(held)):
+            for call in (p.u, p.u_coordinates, p.stacked_u, p.layer_row, lambda l: alignment_matrix(p, l)):
+                with pytest.raises(NotHeldError, match=rf"layers \[{absent}\] are not held; these patches hold "
+                                                       rf"layers {held[0]}, {held[1]}"):
+                    call(absent)
+        with pytest.raises(TypeError, match="integer indices"):
+            p.u(1.0)
+    if asked == [1, 2]:
+        with pytest.raises(NotHeldError, match=r"layers \[0\] are not held"):
+            part.u(0)
+
+
+def test_patches_index_and_iterate_over_positions(model, full):
+    """``p[t]`` is the frozen :class:`TokenPatch` of prompt position ``t``; iteration gives the positions held."""
+    import dataclasses
+
+    from icl_lens import NotHeldError, TokenPatch
+
+    n = len(full.tokens)
+    third = full[3]
+    assert isinstance(third, TokenPatch) and third.position == 3 and third.token == full.tokens[3]
+    assert third.token_id == int(full.token_ids[3]) and third.layers == full.layers
+    assert torch.equal(third.v, full.v[:, 3]) and torch.equal(third.norm, full.norms()[:, 3])
+    assert torch.equal(third.correction_norm, full.correction_norms()[:, 3]) and third.kept == (0, 3)
+    assert all(torch.allclose(a, b[3], rtol=1e-12, atol=1e-14) for a, b in zip(third.u(2), full.u(2)))
+    assert third.to_frame().norm.tolist() == full.to_frame().query("position == 3").norm.tolist()
+    assert full[-1].position == n - 1 and len(repr(third)) < 200
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        third.position = 4
+    assert [p.position for p in full] == list(range(n)) and len(list(full)) == len(full)
+    some = full.select(layers=[1, 3], positions=[2, 5])
+    assert [p.position for p in some] == [2, 5] and some[5].layers == (1, 3)
+    assert torch.equal(some[5].norm, full.norms()[[1, 3], 5])
+    with pytest.raises(NotHeldError, match=r"positions \[0\] are not held; these patches hold positions 2, 5"):
+        some[0]
+    with pytest.raises(IndexError):
+        full[n]
+    with pytest.raises(TypeError, match="select"):
+        full[1:3]
+    batch = token_patches(model, [PROMPT, PROMPT])
+    assert [p.position for p in batch[0]] == list(range(n))
+
+
 def test_repr_is_short_and_says_what_is_held(model):
     long_prompt = " ".join(["ab"] * 80)  # 240 tokens (byte tokenizer)
     patches = token_patches(model, long_prompt)

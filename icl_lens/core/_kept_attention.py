@@ -14,6 +14,8 @@ at the dtype's minimum), so a key outside the window gets weight zero here too.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
@@ -75,10 +77,18 @@ def kept_set_output(
     return torch.einsum("...hqk,...khd->...qhd", weights.to(vals.dtype), vals)
 
 
-def default_kept_mask(n: int, *, keep_bos: bool, device: torch.device | str = "cpu") -> Bool[Tensor, "query key"]:
-    """Boolean kept set of the default removal: ``{t}`` plus key 0 if ``keep_bos``."""
-    kept = torch.eye(n, dtype=torch.bool, device=device)
-    if keep_bos:
+def default_kept_mask(n: int, *, keep_bos: bool, device: torch.device | str = "cpu",
+                      queries: Sequence[int] | None = None) -> Bool[Tensor, "query key"]:
+    """Boolean kept set of the default removal: ``{t}`` plus key 0 if ``keep_bos``.
+
+    ``queries``: the rows of those query positions only (``[len(queries), n]``; default all ``n``),
+    so a few queries of a long prompt never build the ``n × n`` mask.
+    """
+    rows = (torch.arange(n, device=device) if queries is None
+            else torch.as_tensor(list(queries), dtype=torch.long, device=device))
+    kept = torch.zeros(len(rows), n, dtype=torch.bool, device=device)
+    kept[torch.arange(len(rows), device=device), rows] = True
+    if keep_bos and n:
         kept[:, 0] = True
     return kept
 

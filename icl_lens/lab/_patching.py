@@ -52,10 +52,10 @@ def _batched_patches(model: RegressionModel, u: Tensor, v: Tensor, correction: T
 def patch_edits(patches: TokenPatches, per_prompt: bool = False) -> dict[int, MLPEdit]:
     """Per-position edits of a batch of lab patches: for single tokens run alone (``batch·pos`` sequences
     of length 1), or, with ``per_prompt=True``, for the prompts run as ``batch`` sequences."""
-    L, B, T = patches.u_in.shape[:3]
+    B, T = patches.u_in.shape[1:3]
     shape = (B, T) if per_prompt else (B * T, 1)
-    return {l: MLPEdit(v=patches.v[l].reshape(*shape, 1, -1), u_in=patches.u_in[l].reshape(*shape, 1, -1),
-                       bias=patches.correction[l].reshape(*shape, -1)) for l in range(L)}
+    return {layer: MLPEdit(v=patches.v[k].reshape(*shape, 1, -1), u_in=patches.u_in[k].reshape(*shape, 1, -1),
+                           bias=patches.correction[k].reshape(*shape, -1)) for k, layer in enumerate(patches.layers)}
 
 
 def _hook_names(model: RegressionModel) -> set[str]:

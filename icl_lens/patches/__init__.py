@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
     from icl_lens.patches._kept_only import patches_applied
     from icl_lens.patches._memory import (MemoryEstimate, available_memory, cgroup_memory_available,
                                           estimate_patches_memory, memory_limits)
-    from icl_lens.patches._patch_set import NORM_COLUMNS, PatchFileError, TokenPatches, norm_frame
+    from icl_lens.patches._patch_set import (NORM_COLUMNS, NotHeldError, PatchFileError, TokenPatch, TokenPatches,
+                                             norm_frame)
     from icl_lens.patches._token_patches import (EquivalenceReport, noise_floor, token_patches, token_patches_naive,
                                                  verify_equivalence)
 

@@ -53,7 +53,7 @@ def token_patch_edits(patches: TokenPatches, sources: Int[Tensor, "batch pos"],
     index = src.to(patches.v.device)
     edits = {}
     for k, layer in enumerate(patches.layers):
-        u_in, u_gate = patches.u(k, index)
+        u_in, u_gate = patches.u(layer, index)
         edits[layer] = MLPEdit(v=rank_one(patches.v[k][index]), u_in=rank_one(u_in), u_gate=rank_one(u_gate),
                                bias=gather(patches.correction[k][index]))
     return edits

@@ -53,7 +53,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -87,6 +87,10 @@ def norm_frame(layer: np.ndarray, position: np.ndarray, tokens: Sequence[str], n
 
 class PatchFileError(ValueError):
     """A file is not an icl_lens token-patch file, or does not hold the entry asked for."""
+
+
+class NotHeldError(ValueError, IndexError):
+    """A layer or position asked of a :class:`TokenPatches` that it does not hold (the message names those held)."""
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -230,25 +234,51 @@ class TokenPatches:
         """Whether ``u`` is held (stored factors) rather than formed from ``δ`` on demand."""
         return self.stored_u_in is not None
 
+    def layer_row(self, layer: int) -> int:
+        """The row of the ``layer`` axis (of ``v``, ``delta``, ``norms()``, …) holding model layer ``layer``.
+
+        ``layer``: a model layer number among :attr:`layers` (a negative one counts from the end
+        of the layers held, as in :meth:`select`). A layer not held raises :class:`NotHeldError`
+        naming the layers held. Every method here that takes a layer takes the model's number and
+        goes through this.
+        """
+        return _pick(self.layers, [layer], lambda w: self.layers[w] if w >= -self.n_layers else w, "layer")[0]
+
+    def _position_rows(self, index: Tensor) -> Tensor:
+        """Rows of the ``pos`` axis holding the prompt positions ``index`` (any shape; all must be held)."""
+        if self.complete:
+            return index
+        lookup = torch.full((len(self.tokens),), -1, dtype=torch.long, device=index.device)
+        lookup[torch.tensor(self.positions, dtype=torch.long, device=index.device)] = torch.arange(
+            self.n_positions, device=index.device)
+        rows = lookup[index]
+        if bool((rows < 0).any()):
+            missing = sorted({int(t) for t in index[rows < 0].flatten().tolist()})[:8]
+            raise NotHeldError(f"positions {missing} are not held; these patches hold positions {_shown(self.positions)}")
+        return rows
+
     def u(self, layer: int, index: Tensor | None = None
           ) -> tuple[Float[Tensor, "*rows d_mlp"], Float[Tensor, "*rows d_mlp"] | None]:
-        """``(u_in, u_gate)`` of ``layer`` (``u_gate`` None for a plain MLP), every position or ``index``.
+        """``(u_in, u_gate)`` of model layer ``layer`` (``u_gate`` None for a plain MLP), every position held or ``index``.
 
-        ``index``: position indices (any shape, e.g. ``[batch, pos]`` of source positions);
-        the factors of ``δ[layer][index]`` only are formed. Raises
-        :class:`~icl_lens.patches._dense_weights.StaleWeightsError` if the weights changed.
+        ``layer``: the model's layer number (:meth:`layer_row`; a layer not held raises
+        :class:`NotHeldError`). ``index``: prompt positions (any shape, e.g. ``[batch, pos]``
+        of source positions; every one held); the factors of ``δ`` at those positions only are
+        formed. Raises :class:`~icl_lens.patches._dense_weights.StaleWeightsError` if the weights changed.
         """
-        pick = (lambda t: t[layer]) if index is None else (lambda t: t[layer][index])  # noqa: E731
+        row = self.layer_row(layer)
+        rows = None if index is None else self._position_rows(index)
+        pick = (lambda t: t[row]) if rows is None else (lambda t: t[row][rows])  # noqa: E731
         if self.stored_u_in is not None:
             return pick(self.stored_u_in), None if self.stored_u_gate is None else pick(self.stored_u_gate)
-        return self.weights.u(self.layers[layer], pick(self.delta))
+        return self.weights.u(self.layers[row], pick(self.delta))
 
     @property
     def u_in(self) -> Float[Tensor, "layer *prompt pos d_mlp"]:
         """``W_in δ`` of every layer and position. Costly: forms ``layers × tokens × d_mlp`` floats; prefer :meth:`u`."""
         if self.stored_u_in is not None:
             return self.stored_u_in
-        return torch.stack([self.u(layer)[0] for layer in range(self.n_layers)])
+        return torch.stack([self.u(layer)[0] for layer in self.layers])
 
     @property
     def u_gate(self) -> Float[Tensor, "layer *prompt pos d_mlp"] | None:
@@ -257,24 +287,26 @@ class TokenPatches:
             return self.stored_u_gate
         if not self.gated:
             return None
-        return torch.stack([self.u(layer)[1] for layer in range(self.n_layers)])
+        return torch.stack([self.u(layer)[1] for layer in self.layers])
 
     def stacked_u(self, layer: int | None = None) -> Float[Tensor, "*layer pos d_u"]:
-        """``[u_gate; u_in]`` (or ``u_in``): the output factor of the whole patch, of ``layer`` or of all (costly)."""
+        """``[u_gate; u_in]`` (or ``u_in``): the output factor of the whole patch, of model layer ``layer`` or of all (costly)."""
         if layer is None:
             return stack_outputs(self.u_in, self.u_gate)
         u_in, u_gate = self.u(layer)
         return stack_outputs(u_in, u_gate)
 
     def u_coordinates(self, layer: int) -> Float[Tensor, "*prompt pos d_k"]:
-        """Vectors with the inner products of ``[u_gate; u_in]`` of ``layer``: ``R δ`` (``d_model`` wide), or ``u``.
+        """Vectors with the inner products of ``[u_gate; u_in]`` of model layer ``layer``: ``R δ`` (``d_model`` wide), or ``u``.
 
         ``(R δ₁)·(R δ₂) = (U δ₁)·(U δ₂)``, so Gram matrices, cosines and norms of the output
         factors (:mod:`icl_lens.core._factored`) are the same from these, at ``d_model`` cost.
+        ``layer``: the model's layer number, as in :meth:`u`.
         """
+        row = self.layer_row(layer)
         if self.stored_u_in is not None:
-            return stack_outputs(self.stored_u_in[layer], None if self.stored_u_gate is None else self.stored_u_gate[layer])
-        return self.weights.coordinates(self.layers[layer], self.delta[layer])
+            return stack_outputs(self.stored_u_in[row], None if self.stored_u_gate is None else self.stored_u_gate[row])
+        return self.weights.coordinates(self.layers[row], self.delta[row])
 
     def output_norms(self) -> Float[Tensor, "layer *prompt pos"]:
         """``‖[u_gate; u_in]‖`` of every layer and position, from ``R δ`` (or the stored ``u``/norms); cached."""
@@ -313,10 +345,39 @@ class TokenPatches:
                                     f"from (their checksums differ); recompute the patches with this model")
         return replace(self, weights=weights)
 
+    def position_row(self, position: int) -> int:
+        """The row of the ``pos`` axis holding prompt position ``position`` (negative: from the end of the
+        prompt, as in :meth:`select`); a position not held raises :class:`NotHeldError`."""
+        return _pick(self.positions, [position], lambda w: w + len(self.tokens), "position")[0]
+
     def kept_positions(self, query: int) -> list[int]:
         """Positions the context-free input of ``query`` (a prompt position held) keeps (sorted)."""
-        row = query if self.complete else self.positions.index(query % len(self.tokens))
-        return torch.nonzero(self.kept[row]).flatten().tolist()
+        return torch.nonzero(self.kept[self.position_row(query)]).flatten().tolist()
+
+    def __getitem__(self, position: int) -> "TokenPatch":
+        """``patches[t]``: the :class:`TokenPatch` of prompt position ``t``, every layer held.
+
+        ``t`` is the prompt position (negative: from the end of the prompt), not the row among the
+        positions held: after ``select(positions=[3, 5])``, ``p[5]`` is position 5 and ``p[0]``
+        raises :class:`NotHeldError`. Iterating gives the positions held, in order
+        (``len(patches)`` of them). For a range of positions use :meth:`select`.
+        """
+        if isinstance(position, slice):
+            raise TypeError("patches[t] takes one prompt position; for several use patches.select(positions=...)")
+        if self.batched:
+            raise ValueError("these are the patches of a batch of prompts; index one prompt's: patches.prompt(b)[t]")
+        one = self.select(positions=position)
+        t, row = one.positions[0], self.position_row(position)
+        if "norms" not in self._memo:  # iterating reads every position's: computed once
+            self._memo["norms"] = (self.norms(), self.correction_norms())
+        norm, correction_norm = (n[:, row] for n in self._memo["norms"])
+        return TokenPatch(position=t, token=self.tokens[t], token_id=int(self.token_ids[t]), layers=self.layers,
+                          v=one.v[:, 0], correction=one.correction[:, 0], norm=norm, correction_norm=correction_norm,
+                          zero_input=one.zero_input[:, 0], kept=tuple(one.kept_positions(t)), patches=one)
+
+    def __iter__(self) -> Iterator["TokenPatch"]:
+        """The :class:`TokenPatch` of each position held, in order (``patches[t]`` for ``t`` in :attr:`positions`)."""
+        return (self[t] for t in self.positions)
 
     def keep_parts(self, *, w_in: bool = True, correction: bool = True) -> "TokenPatches":
         """The same patches with the weight part (``u_in``, ``u_gate``: ``δ``) and/or the skip correction zeroed."""
@@ -343,8 +404,9 @@ class TokenPatches:
 
     def has_default_kept(self) -> bool:
         """Whether every query keeps ``{t}`` plus a kept BOS (the default removal)."""
-        default = default_kept_mask(len(self.tokens), keep_bos=self.kept_bos, device=self.kept.device)
-        return bool(torch.equal(self.kept, default[list(self.positions)]))
+        default = default_kept_mask(len(self.tokens), keep_bos=self.kept_bos, device=self.kept.device,
+                                    queries=self.positions)
+        return bool(torch.equal(self.kept, default))
 
     def save(self, path: str | os.PathLike, *, with_u: bool = False) -> Path:
         """Write this patch set to ``path`` (safetensors + JSON header, see the module doc).
@@ -469,6 +531,56 @@ class TokenPatches:
         return entries[str(key)]
 
 
+@dataclass(frozen=True, eq=False, repr=False)
+class TokenPatch:
+    """The token patch of one prompt position at every layer held: what ``patches[t]`` returns.
+
+    ``position``: the prompt position; ``token``/``token_id``: its token; ``layers``: the
+    model layers held, which the first axis of ``v``, ``correction``, ``norm``,
+    ``correction_norm`` and ``zero_input`` runs over; ``norm``: ``‖ΔW‖_F`` per layer;
+    ``kept``: the positions its context-free input keeps. :meth:`u` gives the output factors of
+    one layer; ``patches``: the one-position :class:`TokenPatches` it was read from.
+    """
+
+    position: int
+    token: str
+    token_id: int
+    layers: tuple[int, ...]
+    v: Float[Tensor, "layer d_model"]
+    correction: Float[Tensor, "layer d_model"]
+    norm: Float[Tensor, " layer"]
+    correction_norm: Float[Tensor, " layer"]
+    zero_input: Bool[Tensor, " layer"]
+    kept: tuple[int, ...]
+    patches: TokenPatches = field(repr=False)
+
+    def __repr__(self) -> str:
+        norms = ", ".join(f"{x:.3g}" for x in self.norm[:8].tolist()) + (", …" if len(self.layers) > 8 else "")
+        return (f"TokenPatch(position {self.position}, token {self.token!r}, layers {_shown(self.layers)}, "
+                f"norm [{norms}], kept {_shown(self.kept)})")
+
+    def u(self, layer: int) -> tuple[Float[Tensor, " d_mlp"], Float[Tensor, " d_mlp"] | None]:
+        """``(u_in, u_gate)`` of model layer ``layer`` at this position (:meth:`TokenPatches.u`)."""
+        u_in, u_gate = self.patches.u(layer)
+        return u_in[0], None if u_gate is None else u_gate[0]
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per layer held (columns :data:`NORM_COLUMNS`), the rows of ``to_frame()`` of the whole set."""
+        return norm_frame(np.asarray(self.layers, dtype=np.int64), np.full(len(self.layers), self.position),
+                          self.patches.tokens, self.norm.detach().cpu().double().numpy(),
+                          self.correction_norm.detach().cpu().double().numpy())
+
+
+MAX_LAYERS = 10_000  # layer indices a file without the weights' checksum may name (no model has more)
+SLACK_BYTES = 100 * 2**20  # what a load may allocate beyond the file's own tensors (the default kept mask)
+
+
+def _all_finite(t: Tensor, chunk: int = 1 << 22) -> bool:
+    """Whether every value of ``t`` is finite, checked ``chunk`` values at a time (no full-size mask)."""
+    flat = t.reshape(-1)
+    return all(bool(torch.isfinite(flat[i:i + chunk]).all()) for i in range(0, flat.numel(), chunk))
+
+
 _ENTRY_FIELDS = {"key": str, "model": str, "tokens": list, "kept_bos": bool, "default_kept": bool}
 
 
@@ -488,13 +600,22 @@ def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor], versio
             raise PatchFileError(f"{where}: header field {name!r} is missing or not a {kind.__name__}")
     if not all(isinstance(t, str) for t in entry["tokens"]):
         raise PatchFileError(f"{where}: header field 'tokens' holds a non-text token")
-    for name in ("layers", "positions"):
-        held = entry.get(name, [])
-        if not isinstance(held, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in held):
-            raise PatchFileError(f"{where}: header field {name!r} is not a list of indices")
     checksum = entry.get("weights_checksum")
     if checksum is not None and not (isinstance(checksum, list) and all(isinstance(c, dict) for c in checksum)):
         raise PatchFileError(f"{where}: header field 'weights_checksum' is not a list of objects")
+    n_tok = len(entry["tokens"])
+    model_layers = len(checksum) if checksum else MAX_LAYERS  # the checksum has one entry per model layer
+    for name, bound in (("layers", model_layers), ("positions", n_tok)):
+        held = entry.get(name, [])
+        if not isinstance(held, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in held):
+            raise PatchFileError(f"{where}: header field {name!r} is not a list of indices")
+        if held and max(held) >= bound:
+            raise PatchFileError(f"{where}: {n_tok} tokens in the header but position {max(held)} in it"
+                                 if name == "positions" else
+                                 f"{where}: layer {max(held)} in the header is out of range (" +
+                                 (f"the model has {bound} layers)" if checksum else f"at most {MAX_LAYERS} layers)"))
+        if any(b <= a for a, b in zip(held, held[1:])):
+            raise PatchFileError(f"{where}: header field {name!r} is not increasing (repeated or unsorted indices)")
     get = lambda name: tensors.get(f"{i}.{name}")  # noqa: E731
     factor = "u_in" if version == 1 or (get("delta") is None and get("u_in") is not None) else "delta"  # v2: δ, or u
     required = ((factor, "v", "correction", "token_ids", "zero_input") + (("u_norm",) if version >= 2 else ())
@@ -507,7 +628,8 @@ def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor], versio
         raise PatchFileError(f"{where}: v has shape {tuple(v.shape)}, expected (layer, pos, d_model)")
     n_layers, n_pos = v.shape[:2]
     layers, positions = tuple(entry.get("layers", ())), tuple(entry.get("positions", ()))
-    n_tok = len(entry["tokens"])
+    if not n_layers or not n_pos:
+        raise PatchFileError(f"{where}: v holds {n_layers} layers and {n_pos} positions; a patch set holds at least one")
     if layers and len(layers) != n_layers:
         raise PatchFileError(f"{where}: {len(layers)} layers in the header but {n_layers} in v")
     if get("token_ids").shape != (n_tok,):
@@ -526,8 +648,6 @@ def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor], versio
     if (len(positions) if positions else n_tok) != n_pos:
         raise PatchFileError(f"{where}: {len(positions) if positions else n_tok} positions in the header "
                              f"but {n_pos} in v")
-    if positions and max(positions) >= n_tok:
-        raise PatchFileError(f"{where}: {n_tok} tokens in the header but position {max(positions)} in it")
     shared = ("delta", "u_in", "u_gate", "v", "correction")
     floats = {name: get(name).dtype for name in shared if get(name) is not None}
     if not all(d.is_floating_point for d in floats.values()) or len(set(floats.values())) != 1:
@@ -541,10 +661,22 @@ def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor], versio
     for name in ("zero_input", "kept"):
         if get(name) is not None and get(name).dtype != torch.bool:
             raise PatchFileError(f"{where}: {name} must be bool, got {str(get(name).dtype).removeprefix('torch.')}")
-    kept = (default_kept_mask(n_tok, keep_bos=entry["kept_bos"], device=ids.device) if entry["default_kept"]
-            else get("kept"))
-    if entry["default_kept"] and positions:
-        kept = kept[list(positions)]
+    if (ids < 0).any():
+        raise PatchFileError(f"{where}: token_ids holds a negative id")
+    for name in ("delta", "u_in", "u_gate", "v", "correction", "u_norm"):
+        if get(name) is not None and not _all_finite(get(name)):
+            raise PatchFileError(f"{where}: {name} holds non-finite values (NaN or inf)")
+    if get("u_norm") is not None and (get("u_norm") < 0).any():
+        raise PatchFileError(f"{where}: u_norm holds negative norms")
+    if entry["default_kept"]:
+        own = sum(t.numel() * t.element_size() for t in tensors.values())
+        if n_pos * n_tok > own + SLACK_BYTES:  # the kept mask made here, [pos, token] bools
+            raise PatchFileError(f"{where}: the default kept mask of {n_pos} positions × {n_tok} tokens "
+                                 f"({n_pos * n_tok / 2**20:.0f} MiB) would outgrow the file's own tensors "
+                                 f"({own / 2**20:.0f} MiB) by more than {SLACK_BYTES // 2**20} MiB")
+        kept = default_kept_mask(n_tok, keep_bos=entry["kept_bos"], device=ids.device, queries=positions or None)
+    else:
+        kept = get("kept")
     common = dict(model_name=entry["model"], tokens=tuple(entry["tokens"]), token_ids=ids, v=v,
                   correction=get("correction"), kept=kept, kept_bos=entry["kept_bos"], zero_input=get("zero_input"),
                   stored_u_in=u_in, stored_u_gate=get("u_gate"), layers=layers, positions=positions)
@@ -556,23 +688,32 @@ def _checked_entry(path: Path, i: int, entry, tensors: dict[str, Tensor], versio
     return patches if weights is None else patches.with_weights(weights)
 
 
+def _shown(held: tuple[int, ...]) -> str:
+    return ", ".join(map(str, held[:12])) + (", …" if len(held) > 12 else "")
+
+
 def _pick(held: tuple[int, ...], wanted: Iterable[int] | int | None, negative: Callable[[int], int],
           what: str) -> list[int]:
     """Rows of ``held`` (increasing indices) holding the indices ``wanted``, in increasing order.
 
-    ``negative`` maps a negative index to a true one.
+    ``negative`` maps a negative index to a true one. An index not held raises :class:`NotHeldError`;
+    a non-integer, ``TypeError``.
     """
     if wanted is None:
         return list(range(len(held)))
-    asked = [int(wanted)] if isinstance(wanted, int) else [int(w) for w in wanted]
+    if isinstance(wanted, (Tensor, np.ndarray)):
+        wanted = wanted.tolist()
+    asked = list(wanted) if isinstance(wanted, Iterable) else [wanted]
     if not asked:
         raise ValueError(f"no {what}s selected; pass None for all")
+    if any(isinstance(w, bool) or not isinstance(w, (int, np.integer)) for w in asked):
+        raise TypeError(f"{what}s must be integer indices, got {asked[:5]!r}")
+    asked = [int(w) for w in asked]
     row = {index: i for i, index in enumerate(held)}
     true = [negative(w) if w < 0 else w for w in asked]
     bad = [w for w, t in zip(asked, true) if t not in row]
     if bad:
-        shown = ", ".join(map(str, held[:12])) + (", …" if len(held) > 12 else "")
-        raise ValueError(f"{what}s {bad} are not held; these patches hold {what}s {shown}")
+        raise NotHeldError(f"{what}s {bad} are not held; these patches hold {what}s {_shown(held)}")
     return sorted({row[t] for t in true})
 
 

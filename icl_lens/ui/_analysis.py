@@ -258,8 +258,8 @@ def threshold_note(model_name: str) -> str:
 
 
 def alignment_matrix(patches: TokenPatches, layer: int) -> Float[Tensor, "pos pos"]:
-    """Token × token cosine of the token patches of ``layer`` (factored, never dense)."""
-    return gram_cosine(patches.u_coordinates(layer), patches.v[layer])
+    """Token × token cosine of the token patches of model layer ``layer`` (factored, never dense)."""
+    return gram_cosine(patches.u_coordinates(layer), patches.v[patches.layer_row(layer)])
 
 
 def timed(fn, *args, **kwargs):
