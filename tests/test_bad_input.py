@@ -69,3 +69,51 @@ def test_bad_token_ids(load):
         token_patches(model, [1, 2, 99999])
     with pytest.raises(PromptError, match="no tokens"):
         token_patches(model, [])
+
+
+@pytest.mark.parametrize("layer, row", [(2, 0), (1, 5)])
+def test_a_nan_in_an_mlp_weight_is_named_as_non_finite_weights(layer, row):
+    """Issue 43: a NaN in a probed row of W_in was reported as "weights changed in place … recompute" (which fails
+    forever), one in another row as a non-finite activation of the next layer."""
+    from icl_lens import NonFiniteWeightsError
+    from icl_lens.model import first_dense_weights
+
+    model = load_model("tiny-llama")  # private copy: we damage it
+    with torch.no_grad():
+        first_dense_weights(model, layer)["in"][row, 3] = float("nan")
+    with pytest.raises(NonFiniteWeightsError, match=rf"non-finite values \(NaN or inf\): layer {layer} W_in \(1 value\)"):
+        token_patches(model, "The cat sat.")
+
+
+def test_weights_turned_non_finite_after_the_patches_are_named_so():
+    from icl_lens import NonFiniteWeightsError
+    from icl_lens.model import first_dense_weights
+
+    model = load_model("tiny-llama")
+    patches = token_patches(model, "The cat sat.")
+    with torch.no_grad():
+        first_dense_weights(model, 0)["gate"][0, 0] = float("inf")
+    with pytest.raises(NonFiniteWeightsError, match=r"layer 0 W_gate \(1 value\).*reload the model"):
+        patches.u(0)
+
+
+def _byte_tokenizer(folder):
+    from icl_lens.model import save_byte_tokenizer
+
+    return save_byte_tokenizer(folder)
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused_at_load(tmp_path):
+    """Issue 43: it was accepted, and the first prompt with a high byte failed with "index out of range in self"."""
+    from icl_lens import TokenizerMismatchError
+    from icl_lens.model._tiny_models import build_tiny_model
+
+    hf = build_tiny_model("tiny-gpt2")
+    hf.resize_token_embeddings(200)
+    message = r"has 259 token ids but the model's embedding has 200 rows: token ids 200\.\.258 have no embedding"
+    with pytest.raises(TokenizerMismatchError, match=message):
+        load_model(hf, _byte_tokenizer(tmp_path / "tok"))
+    hf.save_pretrained(tmp_path / "saved")
+    _byte_tokenizer(tmp_path / "saved")
+    with pytest.raises(TokenizerMismatchError, match=message):
+        load_model(tmp_path / "saved")

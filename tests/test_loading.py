@@ -13,6 +13,7 @@ def test_local_directory_loads_and_is_exact(tmp_path):
     save_byte_tokenizer(tmp_path)
     model = load_model(str(tmp_path), dtype=torch.float64)
     assert model.cfg.dtype == torch.float64
+    assert load_model(tmp_path).cfg.model_name == str(tmp_path)  # any os.PathLike, as a string (issue 43)
     patches = token_patches(model, "from a directory")
     assert patches.model_name == model.cfg.model_name == str(tmp_path)  # the name given, kept in the bridge's cfg
     assert verify_equivalence(model, "from a directory", patches).relative_error <= 1e-9

@@ -17,8 +17,8 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
                                               first_dense_weights)
     from icl_lens.model._byte_tokenizer import BOS_ID, EOS_ID, PAD_ID, save_byte_tokenizer
     from icl_lens.model._greedy import greedy_continuations, last_logits, tail_logits
-    from icl_lens.model._loading import (ModelNotFoundError, bridge_from_hf, cache_dir, check_device, load_model,
-                                         prepare_embedded)
+    from icl_lens.model._loading import (ModelNotFoundError, TokenizerMismatchError, bridge_from_hf, cache_dir,
+                                         check_device, load_model, prepare_embedded)
     from icl_lens.model._model_check import NotABridgeError, ProcessedWeightsError, ProcessedWeightsWarning
     from icl_lens.model._names import DEFAULT_MODEL, EMBEDDED_MODELS, known_model_names
     from icl_lens.model._prompts import PromptError, encode_prompt, pad_id, right_padded, str_tokens

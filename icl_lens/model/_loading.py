@@ -56,6 +56,10 @@ class OwnModelError(ValueError):
     """A model object passed to ``load_model`` cannot be used as given; the message says what to do."""
 
 
+class TokenizerMismatchError(ValueError):
+    """The tokenizer produces token ids the model's embedding has no row for."""
+
+
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
@@ -218,7 +222,7 @@ def _softmax_in_float64(bridge) -> None:
 
 
 def load_model(
-    name_or_model: str | PreTrainedModel | TransformerBridge = DEFAULT_MODEL,
+    name_or_model: str | os.PathLike | PreTrainedModel | TransformerBridge = DEFAULT_MODEL,
     tokenizer: PreTrainedTokenizerBase | None = None,
     *,
     device: str | torch.device | None = None,
@@ -234,7 +238,8 @@ def load_model(
 
     - a name: an embedded model (``"gemma-3-270m"``, ``"smollm2-135m"``), a tiny random
       model (``"tiny-gpt2"``, ``"tiny-llama"``, … one per block family), a local directory
-      holding a saved causal LM and its tokenizer, or a Hugging Face id. A multimodal
+      holding a saved causal LM and its tokenizer (a ``str`` or any ``os.PathLike`` such as
+      ``pathlib.Path``), or a Hugging Face id. A multimodal
       checkpoint of a supported family (Gemma 3 4B–27B) boots its text tower;
     - a Hugging Face ``PreTrainedModel`` in memory, with its ``tokenizer`` (else the one saved
       beside ``model.config.name_or_path``): wrapped into a bridge on the model's own device
@@ -266,6 +271,10 @@ def load_model(
     layer's device and gathered on the CPU. A model object is never moved or cast: ``device``
     and ``dtype`` may only repeat its own, and its placement is its own.
     """
+    if isinstance(name_or_model, os.PathLike):
+        name_or_model = os.fspath(name_or_model)
+        if not isinstance(name_or_model, str):
+            raise ModelNotFoundError(f"a model path must be text, got bytes {name_or_model!r}")
     if isinstance(name_or_model, str) or name_or_model is None:
         if tokenizer is not None:
             raise OwnModelError("tokenizer= goes with a model object; a named model loads its own tokenizer")
@@ -395,6 +404,17 @@ def _loadable_tokenizer(hf_model, tokenizer, folder: Path):
     return AutoTokenizer.from_pretrained(folder)
 
 
+def _check_vocabulary(hf_model, tokenizer, name: str) -> None:
+    """Refuse a tokenizer whose ids reach past the model's embedding rows (else torch's "index out of range"
+    at the first prompt holding such a token). A smaller tokenizer (padded embeddings) is fine."""
+    rows = hf_model.get_input_embeddings().num_embeddings
+    ids = max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
+    if ids > rows:
+        raise TokenizerMismatchError(
+            f"the tokenizer of {name!r} has {ids} token ids but the model's embedding has {rows} rows: token ids "
+            f"{rows}..{ids - 1} have no embedding; pass the tokenizer this model was trained with")
+
+
 def bridge_from_hf(hf_model, tokenizer, *, name: str, boot_name: str | None = None,
                    dtype: torch.dtype = torch.float32):
     """A ``TransformerBridge`` around an HF causal LM already placed (one device, or an accelerate device map).
@@ -408,6 +428,7 @@ def bridge_from_hf(hf_model, tokenizer, *, name: str, boot_name: str | None = No
     placed = getattr(hf_model, "hf_device_map", None)
     device = None if placed else next(hf_model.parameters()).device
     hf_model = text_tower(hf_model)
+    _check_vocabulary(hf_model, tokenizer, name)
     overrides = None if hf_model.config.architectures else {"architectures": [type(hf_model).__name__]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

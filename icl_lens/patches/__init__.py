@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
     from icl_lens.patches._batches import PromptBatch, length_batches, patch_norms, prompt_batch
     from icl_lens.patches._capture import ZeroNormWarning, dense_weights
     from icl_lens.patches._context_effect import ContextEffect, context_effect
-    from icl_lens.patches._dense_weights import DenseWeights, StaleWeightsError
+    from icl_lens.patches._dense_weights import DenseWeights, NonFiniteWeightsError, StaleWeightsError
     from icl_lens.patches._incremental import PatchSession, UpdateStats
     from icl_lens.patches._kept_only import patches_applied
     from icl_lens.patches._memory import (MemoryEstimate, available_memory, cgroup_memory_available,

@@ -38,6 +38,31 @@ class StaleWeightsError(RuntimeError):
     """Dense weights changed, or are another model's, since the patches were made."""
 
 
+class NonFiniteWeightsError(ValueError):
+    """The model's MLP dense weights hold NaN or inf: no patch of them is defined (reload the model)."""
+
+
+_NAMES = {"in": "W_in", "gate": "W_gate"}
+
+
+def _non_finite(layers: Sequence[Mapping[str, Tensor]]) -> list[str]:
+    """``"layer L W_in (k values)"`` for every dense matrix of ``layers`` holding NaN or inf."""
+    bad = []
+    for layer, ws in enumerate(layers):
+        for k, w in ws.items():
+            count = int((~torch.isfinite(w.detach())).sum())
+            if count:
+                bad.append(f"layer {layer} {_NAMES.get(k, k)} ({count} value{'s' if count > 1 else ''})")
+    return bad
+
+
+def _raise_non_finite(bad: list[str]) -> None:
+    raise NonFiniteWeightsError(
+        f"the model's MLP weights hold non-finite values (NaN or inf): {', '.join(bad[:6])}"
+        f"{', …' if len(bad) > 6 else ''}; token patches need finite weights: reload the model "
+        f"(a diverged fine-tune or an edit wrote them)")
+
+
 def _probe(w: Tensor) -> float:
     """Float64 sum of up to 8 rows spread over ``w``: cheap, catches edits the version counter misses."""
     rows = torch.linspace(0, w.shape[0] - 1, steps=min(8, w.shape[0])).long().to(w.device)
@@ -58,6 +83,9 @@ class DenseWeights:
         if not layers:
             raise ValueError("DenseWeights needs at least one layer")
         self._layers = [dict(w) for w in layers]
+        bad = _non_finite(self._layers)
+        if bad:
+            _raise_non_finite(bad)
         self.dtype = dtype
         self._stamps = [{k: _stamp(w) for k, w in ws.items()} for ws in self._layers]
         self._r: dict[tuple[int, str], Tensor] = {}
@@ -86,6 +114,9 @@ class DenseWeights:
 
     def check(self) -> None:
         if not self.valid():
+            bad = _non_finite(self._layers)
+            if bad:  # edited to NaN/inf since: say that, not "recompute" (which would fail the same way)
+                _raise_non_finite(bad)
             raise StaleWeightsError("the model's dense weights changed in place since these patches were made; "
                                     "recompute the patches")
 
