@@ -325,10 +325,38 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def version_text() -> str:
+    """``icl-lens X.Y.Z (torch …, transformer-lens …, transformers …, Python …)``: what a bug report needs."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from icl_lens import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    deps = ", ".join(f"{name} {installed(name)}" for name in ("torch", "transformer-lens", "transformers"))
+    return f"icl-lens {__version__} ({deps}, Python {sys.version.split()[0]})"
+
+
+class _Version(argparse.Action):
+    """``--version``: print :func:`version_text` and exit 0 (read when asked, not on every start)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print the version (and torch's, TransformerLens's) and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="icl-lens", description="In-context learning as weight updates.",
                      epilog="Exit status: 0 success, 1 patches not exact (equivalence above the tolerance), "
                             "2 any error (one line on stderr).")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     model_help = f"embedded/tiny name ({', '.join(known_model_names())}), HF id or local directory"
 

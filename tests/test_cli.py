@@ -203,3 +203,23 @@ def test_memory_estimate_matches_a_real_run():
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["tokens"] > 200
     assert 0.5 <= got["measured"] / got["estimate"] <= 2, got
+
+
+def test_version_names_the_package_and_what_it_runs_on():
+    """Issue 43: ``icl-lens --version`` (it did not exist): the package's version (pyproject's), torch's,
+    TransformerLens's and transformers', status 0, without importing torch."""
+    import re
+    import tomllib
+    from importlib.metadata import version
+    from pathlib import Path
+
+    pinned = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    proc = _run("--version")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    line = proc.stdout.strip()
+    assert line.startswith(f"icl-lens {pinned} (") and f"torch {version('torch')}" in line, line
+    assert f"transformer-lens {version('transformer-lens')}" in line and re.search(r"Python 3\.\d+", line), line
+    light = subprocess.run([sys.executable, "-c", "import sys\nfrom icl_lens.cli import main\ntry:\n    main(['--version'])\n"
+                            "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)"],
+                           capture_output=True, text=True, timeout=120)
+    assert light.stdout.strip().splitlines()[-1] == "0 False", light.stdout + light.stderr

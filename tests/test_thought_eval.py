@@ -187,6 +187,36 @@ def test_fresh_split_is_scored_with_the_same_edits(load):
         evaluate_edit(model, task, patch, split="train")
 
 
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_a_query_past_the_context_is_refused_before_any_fit(load, name):
+    """Issue 43: a test query whose prompt plus answer passes the context ran silently past the trained positions
+    (rotary: tiny-llama) or failed inside GPT-2's position embedding; now a PromptError names the query first."""
+    import time
+    from dataclasses import replace
+
+    from icl_lens.model import PromptError
+    from icl_lens.model._greedy import greedy_continuations
+    from icl_lens.thought._evaluate import evaluate_edit, evaluate_thought
+    from icl_lens.thought.tasks import Task
+
+    model = load(name)
+    n_ctx = model.cfg.n_ctx  # 256 (byte tokens)
+    task = Task("long", "a: 1\n", (("a:", "1"),), (("b:", "2"), ("x" * (n_ctx - 4) + ":", "3")))
+    start = time.perf_counter()
+    with pytest.raises(PromptError, match=rf"task 'long': test query 1 takes {n_ctx - 1} tokens and up to 3 more are "
+                                          rf"generated \({n_ctx + 2}\), past the context of '{name}' \({n_ctx} tokens\)"):
+        evaluate_thought(model, task, locality=False)
+    assert time.perf_counter() - start < 2  # before the fit
+    fits = replace(task, test=(("b:", "2"), ("x" * (n_ctx - 9) + ":", "3")))  # fits alone, not after the instruction
+    with pytest.raises(PromptError, match="test query 1 with the instruction in context takes"):
+        evaluate_thought(model, fits, conditions=("none", "full"), locality=False)
+    assert evaluate_thought(model, fits, conditions=("none",), locality=False, preserve=()).n_test == 2
+    with pytest.raises(PromptError, match="test query 1 takes"):
+        evaluate_edit(model, task, thought_patch(model, task.instruction, ["a:"], preserve=()))
+    with pytest.raises(PromptError, match=rf"prompt 0 has {n_ctx} tokens and up to 1 more"):
+        greedy_continuations(model, [[1] * n_ctx], 1)
+
+
 # --- the down-projection edit --------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", "tiny-gemma3"])

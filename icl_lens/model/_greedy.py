@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
+from icl_lens.model._prompts import PromptError, context_limit
+
 
 @torch.no_grad()
 def greedy_continuations(
@@ -24,9 +26,15 @@ def greedy_continuations(
     """Token ids greedily generated after each prompt (at most ``max_new_tokens`` each).
 
     ``finished(i, new_ids)``: optional early stop; a batch stops once it holds for every row.
+    A prompt whose length plus ``max_new_tokens`` passes the model's context raises :class:`PromptError`.
     """
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
+    limit = context_limit(model)
+    for i, p in enumerate(prompts):
+        if len(p) + max_new_tokens > limit:
+            raise PromptError(f"prompt {i} has {len(p)} tokens and up to {max_new_tokens} more are to be generated "
+                              f"({len(p) + max_new_tokens}), past the model's context of {limit} tokens")
     device = model.cfg.device
     groups: dict[int, list[int]] = {}
     for i, p in enumerate(prompts):

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from icl_lens.model._greedy import greedy_continuations
-from icl_lens.model._prompts import PromptError
+from icl_lens.model._prompts import PromptError, context_limit
 from icl_lens.thought._instruction_batches import prefix_ids, text_ids, with_bos
 from icl_lens.thought._defaults import CONDITIONS, DEFAULT_QUERY_PREFIX, EDITS, PRESERVE_SET, ThoughtFit
 from icl_lens.thought._fit import thought_patch
@@ -186,6 +186,19 @@ def graded(model, prompts: list[list[int]], answers: list[str], max_new_tokens: 
     return tuple(right), tuple(given), tuple(whole)
 
 
+def _check_context(model, task: Task, split: str, prompts: Sequence[Sequence[int]], max_new: int,
+                   where: str = "") -> None:
+    """Every prompt to score plus the ``max_new`` tokens generated after it within the model's context: else a
+    :class:`PromptError` naming the query, before anything is fitted (past it, rotary models would read positions
+    they were never trained on without a word, and GPT-2 fails inside its position embedding)."""
+    limit = context_limit(model)
+    for i, p in enumerate(prompts):
+        if len(p) + max_new > limit:
+            raise PromptError(f"task {task.name!r}: {split} query {i}{where} takes {len(p)} tokens and up to {max_new} "
+                              f"more are generated ({len(p) + max_new}), past the context of {model.cfg.model_name!r} "
+                              f"({limit} tokens); shorten the query or the instruction, or drop the query")
+
+
 def task_split(task: Task, split: str) -> tuple[tuple[str, str], ...]:
     """The task's ``"test"`` or ``"fresh"`` queries (a clear error for another name, or an empty fresh split)."""
     if split not in ("test", "fresh"):
@@ -203,6 +216,7 @@ def evaluate_edit(model, task: Task, edit, *, query_prefix: str = DEFAULT_QUERY_
     max_new = _check_answers(model, task, (split,))
     pre = prefix_ids(model, query_prefix)
     plain = [with_bos(model, pre + text_ids(model, q, what=f"{split} query {i}")) for i, (q, _) in enumerate(items)]
+    _check_context(model, task, split, plain, max_new)
     with edit.applied(model):
         right, given, whole = graded(model, plain, [a for _, a in items], max_new)
     return {"accuracy": sum(right) / len(right), "correct": sum(right), "n_test": len(right),
@@ -251,6 +265,11 @@ def evaluate_thought(
              for s, items in splits.items()}
     answers = {s: [a for _, a in items] for s, items in splits.items()}
     plain = {s: [with_bos(model, pre + q) for q in qs] for s, qs in q_ids.items()}
+    full = {s: [with_bos(model, instr + q) for q in qs] for s, qs in q_ids.items()}
+    for s in splits:
+        _check_context(model, task, s, plain[s], max_new[s])
+        if "full" in conditions:
+            _check_context(model, task, s, full[s], max_new[s], " with the instruction in context")
     calibration = [q for q, _ in task.train[:n]]
     preserve_set = PRESERVE_SET if fit.preserve is None else "given"
     n_preserve = (len(fit.preserve) if fit.preserve is not None
@@ -274,7 +293,7 @@ def evaluate_thought(
     if "none" in conditions:
         score("none")
     if "full" in conditions:
-        score("full", prompts={s: [with_bos(model, instr + q) for q in qs] for s, qs in q_ids.items()})
+        score("full", prompts=full)
     if "patched" in conditions or "control" in conditions:
         t0 = time.perf_counter()
         patch = thought_patch(model, task.instruction, calibration, fit)
