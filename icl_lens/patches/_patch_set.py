@@ -366,8 +366,9 @@ class TokenPatches:
             raise TypeError("patches[t] takes one prompt position; for several use patches.select(positions=...)")
         if self.batched:
             raise ValueError("these are the patches of a batch of prompts; index one prompt's: patches.prompt(b)[t]")
-        one = self.select(positions=position)
-        t, row = one.positions[0], self.position_row(position)
+        row = self.position_row(position)
+        t = self.positions[row]
+        one = self.select(positions=t)
         if "norms" not in self._memo:  # iterating reads every position's: computed once
             self._memo["norms"] = (self.norms(), self.correction_norms())
         norm, correction_norm = (n[:, row] for n in self._memo["norms"])
