@@ -10,6 +10,7 @@ flagged (``None``: ``window``). No torch here: the command line reads it before 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from icl_lens._settings import Settings
@@ -27,7 +28,7 @@ class SpikeSettings(Settings):
 
     window: int = 16
     threshold: float | None = DEFAULT_SPIKE_THRESHOLD
-    layers: tuple[int, ...] | slice | None = None
+    layers: Sequence[int] | slice | None = None  # stored as a tuple (or the slice)
     statistic: str = "mean"
     min_context: int | None = None
     _what = "spike setting"
