@@ -127,7 +127,8 @@ from icl_lens.model._block_family import VectorSite, block_family, original, pos
 from icl_lens.model._prompts import PromptError, bos_id
 from icl_lens.model._reading import NonFiniteActivationError
 from icl_lens.model._types import patch_dtype
-from icl_lens.thought._instruction_batches import calibration_ids, continuation_ids, query_batch, read_query_tokens, text_ids
+from icl_lens.thought._instruction_batches import (batch_steps, calibration_ids, continuation_ids, query_batch,
+                                                   read_query_tokens, text_ids)
 from icl_lens.thought._defaults import KIND_PARTS, ThoughtFit
 from icl_lens.thought._preserved_keys import PreservedKeys
 from icl_lens.thought._result import ThoughtPatch, thought_edits
@@ -266,6 +267,7 @@ class _Fitter:
     patched_maps: dict = field(init=False, default_factory=dict)
     patched_vecs: dict = field(init=False, default_factory=dict)
     downs: dict = field(init=False, default_factory=dict)  # layer -> [(u, v), ...] of every sweep
+    steps: list | None = field(init=False, default=None)  # the query-only batch at the block the sweep has reached
 
     def __post_init__(self) -> None:
         cfg, n = self.model.cfg, self.model.cfg.n_layers
@@ -280,9 +282,11 @@ class _Fitter:
         return thought_edits(self.model, self.patched_maps, self.patched_vecs, self.site, joined)
 
     def read(self, names: dict[str, str], stop: str) -> dict[str, Tensor]:
-        """Query rows under the current patch, and the anchor rows as ``key_keep``."""
+        """Query rows under the current patch, and the anchor rows as ``key_keep``: the block the sweep has reached
+        runs on the residual the patched blocks before it left (:meth:`sweep`)."""
         got = read_query_tokens(self.model, self.plain, names, edits=self.edits(), stop=stop,
-                                anchors=self.targets.anchor, batch_size=self.fit.batch_size, dtype=self.dtype)
+                                anchors=self.targets.anchor, batch_size=self.fit.batch_size, dtype=self.dtype,
+                                steps=self.steps)
         out = {k: got[k] for k in names}
         if self.targets.anchor:
             out.update({f"{k}_keep": got[f"{k}_anchor"] for k in names})
@@ -358,12 +362,27 @@ class _Fitter:
             self.residuals["down"][layer] = relative_residual(r, (h @ v.T) @ (eta * u))
 
     def sweep(self, layers: Sequence[int]) -> None:
-        """One pass over ``layers``: each layer's patch is in place before the next layer is measured."""
-        for layer in layers:
-            if "matrix" in self.parts:
-                self.fit_matrix(layer)
-            if "vector" in self.parts or "down" in self.parts:
-                self.fit_vector_and_down(layer)
+        """One pass over ``layers`` (increasing): each layer's patch is in place before the next layer is measured.
+
+        The query-only batch goes through the blocks once, from the embedding: each block runs on the residual
+        the blocks before it left under the patch as it stands (its fit finished), is read (the matrix, then the
+        vector and down fits), and runs once more under its own new patch to give the next block's residual. So
+        a sweep costs about three blocks per layer, where a forward up to each layer for each read cost
+        ``L(L+1)`` blocks in all."""
+        if self.steps is None:
+            self.steps = batch_steps(self.model, self.plain, self.fit.batch_size)
+        else:
+            for steps in self.steps:
+                steps.restart()
+        for layer in range(max(layers) + 1):
+            if layer in layers:
+                if "matrix" in self.parts:
+                    self.fit_matrix(layer)
+                if "vector" in self.parts or "down" in self.parts:
+                    self.fit_vector_and_down(layer)
+            if layer < max(layers):
+                read_query_tokens(self.model, self.plain, {}, edits=self.edits(), batch_size=self.fit.batch_size,
+                                  steps=self.steps, advance=True)
 
 
 def _post_norm_gain(model, layer: int, dtype) -> Tensor:
