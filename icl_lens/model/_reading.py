@@ -19,6 +19,17 @@ stop is raised after every site of its hook point has run, and only from the for
 itself: a site that calls model components (e.g. the pre-MLP norm, which fires its hook
 point again) does not stop anything. The stop ends the ``with`` block: the forward is the
 last statement inside it. Hooks are removed on exit, also when a hook raises.
+
+A reader that visits the layers in order (the thought fit, issue 41) keeps the residual
+entering the next block instead of running the forward up to each layer again:
+:func:`layer_steps` captures a batch's embedding and the arguments the model's forward
+hands each block, and :meth:`LayerSteps.run` runs one block alone on the kept residual,
+with whatever reads and edits are in place (a read's stop ends that block's run):
+
+    steps = layer_steps(model, ids)
+    with activations_captured(model, [name], stop_after=name) as acts:
+        steps.run()                           # block 0 only
+    steps.run(advance=True)                   # block 0 again; its output enters block 1
 """
 from __future__ import annotations
 

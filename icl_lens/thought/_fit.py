@@ -15,8 +15,9 @@ queries ``x₁…x_q`` (``n`` query tokens in all, every token of every query), 
    calibration rows too. The paper fits the query tokens only; then every answer token
    after the first is generated at a position no row covered (measured: with k = 0 the
    multi-token arithmetic answers miss the target on both embedded models).
-2. For ``l = 0 … L−1`` (``iterations`` sweeps), *non-contextual passes* over
-   ``[BOS, p, xⱼ]`` with every patch fitted so far applied, stopped at layer ``l``:
+2. For ``l = 0 … L−1`` (``iterations`` sweeps), *non-contextual reads* of
+   ``[BOS, p, xⱼ]`` at layer ``l`` with every patch fitted so far applied (block ``l`` run
+   on the residual the patched blocks before it left, kept from the last step):
    a. *matrix*: read the MLP inputs ``aᵢ`` (query tokens, plus the anchor positions of
       each sequence as rows whose target is their own unpatched input: for BOS that is
       also its contextual input, since position 0 sees only itself); residual
@@ -40,8 +41,8 @@ queries ``x₁…x_q`` (``n`` query tokens in all, every token of every query), 
 
 *Preserve penalty* (issue 22; MEMIT, Meng et al. 2023, arXiv 2210.07229): with
 ``preserve`` texts and ``preserve_strength = s > 0``, the unpatched model reads the
-texts (a group of layers per pass, :mod:`icl_lens.thought._preserved_keys`, so the
-covariances held stay small) and every fit gets the penalty of changing its output on
+texts (block by block beside the sweep, :mod:`icl_lens.thought._preserved_keys`, so
+one layer's covariances are held) and every fit gets the penalty of changing its output on
 their keys: the
 matrix fit ``w·Σ a₀a₀ᵀ`` over their MLP inputs, the down fit ``w·Σ h₀h₀ᵀ`` over their
 hidden activations, the gain ``w·Σ ŷ₀⊙ŷ₀`` (diagonal), the bias ``s·n`` (a constant moves
@@ -98,10 +99,15 @@ a coordinate where the calibration ``ŷ`` is near zero gets a large gain, and wh
 earlier layer's refit moves ``ŷ`` the product moves a lot (seen on tiny-gemma3: logit
 error 0.09 after one sweep at η = 0.5, 0.9 after three). Use ``η = 1``, one sweep there.
 
-Cost: one contextual forward over the batch, plus ``2·iterations`` truncated
-non-contextual forwards per layer over the short query batch; never one forward per
-query per layer. With preserve texts, one truncated forward over them per group of
-layers (a 2048-token read of SmolLM2's 64 shipped texts: 3 groups).
+Cost (issue 41): one contextual forward over the batch (stopped after the last block),
+plus, per sweep, the short query-only batch taken through the blocks once: block ``l``
+runs from the residual entering it (kept from the step before, under the patch of the
+layers before ``l`` as fitted) up to the MLP input for the matrix read, whole for the
+vector and down read, and whole once more under its new patch to give block ``l+1`` its
+residual: about three blocks per layer, ``O(L)``, where a forward from the embedding to
+each read cost ``L(L+1)`` blocks a sweep (the test keeps that path as its reference; the
+results agree to float rounding). With preserve texts, one unpatched pass over them per
+sweep, one block per layer beside the fit. Never one forward per query per layer.
 """
 from __future__ import annotations
 
