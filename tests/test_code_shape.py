@@ -168,10 +168,11 @@ def test_layer_steps_run_each_block_as_the_forward_does(load, name):
         with activations_captured(model, [names[0]], stop_after=names[0]) as read:
             steps.run()
             raise AssertionError("the read's stop must end the block's run")  # never reached
-        assert torch.equal(read[names[0]], acts[names[0]]) and steps.layer == 0
+        close = lambda x, y: float((x - y).abs().max()) <= 1e-12 * float(y.abs().max())  # noqa: E731 (float rounding:
+        # GPT-2's attention takes the one-row mask through another kernel)
+        assert close(read[names[0]], acts[names[0]]) and steps.layer == 0
         for layer, name_ in enumerate(names):
-            out = steps.run(advance=True)
-            assert float((out - acts[name_]).abs().max()) <= 1e-12 * float(acts[name_].abs().max()), layer
+            assert close(steps.run(advance=True), acts[name_]), layer
         assert steps.layer == model.cfg.n_layers
         with pytest.raises(IndexError):
             steps.run()
