@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from icl_lens import NonFiniteActivationError, thought_patch, token_patches, trajectory, verify_equivalence
+from icl_lens.model._tiny_models import TINY_NAMES
 from icl_lens.model._weight_edits import MLPEdit, edits_applied
 
 PACKAGE = pathlib.Path(__file__).parents[1] / "icl_lens"
@@ -146,6 +147,41 @@ def test_activations_captured_reads_stops_and_cleans_up(load):
     with pytest.raises(KeyError, match="no_such_hook"), activations_captured(model, ["no_such_hook"]):
         model(ids)
     assert _hook_count(model) == 0
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_layer_steps_run_each_block_as_the_forward_does(load, name):
+    """The read door's block-at-a-time run (issue 41's one-pass thought fit): each block, run alone on the residual
+    the one before left, gives the forward's block output (float64, right-padded rows of a batch; the arguments
+    captured from one row), a read's stop inside the block ends that block only, a batch of a length seen before
+    costs no capture forward, and no hook (TransformerLens's or torch's) stays behind."""
+    from icl_lens.model._reading import activations_captured, layer_steps
+
+    model = load(name, torch.float64)
+    ids = torch.tensor([[1, 40, 41, 42, 43, 44], [1, 50, 51, 0, 0, 0], [1, 60, 61, 62, 0, 0]])
+    names = [f"blocks.{l}.hook_resid_post" for l in range(model.cfg.n_layers)]
+    with torch.no_grad(), activations_captured(model, names) as acts:
+        model(ids, return_type=None)
+    known = {}
+    with torch.no_grad():
+        steps = layer_steps(model, ids, known)
+        with activations_captured(model, [names[0]], stop_after=names[0]) as read:
+            steps.run()
+            raise AssertionError("the read's stop must end the block's run")  # never reached
+        close = lambda x, y: float((x - y).abs().max()) <= 1e-12 * float(y.abs().max())  # noqa: E731 (float rounding:
+        # GPT-2's attention takes the one-row mask through another kernel)
+        assert close(read[names[0]], acts[names[0]]) and steps.layer == 0
+        for layer, name_ in enumerate(names):
+            assert close(steps.run(advance=True), acts[name_]), layer
+        assert steps.layer == model.cfg.n_layers
+        with pytest.raises(IndexError):
+            steps.run()
+        steps.restart()
+        assert steps.layer == 0 and torch.equal(steps.resid, steps.embedded)
+        again = layer_steps(model, ids.flip(0), known)
+        assert again.calls is steps.calls and len(known) == 1
+    assert _hook_count(model) == 0
+    assert not any(b._forward_pre_hooks for b in model.blocks)
 
 
 def test_results_are_frozen_with_tidy_frames(load):

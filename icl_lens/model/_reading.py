@@ -19,6 +19,17 @@ stop is raised after every site of its hook point has run, and only from the for
 itself: a site that calls model components (e.g. the pre-MLP norm, which fires its hook
 point again) does not stop anything. The stop ends the ``with`` block: the forward is the
 last statement inside it. Hooks are removed on exit, also when a hook raises.
+
+A reader that visits the layers in order (the thought fit, issue 41) keeps the residual
+entering the next block instead of running the forward up to each layer again:
+:func:`layer_steps` captures a batch's embedding and the arguments the model's forward
+hands each block, and :meth:`LayerSteps.run` runs one block alone on the kept residual,
+with whatever reads and edits are in place (a read's stop ends that block's run):
+
+    steps = layer_steps(model, ids)
+    with activations_captured(model, [name], stop_after=name) as acts:
+        steps.run()                           # block 0 only
+    steps.run(advance=True)                   # block 0 again; its output enters block 1
 """
 from __future__ import annotations
 
@@ -114,3 +125,90 @@ def abandoned_when(model, stale: Callable[[], bool] | None, sites: Iterable[str]
 
     with activations_captured(model, [(name, check) for name in sites]):
         yield
+
+
+class _EmbeddingRead(Exception):
+    """Raised by :func:`layer_steps`'s hook on block 0 once the embedding is read (the rest of the forward is not
+    needed); caught by :func:`layer_steps` only."""
+
+
+def _no_cache(x):
+    """A block call's argument with any key/value cache dropped (a block run alone keeps no cache)."""
+    from transformers import Cache
+
+    return None if isinstance(x, Cache) else x
+
+
+class LayerSteps:
+    """A batch taken through the blocks one at a time: the residual entering block :attr:`layer` is kept, so
+    reading block ``l`` under any edits (:func:`~icl_lens.model.edits_applied`) and hooks
+    (:func:`activations_captured`, whose stop ends the block's run) costs one block, not ``l + 1``.
+
+    Made by :func:`layer_steps`. :meth:`run` runs block :attr:`layer` on the kept residual with whatever hooks are
+    on the model (``advance=True``: its output becomes the kept residual, entering the next block);
+    :meth:`restart` goes back to the embedding. Exact: each block gets the arguments the model's own forward
+    gives it (the attention mask and position embeddings of its kind of layer), without a cache.
+    """
+
+    def __init__(self, model, embedded: Tensor, calls: list[tuple[tuple, dict]]):
+        self.model, self.embedded, self.calls = model, embedded, calls
+        self.resid, self.layer = embedded, 0
+
+    def restart(self) -> None:
+        self.resid, self.layer = self.embedded, 0
+
+    def run(self, *, advance: bool = False) -> Tensor:
+        """Block :attr:`layer`'s output on the kept residual (a read's stop raises out of it, to its
+        :func:`activations_captured` block)."""
+        if self.layer >= len(self.calls):
+            raise IndexError(f"the batch has passed the last block ({len(self.calls) - 1})")
+        args, kwargs = self.calls[self.layer]
+        out = self.model.blocks[self.layer](self.resid, *args, **kwargs)
+        out = out[0] if isinstance(out, tuple) else out
+        if advance:
+            self.resid, self.layer = out, self.layer + 1
+        return out
+
+
+def layer_steps(model, ids: Tensor, known: dict | None = None) -> LayerSteps:
+    """``ids`` ``[batch, pos]`` (no attention mask: right padding) at the entrance of block 0, and the arguments
+    every block is called with, for :class:`LayerSteps`.
+
+    Costs the embedding of ``ids`` and one forward of its first row alone (the arguments depend on the length and
+    the layer's kind, not on the tokens: the mask and position embeddings of one row broadcast over the batch);
+    ``known``: a dict of the arguments already captured, by length, shared by the batches of one reading (a
+    length seen before costs no forward).
+    """
+    import torch
+
+    blocks = list(model.blocks)
+    known = {} if known is None else known
+    calls: dict[int, tuple[tuple, dict]] = {}
+    embedded: list[Tensor] = []
+
+    def grab(module, args, kwargs, layer):
+        calls[layer] = (tuple(_no_cache(a) for a in args[1:]),
+                        {k: (False if k == "use_cache" else _no_cache(v)) for k, v in kwargs.items()})
+
+    def embedding(module, args, kwargs):
+        embedded.append(args[0] if args else kwargs["hidden_states"])
+        raise _EmbeddingRead
+
+    with torch.no_grad():
+        if ids.shape[1] not in known:
+            handles = [b.register_forward_pre_hook(lambda m, a, k, layer=l: grab(m, a, k, layer), with_kwargs=True)
+                       for l, b in enumerate(blocks)]
+            try:
+                model(ids[:1], return_type=None)
+            finally:
+                for h in handles:
+                    h.remove()
+            known[ids.shape[1]] = [calls[l] for l in range(len(blocks))]
+        handle = blocks[0].register_forward_pre_hook(embedding, with_kwargs=True)
+        try:
+            model(ids, return_type=None)
+        except _EmbeddingRead:
+            pass
+        finally:
+            handle.remove()
+    return LayerSteps(model, embedded[0].detach(), known[ids.shape[1]])

@@ -15,8 +15,9 @@ queries ``x₁…x_q`` (``n`` query tokens in all, every token of every query), 
    calibration rows too. The paper fits the query tokens only; then every answer token
    after the first is generated at a position no row covered (measured: with k = 0 the
    multi-token arithmetic answers miss the target on both embedded models).
-2. For ``l = 0 … L−1`` (``iterations`` sweeps), *non-contextual passes* over
-   ``[BOS, p, xⱼ]`` with every patch fitted so far applied, stopped at layer ``l``:
+2. For ``l = 0 … L−1`` (``iterations`` sweeps), *non-contextual reads* of
+   ``[BOS, p, xⱼ]`` at layer ``l`` with every patch fitted so far applied (block ``l`` run
+   on the residual the patched blocks before it left, kept from the last step):
    a. *matrix*: read the MLP inputs ``aᵢ`` (query tokens, plus the anchor positions of
       each sequence as rows whose target is their own unpatched input: for BOS that is
       also its contextual input, since position 0 sees only itself); residual
@@ -40,8 +41,8 @@ queries ``x₁…x_q`` (``n`` query tokens in all, every token of every query), 
 
 *Preserve penalty* (issue 22; MEMIT, Meng et al. 2023, arXiv 2210.07229): with
 ``preserve`` texts and ``preserve_strength = s > 0``, the unpatched model reads the
-texts (a group of layers per pass, :mod:`icl_lens.thought._preserved_keys`, so the
-covariances held stay small) and every fit gets the penalty of changing its output on
+texts (block by block beside the sweep, :mod:`icl_lens.thought._preserved_keys`, so
+one layer's covariances are held) and every fit gets the penalty of changing its output on
 their keys: the
 matrix fit ``w·Σ a₀a₀ᵀ`` over their MLP inputs, the down fit ``w·Σ h₀h₀ᵀ`` over their
 hidden activations, the gain ``w·Σ ŷ₀⊙ŷ₀`` (diagonal), the bias ``s·n`` (a constant moves
@@ -98,10 +99,15 @@ a coordinate where the calibration ``ŷ`` is near zero gets a large gain, and wh
 earlier layer's refit moves ``ŷ`` the product moves a lot (seen on tiny-gemma3: logit
 error 0.09 after one sweep at η = 0.5, 0.9 after three). Use ``η = 1``, one sweep there.
 
-Cost: one contextual forward over the batch, plus ``2·iterations`` truncated
-non-contextual forwards per layer over the short query batch; never one forward per
-query per layer. With preserve texts, one truncated forward over them per group of
-layers (a 2048-token read of SmolLM2's 64 shipped texts: 3 groups).
+Cost (issue 41): one contextual forward over the batch (stopped after the last block),
+plus, per sweep, the short query-only batch taken through the blocks once: block ``l``
+runs from the residual entering it (kept from the step before, under the patch of the
+layers before ``l`` as fitted) up to the MLP input for the matrix read, whole for the
+vector and down read, and whole once more under its new patch to give block ``l+1`` its
+residual: about three blocks per layer, ``O(L)``, where a forward from the embedding to
+each read cost ``L(L+1)`` blocks a sweep (the test keeps that path as its reference; the
+results agree to float rounding). With preserve texts, one unpatched pass over them per
+sweep, one block per layer beside the fit. Never one forward per query per layer.
 """
 from __future__ import annotations
 
@@ -127,7 +133,8 @@ from icl_lens.model._block_family import VectorSite, block_family, original, pos
 from icl_lens.model._prompts import PromptError, bos_id
 from icl_lens.model._reading import NonFiniteActivationError
 from icl_lens.model._types import patch_dtype
-from icl_lens.thought._instruction_batches import calibration_ids, continuation_ids, query_batch, read_query_tokens, text_ids
+from icl_lens.thought._instruction_batches import (batch_steps, calibration_ids, continuation_ids, query_batch,
+                                                   read_query_tokens, text_ids)
 from icl_lens.thought._defaults import KIND_PARTS, ThoughtFit
 from icl_lens.thought._preserved_keys import PreservedKeys
 from icl_lens.thought._result import ThoughtPatch, thought_edits
@@ -266,6 +273,7 @@ class _Fitter:
     patched_maps: dict = field(init=False, default_factory=dict)
     patched_vecs: dict = field(init=False, default_factory=dict)
     downs: dict = field(init=False, default_factory=dict)  # layer -> [(u, v), ...] of every sweep
+    steps: list | None = field(init=False, default=None)  # the query-only batch at the block the sweep has reached
 
     def __post_init__(self) -> None:
         cfg, n = self.model.cfg, self.model.cfg.n_layers
@@ -280,9 +288,11 @@ class _Fitter:
         return thought_edits(self.model, self.patched_maps, self.patched_vecs, self.site, joined)
 
     def read(self, names: dict[str, str], stop: str) -> dict[str, Tensor]:
-        """Query rows under the current patch, and the anchor rows as ``key_keep``."""
+        """Query rows under the current patch, and the anchor rows as ``key_keep``: the block the sweep has reached
+        runs on the residual the patched blocks before it left (:meth:`sweep`)."""
         got = read_query_tokens(self.model, self.plain, names, edits=self.edits(), stop=stop,
-                                anchors=self.targets.anchor, batch_size=self.fit.batch_size, dtype=self.dtype)
+                                anchors=self.targets.anchor, batch_size=self.fit.batch_size, dtype=self.dtype,
+                                steps=self.steps)
         out = {k: got[k] for k in names}
         if self.targets.anchor:
             out.update({f"{k}_keep": got[f"{k}_anchor"] for k in names})
@@ -358,12 +368,27 @@ class _Fitter:
             self.residuals["down"][layer] = relative_residual(r, (h @ v.T) @ (eta * u))
 
     def sweep(self, layers: Sequence[int]) -> None:
-        """One pass over ``layers``: each layer's patch is in place before the next layer is measured."""
-        for layer in layers:
-            if "matrix" in self.parts:
-                self.fit_matrix(layer)
-            if "vector" in self.parts or "down" in self.parts:
-                self.fit_vector_and_down(layer)
+        """One pass over ``layers`` (increasing): each layer's patch is in place before the next layer is measured.
+
+        The query-only batch goes through the blocks once, from the embedding: each block runs on the residual
+        the blocks before it left under the patch as it stands (its fit finished), is read (the matrix, then the
+        vector and down fits), and runs once more under its own new patch to give the next block's residual. So
+        a sweep costs about three blocks per layer, where a forward up to each layer for each read cost
+        ``L(L+1)`` blocks in all."""
+        if self.steps is None:
+            self.steps = batch_steps(self.model, self.plain, self.fit.batch_size)
+        else:
+            for steps in self.steps:
+                steps.restart()
+        for layer in range(max(layers) + 1):
+            if layer in layers:
+                if "matrix" in self.parts:
+                    self.fit_matrix(layer)
+                if "vector" in self.parts or "down" in self.parts:
+                    self.fit_vector_and_down(layer)
+            if layer < max(layers):
+                read_query_tokens(self.model, self.plain, {}, edits=self.edits(), batch_size=self.fit.batch_size,
+                                  steps=self.steps, advance=True)
 
 
 def _post_norm_gain(model, layer: int, dtype) -> Tensor:

@@ -13,7 +13,10 @@ a causal model: real tokens never see the padding after them, and position ids s
 :func:`read_query_tokens` runs a batch (with any hooks, e.g. weight edits) and gathers
 hook points at every query token, and optionally at every position before the query
 (BOS and the prefix, the *anchor* positions): fits and steering vectors read
-activations through it.
+activations through it. Given the batch's :func:`batch_steps` (the residual entering one
+block kept per chunk, :class:`~icl_lens.model._reading.LayerSteps`), it runs that block
+alone instead of the forward, so a fit that visits the layers in order costs one block
+per read, not a forward up to it.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from torch import Tensor
 from icl_lens.model._greedy import greedy_continuations
 from icl_lens.model._model_check import check_model
 from icl_lens.model._prompts import PromptError, bos_id, context_limit, pad_id, right_padded
-from icl_lens.model._reading import activations_captured
+from icl_lens.model._reading import LayerSteps, activations_captured, layer_steps
 from icl_lens.model._weight_edits import MLPEdit, edits_applied
 
 
@@ -142,25 +145,46 @@ def _gather(x: Tensor, rows: Tensor, pos: Tensor, dtype) -> Tensor:
     return x.detach()[rows.to(x.device), pos.to(x.device)].to(dtype)
 
 
+def chunk_rows(batch: QueryBatch, batch_size: int) -> list[list[int]]:
+    """The rows of each forward of :func:`read_query_tokens`: ``batch_size`` sequences at a time, in order."""
+    n = len(batch.sequences)
+    return [list(range(start, min(n, start + batch_size))) for start in range(0, n, batch_size)]
+
+
+def batch_steps(model, batch: QueryBatch, batch_size: int = 16, known: dict | None = None) -> list[LayerSteps]:
+    """``batch`` at the entrance of block 0, one :class:`~icl_lens.model._reading.LayerSteps` per chunk of
+    ``batch_size`` sequences (the chunks of :func:`read_query_tokens`); ``known``: that of
+    :func:`~icl_lens.model._reading.layer_steps` (default: shared by the chunks)."""
+    pad, known = pad_id(model), {} if known is None else known
+    return [layer_steps(model, right_padded([batch.sequences[r] for r in rows], pad, model.cfg.device), known)
+            for rows in chunk_rows(batch, batch_size)]
+
+
 @torch.no_grad()
 def read_query_tokens(model, batch: QueryBatch, reads: dict[str, str], *, edits: dict[int, MLPEdit] | None = None,
                       stop: str | None = None, anchors: bool = False, batch_size: int = 16,
-                      dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+                      dtype: torch.dtype = torch.float32, steps: Sequence[LayerSteps] | None = None,
+                      advance: bool = False) -> dict[str, Tensor]:
     """Run ``batch`` with ``edits`` applied (the write door) and gather each hook point of ``reads`` (key → hook name).
 
     Returns ``{key: [n_tokens, d]}`` (every query token, in order) and, with ``anchors``,
     ``{key + "_anchor": [n_anchor, d]}`` (every position before the query of every
     sequence, in order). The forward stops right after ``stop`` (one of the read hook
-    names) when given.
+    names) when given. ``steps``: the batch's :func:`batch_steps` (same ``batch_size``); then
+    only the block each chunk has reached runs, and ``advance`` (without ``stop``) moves each
+    chunk on past it.
     """
     if stop is not None and stop not in reads.values():
         raise ValueError(f"stop hook {stop!r} is not read")
+    chunks = chunk_rows(batch, batch_size)
+    if steps is not None and len(steps) != len(chunks):
+        raise ValueError(f"steps has {len(steps)} chunks, the batch {len(chunks)} of {batch_size}")
+    if advance and (steps is None or stop is not None):
+        raise ValueError("advance needs steps and no stop (the whole block runs)")
     keys = [*reads, *(f"{k}_anchor" for k in reads if anchors)]
     got: dict[str, list[Tensor]] = {k: [] for k in keys}
     pad = pad_id(model)
-    for start in range(0, len(batch.sequences), batch_size):
-        rows = list(range(start, min(len(batch.sequences), start + batch_size)))
-        ids = right_padded([batch.sequences[r] for r in rows], pad, model.cfg.device)
+    for k, rows in enumerate(chunks):
         r_idx, p_idx = query_positions(batch, rows)
         r0, p0 = anchor_positions(batch, rows)
         sites = []
@@ -172,5 +196,8 @@ def read_query_tokens(model, batch: QueryBatch, reads: dict[str, str], *, edits:
 
             sites.append((name, read))
         with edits_applied(model, edits or {}), activations_captured(model, sites, stop_after=stop):
-            model(ids, return_type=None)
+            if steps is not None:
+                steps[k].run(advance=advance)
+            else:
+                model(right_padded([batch.sequences[r] for r in rows], pad, model.cfg.device), return_type=None)
     return {k: torch.cat(v) for k, v in got.items()}

@@ -1,4 +1,4 @@
-"""Covariances ``K₀K₀ᵀ`` of the preserved texts' keys, per layer, read a few layers at a time.
+"""Covariances ``K₀K₀ᵀ`` of the preserved texts' keys, one layer at a time, in the fit's own sweep.
 
 The preserve penalty of a thought patch's fit (MEMIT, Meng et al. 2023, arXiv
 2210.07229; :mod:`icl_lens.thought._fit`) needs, at each fitted layer, the covariance of
@@ -10,13 +10,13 @@ the unpatched model's keys on the preserve texts (every token after BOS):
 
 All layers at once would hold ``n_layers · d_mlp²`` floats (a third of a GB for
 SmolLM2-135M and Gemma 3 270M), on top of the model, for the whole fit. The fit visits
-layers in increasing order, so :class:`PreservedKeys` reads the covariances of a group of
-consecutive layers when the first of them is asked for (one pass over the texts, stopped
-after the group's deepest read) and drops the previous group: the group is as many layers
-as fit in :data:`KEY_BUDGET_BYTES`. Each pass reads :data:`TEXTS_PER_PASS` texts at a
-time and sums (the raw keys of a pass are ``n_tokens × d`` per layer read). The sums are
-the same covariances as one pass over every layer; the price is the earlier layers
-re-run for each later group.
+layers in increasing order, so :class:`PreservedKeys` takes the texts through the
+unpatched blocks one at a time beside it (:func:`~icl_lens.thought._instruction_batches.batch_steps`:
+the residual entering the next block is kept): asked for layer ``l``, it runs the blocks
+up to ``l`` that it has not run yet, reads layer ``l``'s keys and drops the previous
+layer's covariances. One sweep of the fit costs one unpatched pass over the texts (a
+second sweep starts again from the embedding), and one layer's covariances are held. The
+covariance sums run :data:`TEXTS_PER_PASS` texts at a time, in order.
 """
 from __future__ import annotations
 
@@ -27,24 +27,23 @@ from torch import Tensor
 
 from icl_lens.core._norms import rms_normalize
 from icl_lens.model._block_family import VectorSite, post_norm_eps
-from icl_lens.thought._instruction_batches import query_batch, read_query_tokens
+from icl_lens.thought._instruction_batches import batch_steps, chunk_rows, query_batch, read_query_tokens
 
-KEY_BUDGET_BYTES = 128 * 2**20  # covariances held at once (one group of layers)
-TEXTS_PER_PASS = 4  # preserve texts per forward pass (memory only: the sums are the same)
+TEXTS_PER_PASS = 4  # preserve texts per block run (memory only: the sums are the same)
 
 
 class PreservedKeys:
     """``get(kind, layer)``: the covariance of ``kind`` (``"a"``, ``"h"``, ``"y"``) at ``layer``, read lazily.
 
     ``parts``: the fit's parts (``"matrix"`` needs ``"a"``, ``"down"`` needs ``"h"``, a gain-site
-    ``"vector"`` needs ``"y"``); ``layers``: the fitted layers, increasing.
+    ``"vector"`` needs ``"y"``); ``layers``: the fitted layers, increasing. Asked for layers in
+    increasing order, each block runs once; a layer before the last one asked for starts a new pass.
     """
 
     def __init__(self, model, family, keep_ids: Sequence[Sequence[int]], layers: Sequence[int], parts: Sequence[str],
-                 dtype: torch.dtype, budget_bytes: int | None = None):
+                 dtype: torch.dtype):
         self.model, self.keep_ids, self.dtype = model, list(keep_ids), dtype
         self.layers = list(layers)
-        cfg = model.cfg
         self.sites: dict[str, object] = {}
         if "matrix" in parts:
             self.sites["a"] = family.mlp_input
@@ -52,11 +51,12 @@ class PreservedKeys:
             self.sites["h"] = family.dense_out_input
         if "vector" in parts and family.vector_site is VectorSite.GAIN:
             self.sites["y"] = family.post_norm_input
-        size = {"a": cfg.d_model ** 2, "h": cfg.d_mlp ** 2, "y": cfg.d_model}
-        per_layer = max(1, sum(size[k] for k in self.sites)) * torch.finfo(dtype).bits // 8
-        self.per_group = max(1, (KEY_BUDGET_BYTES if budget_bytes is None else budget_bytes) // per_layer)
-        self._held: dict[str, dict[int, Tensor]] = {}
-        self.passes = 0  # groups read so far (a test and the cost figure read it)
+        self._batch = query_batch(model, self.keep_ids) if self else None
+        self._steps = None  # the texts' residual entering the next block to run, per chunk
+        self._held: dict[str, Tensor] = {}  # the covariances of layer self._at
+        self._at: int | None = None
+        self.passes = 0  # passes over the texts from the embedding (a test and the cost figure read it)
+        self.blocks_run = 0  # block runs of the texts (per chunk), over all passes
 
     def __bool__(self) -> bool:
         return bool(self.keep_ids) and bool(self.sites)
@@ -65,26 +65,35 @@ class PreservedKeys:
         """The covariance (a diagonal for ``"y"``), or None where this fit has no such penalty."""
         if not self or kind not in self.sites:
             return None
-        if layer not in self._held.get(kind, {}):
-            start = self.layers.index(layer)
-            self._read(self.layers[start:start + self.per_group])
-        return self._held[kind][layer]
+        if layer != self._at:
+            self._read(layer)
+        return self._held[kind]
 
-    def _read(self, group: Sequence[int]) -> None:
-        self._held = {}  # the previous group goes before the next is read
-        names = {f"{k}{l}": site(l) for l in group for k, site in self.sites.items()}
-        stop = list(names.values())[-1]  # the deepest read (layers increase; each layer's sites in forward order)
-        for start in range(0, len(self.keep_ids), TEXTS_PER_PASS):
-            batch = query_batch(self.model, self.keep_ids[start:start + TEXTS_PER_PASS])
-            got = read_query_tokens(self.model, batch, names, stop=stop, batch_size=TEXTS_PER_PASS, dtype=self.dtype)
-            for key in list(got):
-                x = got.pop(key)
-                kind, layer = key[0], int(key[1:])
-                if kind == "y":
-                    yhat = rms_normalize(x, post_norm_eps(self.model, layer)).to(self.dtype)
-                    term = (yhat * yhat).sum(0)
-                else:
-                    term = x.T @ x
-                held = self._held.setdefault(kind, {})
-                held[layer] = term if layer not in held else held[layer].add_(term)
-        self.passes += 1
+    def _run(self, names: dict[str, str]) -> dict[str, Tensor]:
+        """Block ``self._steps[0].layer`` of every chunk (unpatched), reading ``names``; the texts move past it."""
+        self.blocks_run += 1
+        return read_query_tokens(self.model, self._batch, names, batch_size=TEXTS_PER_PASS, dtype=self.dtype,
+                                 steps=self._steps, advance=True)
+
+    def _read(self, layer: int) -> None:
+        self._held, self._at = {}, None  # the previous layer's go before the next are read
+        if self._steps is None:
+            self._steps = batch_steps(self.model, self._batch, TEXTS_PER_PASS)
+            self.passes += 1
+        elif self._steps[0].layer > layer:
+            for steps in self._steps:
+                steps.restart()
+            self.passes += 1
+        while self._steps[0].layer < layer:
+            self._run({})
+        got = self._run({kind: site(layer) for kind, site in self.sites.items()})
+        sizes = [sum(self._batch.query_len[r] for r in rows) for rows in chunk_rows(self._batch, TEXTS_PER_PASS)]
+        for kind, x in got.items():
+            if kind == "y":
+                x = rms_normalize(x, post_norm_eps(self.model, layer)).to(self.dtype)
+            total = None
+            for part in x.split(sizes):  # chunk by chunk, in order
+                term = (part * part).sum(0) if kind == "y" else part.T @ part
+                total = term if total is None else total.add_(term)
+            self._held[kind] = total
+        self._at = layer
