@@ -273,6 +273,8 @@ def _sweep(args: argparse.Namespace) -> int:
         raise CommandError(f"prompts file {args.prompts} does not exist")
     if args.batch_size < 1:
         raise CommandError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.authors < 0:
+        raise CommandError(f"--authors must be >= 0 (0: no column), got {args.authors}")
     check_device_name(args.device, auto=True)
     check_out_folder(args.out)
 
@@ -282,7 +284,8 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.device != "auto":
         check_device(args.device)
     result = run_sweep(args.prompts, model=args.model, out=args.out, batch_size=args.batch_size, dtype=args.dtype,
-                       device=args.device, factors=args.factors, layers=args.layers, progress=not args.quiet)
+                       device=args.device, factors=args.factors, layers=args.layers, progress=not args.quiet,
+                       authors=args.authors)
     m = result.manifest
     if result.main_process:  # one report, however many processes
         c = m["counts"]
@@ -445,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
     p.add_argument("--layers", type=int, nargs="+", default=None, help="only these layers (default: all)")
     p.add_argument("--factors", action="store_true", help="also write the patch factors as safetensors shards")
+    p.add_argument("--authors", type=int, default=0, metavar="K",
+                   help="also each row's K largest patch shares as (head, source offset, share) in the column "
+                        "patch_authors (who wrote the patch; one more forward per prompt)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_sweep)
 

@@ -1,9 +1,10 @@
 """The part files of a sweep folder: what each holds, written atomically, checked on resume.
 
 ``DIR/norms/part-STEM.parquet`` holds the norms of one batch with a fixed schema
-(``id`` text, ``layer``, ``position``, ``token``, ``norm``, ``correction_norm``) and, in
+(``id`` text, ``layer``, ``position``, ``token``, ``norm``, ``correction_norm``, and with
+``--authors K`` the column ``patch_authors``: a list of ``{head, offset, share}``) and, in
 its Parquet metadata under ``icl_lens.sweep``, the settings it was computed with (model,
-revision, dtype, layers, factors) and ``{id: sha}`` of its prompts. A part is the record
+revision, dtype, layers, factors, authors) and ``{id: sha}`` of its prompts. A part is the record
 that its ids are done: with ``--factors``, ``DIR/factors/part-STEM.safetensors`` is
 written first, and a shard without its norms part is an orphan (a crash between the two)
 removed by the next run. Every file is written to a hidden temporary name and renamed,
@@ -32,10 +33,14 @@ FACTOR_PARTS = "factors"
 QUARANTINE = "quarantine"
 META_KEY = b"icl_lens.sweep"
 META_VERSION = 1
-SETTINGS = ("model", "revision", "dtype", "layers", "factors")
+SETTINGS = ("model", "revision", "dtype", "layers", "factors", "authors")
 COLUMNS = ("id", *NORM_COLUMNS)  # the norms table of icl_lens.patch_norms, keyed by the row's id
 SCHEMA = pa.schema([("id", pa.string()), ("layer", pa.int64()), ("position", pa.int64()), ("token", pa.string()),
                     ("norm", pa.float64()), ("correction_norm", pa.float64())])
+# --authors K: each row's top-K patch shares (icl_lens.patches.patch_authors), largest first
+AUTHORS = "patch_authors"
+AUTHORS_FIELD = pa.field(AUTHORS, pa.list_(pa.struct([("head", pa.int64()), ("offset", pa.int64()),
+                                                      ("share", pa.float64())])))
 
 
 class SweepSettingsError(ValueError):
@@ -58,7 +63,9 @@ def hidden_temp(path: Path) -> Path:
 def write_part(frame: pd.DataFrame, path: Path, settings: dict, prompts: dict[str, str]) -> None:
     """The norms ``frame`` as a part at ``path``: a temporary file, then an atomic rename."""
     meta = {"version": META_VERSION, "settings": settings, "prompts": prompts}
-    table = pa.Table.from_pandas(frame[list(COLUMNS)], schema=SCHEMA, preserve_index=False)
+    with_authors = AUTHORS in frame.columns
+    columns, schema = (list(COLUMNS) + [AUTHORS], SCHEMA.append(AUTHORS_FIELD)) if with_authors else (list(COLUMNS), SCHEMA)
+    table = pa.Table.from_pandas(frame[columns], schema=schema, preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: json.dumps(meta).encode()})
     tmp = hidden_temp(path)
     try:

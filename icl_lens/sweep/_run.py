@@ -3,8 +3,9 @@
 Layout of the output folder ``DIR``:
 
 - ``norms/part-*.parquet``: columns ``id`` (always text), ``layer, position, token, norm,
-  correction_norm`` (docs/design.md §2); ``pandas.read_parquet(DIR / "norms")`` reads them
-  all. One part per batch, written atomically; each records its settings and the hashes
+  correction_norm`` (docs/design.md §2), and with ``--authors K`` ``patch_authors``, each row's K
+  largest patch shares as ``{head, offset, share}`` (docs/design.md §7); ``pandas.read_parquet(DIR / "norms")``
+  reads them all. One part per batch, written atomically; each records its settings and the hashes
   of its prompts (:mod:`icl_lens.sweep._parts`).
 - ``factors/part-*.safetensors`` (``--factors``): the patch factors of the same prompts,
   (``δ``, ``v``, corrections, norms; ``u`` is formed from ``δ`` with the model's weights:
@@ -39,7 +40,7 @@ import pandas as pd
 import torch
 
 from icl_lens.sweep._lock import FolderLock
-from icl_lens.sweep._parts import (COLUMNS, FACTOR_PARTS, NORM_PARTS, SweepSettingsError, atomic_write_text,
+from icl_lens.sweep._parts import (AUTHORS, COLUMNS, FACTOR_PARTS, NORM_PARTS, SweepSettingsError, atomic_write_text,
                                   check_prompts, check_settings, clean_folder, done_prompts, read_parts, write_part)
 from icl_lens.sweep._rows import BadRow, SweepRow, read_rows
 
@@ -143,9 +144,11 @@ def _encoded_batches(lm, rows: list[SweepRow], batch_size: int
 
 
 def _norm_frame(lm, chunk: list[tuple[SweepRow, torch.Tensor]], out: Path, stem: str, factors: bool,
-                layers: list[int] | None) -> pd.DataFrame:
+                layers: list[int] | None, authors: int = 0) -> pd.DataFrame:
     """Norms of one batch as one table, through the public doors (the ids as they were encoded); with
-    ``factors``, the batch's factor shard is written first."""
+    ``factors``, the batch's factor shard is written first; with ``authors``, each row's top-``authors`` patch
+    shares (:func:`icl_lens.patches.patch_authors`, one more forward per prompt, on the same ids)."""
+    from icl_lens.patches._attribution import patch_authors
     from icl_lens.patches._batches import patch_norms
     from icl_lens.patches._patch_set import TokenPatches
     from icl_lens.patches._token_patches import token_patches
@@ -158,7 +161,12 @@ def _norm_frame(lm, chunk: list[tuple[SweepRow, torch.Tensor]], out: Path, stem:
     else:
         frame = patch_norms(lm, ids, batch_size=len(chunk), layers=layers, progress=False)
     frame.insert(0, "id", names[frame.pop("prompt").to_numpy()])
-    return frame[list(COLUMNS)]
+    frame = frame[list(COLUMNS)]
+    if authors:
+        found = pd.concat([patch_authors(lm, x, k=authors, layers=layers).assign(id=r.id) for r, x in chunk],
+                          ignore_index=True).rename(columns={"authors": AUTHORS})
+        frame = frame.merge(found, on=["id", "layer", "position"], how="left", validate="one_to_one")
+    return frame
 
 
 def _open_folder(out: Path, factors: bool) -> FolderLock:
@@ -183,8 +191,12 @@ def _open_folder(out: Path, factors: bool) -> FolderLock:
 
 def run_sweep(prompts: str | Path, *, model: str, out: str | Path, batch_size: int = 16,
               dtype: str = "float32", device: str = "auto", factors: bool = False,
-              layers: list[int] | None = None, progress: bool = True) -> SweepResult:
-    """Patch norms of every good row of ``prompts`` into ``out`` (see the module doc); returns the manifest."""
+              layers: list[int] | None = None, progress: bool = True, authors: int = 0) -> SweepResult:
+    """Patch norms of every good row of ``prompts`` into ``out`` (see the module doc); returns the manifest.
+
+    ``authors``: also each row's ``authors`` largest patch shares as (head, source offset, share)
+    (:func:`icl_lens.patches.patch_authors`, one more forward per prompt), in the column
+    ``patch_authors``; 0 (default) leaves it out."""
     from accelerate import PartialState
     from tqdm.auto import tqdm
 
@@ -194,8 +206,10 @@ def run_sweep(prompts: str | Path, *, model: str, out: str | Path, batch_size: i
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     layers = _layer_list(layers)
+    if isinstance(authors, bool) or int(authors) < 0:
+        raise ValueError(f"--authors must be a number of shares >= 0, got {authors!r}")
     settings = {"model": model, "revision": None, "dtype": str(resolve_dtype(dtype)).removeprefix("torch."),
-                "layers": layers, "factors": bool(factors)}
+                "layers": layers, "factors": bool(factors), "authors": int(authors) or None}
     if not Path(prompts).is_file():
         raise FileNotFoundError(f"prompts file {prompts} does not exist")
     out = Path(out)
@@ -234,7 +248,7 @@ def run_sweep(prompts: str | Path, *, model: str, out: str | Path, batch_size: i
             tag = f"r{state.process_index:03d}"
             for chunk in mine:
                 stem = f"part-{tag}-{uuid.uuid4().hex[:12]}"
-                frame = _norm_frame(lm, chunk, out, stem, factors, layers)
+                frame = _norm_frame(lm, chunk, out, stem, factors, layers, int(authors))
                 write_part(frame, out / NORM_PARTS / f"{stem}.parquet", settings, {r.id: r.sha for r, _ in chunk})
                 written += len(chunk)
                 bar.update(len(chunk))
