@@ -126,7 +126,7 @@ def head_source_shares(alpha: Float[Tensor, "*query head key"], values: Float[Te
                        ) -> Float[Tensor, "*query head key"]:
     """``α_hj (v_hj − v̄_hK) · (O_hᵀ g)`` for every head and removed key ``j`` (0 at the other keys).
 
-    ``mix`` is the kept-only value mix ``v̄_hK`` (:func:`icl_lens.core._kept_attention.kept_set_output`).
+    ``mix`` is the kept-only value mix ``v̄_hK`` (:func:`icl_lens.core.kept_set_output`).
     With ``g = M_Fᵀ WᵀW δ / ‖W δ‖²`` these are the patch shares; with ``g = M_Pᵀ c / ‖c‖²`` the
     correction shares. ``w_o[h]`` maps head ``h``'s ``d_head`` output to the residual
     (``raw = Σ_h z_h @ w_o[h] + b``). Never forms a ``d_model`` vector per part.
