@@ -202,6 +202,8 @@ def _sweep(args: argparse.Namespace) -> int:
         raise CommandError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.max_memory is not None and not args.max_memory > 0:
         raise CommandError(f"--max-memory must be > 0, got {args.max_memory}")
+    if args.authors < 0:
+        raise CommandError(f"--authors must be >= 0 (0: no column), got {args.authors}")
     check_device_name(args.device, auto=True)
     check_out_folder(args.out)
     check_unlocked(args.out)  # a second sweep into the same folder is refused before torch is imported
@@ -213,7 +215,7 @@ def _sweep(args: argparse.Namespace) -> int:
         check_device(args.device)
     result = run_sweep(args.prompts, model=args.model, out=args.out, batch_size=args.batch_size, dtype=args.dtype,
                        device=args.device, factors=args.factors, layers=args.layers, max_memory=args.max_memory,
-                       progress=not args.quiet)
+                       progress=not args.quiet, authors=args.authors)
     m = result.manifest
     if result.main_process:  # one report, however many processes
         c = m["counts"]
@@ -425,6 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory the sweep may use, e.g. 4GB (default: the smallest of the available RAM and the "
                         "cgroup's limit, or the free memory of the CUDA device); a prompt whose estimated need "
                         "exceeds it is a bad row")
+    p.add_argument("--authors", type=int, default=0, metavar="K",
+                   help="also each row's K largest patch shares as (head, source offset, share) in the column "
+                        "patch_authors (who wrote the patch; one more forward per prompt)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_sweep)
 

@@ -38,7 +38,6 @@
 # tests) and a check cell.
 
 # %%
-import gc
 
 import pandas as pd
 import plotly.express as px

@@ -373,7 +373,7 @@ def test_gemma_dashboard_matches_library(gemma, dash_factory):
 
 def test_a_keystroke_tokenises_and_checks_its_prompt_once(load, monkeypatch):
     """One tokenisation and one check of the ids per keystroke: the patches, the trajectory of a query (a prefix
-    of the ids) and the attention pattern take the ids as encoded."""
+    of the ids), the attention pattern and who wrote the query's patch take the ids as encoded."""
     from icl_lens.model import _prompts
     from icl_lens.ui._analysis import PromptAnalyzer
 
@@ -394,6 +394,7 @@ def test_a_keystroke_tokenises_and_checks_its_prompt_once(load, monkeypatch):
     analyzer.patches(prompt)
     analyzer.trajectory(prompt, 4)
     analyzer.attention(prompt, 0)
+    analyzer.attribution(prompt, 4)
     assert counts == {"tokenised": 1, "checked": 1}
     with pytest.raises(icl_lens.PromptError, match="empty"):  # the one empty-prompt message
         analyzer.encode("   ")

@@ -157,3 +157,36 @@ def test_cli_refuses_a_resume_with_other_settings_in_one_line(prompts, tmp_path,
     assert main(args + ["--dtype", "float64"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "computed with dtype 'float32', not 'float64'" in err and "new --out" in err
+
+
+def test_authors_column_holds_each_rows_top_patch_shares(load, prompts, tmp_path, capsys, monkeypatch):
+    """``--authors K``: each row's K largest patch shares (head, source offset, share), as patch_attribution gives
+    them, from the ids the row was encoded to (each good row tokenised and checked once); a folder swept without
+    the column refuses to resume with it."""
+    from icl_lens import patch_attribution
+    from icl_lens.cli import main
+    from icl_lens.model import _prompts
+
+    checked, remember = [], _prompts._remember
+    monkeypatch.setattr(_prompts, "_remember", lambda model, ids: checked.append(len(ids)) or remember(model, ids))
+    out = tmp_path / "run"
+    run_sweep(prompts, model="tiny-llama", out=out, batch_size=3, device="cpu", progress=False, authors=2,
+              layers=[1, 2])
+    assert len(checked) == len(GOOD)  # one check per good row, the attribution included
+    monkeypatch.setattr(_prompts, "_remember", remember)
+    norms = pd.read_parquet(out / "norms")
+    assert list(norms.columns) == ["id", "layer", "position", "token", "norm", "correction_norm", "patch_authors"]
+    model = load("tiny-llama")
+    at = patch_attribution(model, GOOD[5], 9, layers=[2])
+    row = norms[(norms.id == "5") & (norms.layer == 2) & (norms.position == 9)].patch_authors.item()
+    top = at.top(2, layer=2)
+    assert [a["head"] for a in row] == list(top["head"]) and [a["offset"] for a in row] == list(top["offset"])
+    assert np.allclose([a["share"] for a in row], top.share, rtol=1e-4, atol=1e-6)
+    first = norms[norms.position <= 1].patch_authors  # BOS and the first token: nothing removed, zero patch
+    assert first.map(len).eq(0).all()
+    plain = tmp_path / "plain"
+    args = ["sweep", str(prompts), "--model", "tiny-llama", "--out", str(plain), "--device", "cpu", "--quiet"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args + ["--authors", "3"]) == 2
+    assert "computed with authors None, not 3" in capsys.readouterr().err

@@ -21,7 +21,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 
-def _head_values(values: Float[Tensor, "*batch key kv_head d_head"], n_heads: int) -> Float[Tensor, "*batch key head d_head"]:
+def head_values(values: Float[Tensor, "*batch key kv_head d_head"], n_heads: int) -> Float[Tensor, "*batch key head d_head"]:
     """Expand grouped-query values to one per query head (head ``h`` reads kv head ``h // group``)."""
     groups = n_heads // values.shape[-2]
     return values.repeat_interleave(groups, dim=-2) if groups > 1 else values
@@ -44,11 +44,11 @@ def bos_and_self_output(
     (a boolean tensor over the batch).
     """
     n_heads = scores.shape[-3]
-    self_vals = _head_values(values, n_heads)  # *batch query head d
+    self_vals = head_values(values, n_heads)  # *batch query head d
     if keep_bos is False:
         return self_vals.clone()
     first = values[..., 0, :, :] if bos_value is None else bos_value
-    first_val = _head_values(first[..., None, :, :], n_heads)[..., 0, :, :]  # *batch head d
+    first_val = head_values(first[..., None, :, :], n_heads)[..., 0, :, :]  # *batch head d
     diag = torch.diagonal(scores, offset=offset, dim1=-2, dim2=-1)  # *batch head query
     first_score = scores[..., 0]
     w_bos = torch.sigmoid(first_score - diag)
@@ -70,11 +70,11 @@ def kept_set_output(
     kept: Bool[Tensor, "*batch query key"],
 ) -> Float[Tensor, "*batch query head d_head"]:
     """``z⁰_t`` for an arbitrary kept set per query (``kept[t, t]`` must be True)."""
-    n_heads = scores.shape[-3]
-    vals = _head_values(values, n_heads)
+    n_heads, n_kv = scores.shape[-3], values.shape[-2]
     masked = scores.masked_fill(~kept[..., None, :, :], float("-inf"))
     weights = torch.softmax(masked.float() if masked.dtype in (torch.float16, torch.bfloat16) else masked, dim=-1)
-    return torch.einsum("...hqk,...khd->...qhd", weights.to(vals.dtype), vals)
+    grouped = weights.to(values.dtype).unflatten(-3, (n_kv, n_heads // n_kv))  # query head h reads kv head h // group
+    return torch.einsum("...vgqk,...kvd->...qvgd", grouped, values).flatten(-3, -2)
 
 
 def default_kept_mask(n: int, *, keep_bos: bool, device: torch.device | str = "cpu",

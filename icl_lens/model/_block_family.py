@@ -121,6 +121,16 @@ class BlockFamily:
         """Pre-softmax scores, after any soft-capping (Gemma 2): what the softmax sees."""
         return f"blocks.{layer}.attn.hook_attn_scores"
 
+    @staticmethod
+    def pattern(layer: int) -> str:
+        """Attention weights (after the softmax): the contextual ``α`` of every query and key."""
+        return f"blocks.{layer}.attn.hook_pattern"
+
+    @staticmethod
+    def attention_projection_out(layer: int) -> str:
+        """The output projection's output ``W_O z + b_O``, before any post-attention norm (``raw_C``)."""
+        return f"blocks.{layer}.attn.o.hook_out"
+
     def attn_out(self, layer: int) -> str:
         """What the attention branch adds to the residual (after a post-attention norm): ``attn_C``."""
         return self.attn_out_hook.format(layer=layer)
@@ -160,10 +170,11 @@ class BlockFamily:
 
     def kept_attention_output(self, block, z0: Float[Tensor, "pos head d_head"]) -> Float[Tensor, "pos d_model"]:
         """``attn_0``: the kept-key attention ``z0`` through the output projection and any post-attention norm."""
-        out = block.attn.o(z0.reshape(1, z0.shape[0], -1))
-        if self.post_attention_norm:
-            out = block.ln1_post(out)
-        return out[0]
+        return self.attention_post_norm(block, block.attn.o(z0.reshape(1, z0.shape[0], -1)))[0]
+
+    def attention_post_norm(self, block, raw: Float[Tensor, "*batch pos d_model"]) -> Float[Tensor, "*batch pos d_model"]:
+        """What the attention branch adds for the projection output ``raw``: its post-attention norm, or ``raw``."""
+        return block.ln1_post(raw) if self.post_attention_norm else raw
 
     def context_free_mlp_input(self, block, r: Float[Tensor, "pos d_model"], attn_0: Float[Tensor, "pos d_model"],
                                A: Float[Tensor, "pos d_model"]) -> Float[Tensor, "pos d_model"]:

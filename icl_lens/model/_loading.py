@@ -221,6 +221,23 @@ def _softmax_in_float64(bridge) -> None:
         attn._masked_softmax = softmax
 
 
+def _norms_in_float64(bridge) -> None:
+    """Keep float64 models in float64 through every norm (pre/post norms, QK-norms, the final norm).
+
+    A bridge's norm calls the Hugging Face module, and HF's RMSNorms (Llama, Mistral, Qwen,
+    Phi-3, OLMo-2, Gemma) compute in float32 whatever the model dtype, capping a float64 model
+    at float32 accuracy (~1e-7) inside each norm. For float64 models every norm takes the
+    bridge's own formula instead (the same norm, weight offset and eps), which keeps the
+    input dtype. The exact attribution of docs/design.md §7 differentiates through these norms
+    and needs them smooth to float64 rounding.
+    """
+    from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
+
+    for module in bridge.modules():
+        if isinstance(module, NormalizationBridge):
+            module.use_native_layernorm_autograd = False
+
+
 def load_model(
     name_or_model: str | os.PathLike | PreTrainedModel | TransformerBridge = DEFAULT_MODEL,
     tokenizer: PreTrainedTokenizerBase | None = None,
@@ -437,6 +454,7 @@ def bridge_from_hf(hf_model, tokenizer, *, name: str, boot_name: str | None = No
     bridge.eval()
     if dtype == torch.float64:
         _softmax_in_float64(bridge)
+        _norms_in_float64(bridge)
     block_family(bridge)  # fail early on an unsupported layout
     bridge.cfg.model_name = name
     return bridge

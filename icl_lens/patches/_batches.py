@@ -94,7 +94,7 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def _layers(model, layers: Iterable[int] | None) -> tuple[int, ...]:
+def selected_layers(model, layers: Iterable[int] | None) -> tuple[int, ...]:
     """The model layers ``layers`` names (negative as Python's), sorted and deduplicated; ``None``: all."""
     n = model.cfg.n_layers
     if layers is None:
@@ -128,7 +128,7 @@ def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bo
     ``layers``: only these layers are computed, and each forward stops after the last of them.
     """
     family = block_family(model)
-    wanted = _layers(model, layers)
+    wanted = selected_layers(model, layers)
     ids = encode_prompts(model, prompts)
     name = model.cfg.model_name
     results: list[TokenPatches | None] = [None] * len(ids)
@@ -170,7 +170,7 @@ def iter_patch_norms(model, prompts: Sequence, *, batch_size: int = 16, layers: 
     """
     family = block_family(model)
     ids = encode_prompts(model, prompts)
-    wanted = _layers(model, layers)
+    wanted = selected_layers(model, layers)
     weights = dense_weights(model)
     dev = output_device(model)
     for chunk in length_batches([len(x) for x in ids], batch_size):

@@ -1,9 +1,10 @@
 """The part files of a sweep folder: what each holds, written atomically, checked on resume.
 
 ``DIR/norms/part-STEM.parquet`` holds the norms of one batch with a fixed schema
-(``id`` text, ``layer``, ``position``, ``token``, ``norm``, ``correction_norm``) and, in
+(``id`` text, ``layer``, ``position``, ``token``, ``norm``, ``correction_norm``, and with
+``--authors K`` the column ``patch_authors``: a list of ``{head, offset, share}``) and, in
 its Parquet metadata under ``icl_lens.sweep``, the settings it was computed with (model,
-revision, dtype, layers, factors), ``{id: sha}`` of its done prompts and ``{id: {sha,
+revision, dtype, layers, factors, authors), ``{id: sha}`` of its done prompts and ``{id: {sha,
 line, reason}}`` of the batch's rows that failed (out of memory, non-finite values), so
 that a rerun reports them again instead of failing on them again. With ``--factors``,
 ``DIR/factors/part-STEM.safetensors`` is written first. Last comes
@@ -45,10 +46,14 @@ META_KEY = b"icl_lens.sweep"
 META_VERSION = 2
 STEM = re.compile(r"part-r\d{3}-[0-9a-f]{12}")  # the names the sweep gives its parts (:func:`part_stem`)
 SKIP = object()  # a setting not known yet (negative layers before the model is loaded): not compared
-SETTINGS = ("model", "revision", "dtype", "layers", "factors")
+SETTINGS = ("model", "revision", "dtype", "layers", "factors", "authors")
 COLUMNS = ("id", *NORM_COLUMNS)  # the norms table of icl_lens.patch_norms, keyed by the row's id
 SCHEMA = pa.schema([("id", pa.string()), ("layer", pa.int64()), ("position", pa.int64()), ("token", pa.string()),
                     ("norm", pa.float64()), ("correction_norm", pa.float64())])
+# --authors K: each row's top-K patch shares (icl_lens.patches.patch_authors), largest first
+AUTHORS = "patch_authors"
+AUTHORS_FIELD = pa.field(AUTHORS, pa.list_(pa.struct([("head", pa.int64()), ("offset", pa.int64()),
+                                                      ("share", pa.float64())])))
 
 
 class SweepSettingsError(ValueError):
@@ -88,7 +93,9 @@ def write_part(frame: pd.DataFrame, out: Path, stem: str, settings: dict, prompt
     """The norms ``frame`` as the part ``stem`` (atomically), then its checksum record (with the factor shard's
     digest, when the shard was written first): the record makes the batch done."""
     meta = {"version": META_VERSION, "settings": settings, "prompts": prompts, "failed": failed}
-    table = pa.Table.from_pandas(frame[list(COLUMNS)], schema=SCHEMA, preserve_index=False)
+    columns, schema = (list(COLUMNS), SCHEMA) if not settings.get("authors") else \
+        (list(COLUMNS) + [AUTHORS], SCHEMA.append(AUTHORS_FIELD))
+    table = pa.Table.from_pandas(frame.reindex(columns=columns), schema=schema, preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: json.dumps(meta).encode()})
     path = out / NORM_PARTS / f"{stem}.parquet"
     tmp = hidden_temp(path)

@@ -3,8 +3,9 @@
 Layout of the output folder ``DIR``:
 
 - ``norms/part-*.parquet``: columns ``id`` (always text), ``layer, position, token, norm,
-  correction_norm`` (docs/design.md §2); ``pandas.read_parquet(DIR / "norms")`` reads them
-  all. One part per batch, written atomically; each records its settings and the hashes
+  correction_norm`` (docs/design.md §2), and with ``--authors K`` ``patch_authors``, each row's K
+  largest patch shares as ``{head, offset, share}`` (docs/design.md §7); ``pandas.read_parquet(DIR / "norms")``
+  reads them all. One part per batch, written atomically; each records its settings and the hashes
   of its prompts (:mod:`icl_lens.sweep._parts`).
 - ``factors/part-*.safetensors`` (``--factors``): the patch factors of the same prompts,
   (``δ``, ``v``, corrections, norms; ``u`` is formed from ``δ`` with the model's weights:
@@ -53,7 +54,7 @@ import pandas as pd
 import torch
 
 from icl_lens.sweep._lock import FolderLock
-from icl_lens.sweep._parts import (CHECKSUMS, COLUMNS, FACTOR_PARTS, NORM_PARTS, SKIP, SweepSettingsError,
+from icl_lens.sweep._parts import (AUTHORS, CHECKSUMS, COLUMNS, FACTOR_PARTS, NORM_PARTS, SKIP, SweepSettingsError,
                                   atomic_write_text, check_prompts, check_settings, clean_folder, done_prompts,
                                   failed_prompts, part_stem, read_parts, read_records, write_part)
 from icl_lens.sweep._rows import BadRow, SweepRow, check_prompts_file, read_rows
@@ -188,10 +189,12 @@ def row_failure(err: BaseException) -> str | None:
     return None
 
 
-def _compute(lm, chunk: list[tuple[SweepRow, torch.Tensor]], factors: bool, layers: list[int] | None
-             ) -> tuple[pd.DataFrame, dict]:
+def _compute(lm, chunk: list[tuple[SweepRow, torch.Tensor]], factors: bool, layers: list[int] | None,
+             authors: int = 0) -> tuple[pd.DataFrame, dict]:
     """Norms of one batch as one table, through the public doors (the ids as they were encoded), and with
-    ``factors`` the batch's patches by id."""
+    ``factors`` the batch's patches by id; with ``authors``, each row's top-``authors`` patch shares
+    (:func:`icl_lens.patches.patch_authors`, one more forward per prompt, on the same ids)."""
+    from icl_lens.patches._attribution import patch_authors
     from icl_lens.patches._batches import patch_norms
     from icl_lens.patches._token_patches import token_patches
 
@@ -204,7 +207,12 @@ def _compute(lm, chunk: list[tuple[SweepRow, torch.Tensor]], factors: bool, laye
     else:
         frame = patch_norms(lm, ids, batch_size=len(chunk), layers=layers, progress=False)
     frame.insert(0, "id", names[frame.pop("prompt").to_numpy()])
-    return frame[list(COLUMNS)], patches
+    frame = frame[list(COLUMNS)]
+    if authors:
+        found = pd.concat([patch_authors(lm, x, k=authors, layers=layers).assign(id=r.id) for r, x in chunk],
+                          ignore_index=True).rename(columns={"authors": AUTHORS})
+        frame = frame.merge(found, on=["id", "layer", "position"], how="left", validate="one_to_one")
+    return frame, patches
 
 
 def _free(lm) -> None:
@@ -215,7 +223,8 @@ def _free(lm) -> None:
         torch.cuda.empty_cache()
 
 
-def _run_batch(lm, members, todo, whole: bool, factors: bool, layers) -> tuple[pd.DataFrame, dict, dict]:
+def _run_batch(lm, members, todo, whole: bool, factors: bool, layers, authors: int = 0
+               ) -> tuple[pd.DataFrame, dict, dict]:
     """Norms (and patches) of the ``todo`` rows of one batch, and ``{id: reason}`` of those that failed.
 
     ``whole``: the batch's ``members`` run together (the rows already done too, so every row sees the padding
@@ -224,7 +233,7 @@ def _run_batch(lm, members, todo, whole: bool, factors: bool, layers) -> tuple[p
     want = {r.id for r, _ in todo}
     if whole:
         try:
-            frame, patches = _compute(lm, members, factors, layers)
+            frame, patches = _compute(lm, members, factors, layers, authors)
             return frame[frame.id.isin(want)], {k: p for k, p in patches.items() if k in want}, {}
         except Exception as err:  # noqa: BLE001 — a row-caused failure is retried row by row, anything else raises
             if row_failure(err) is None:
@@ -233,7 +242,7 @@ def _run_batch(lm, members, todo, whole: bool, factors: bool, layers) -> tuple[p
     frames, patches, failed = [], {}, {}
     for row in todo:
         try:
-            frame, found = _compute(lm, [row], factors, layers)
+            frame, found = _compute(lm, [row], factors, layers, authors)
         except Exception as err:  # noqa: BLE001 — as above, for one row
             reason = row_failure(err)
             if reason is None:
@@ -267,7 +276,8 @@ def _write_batch(lm, out: Path, stem: str, members, todo, whole: bool, settings:
     """Run one batch (:func:`_run_batch`) and write its shard, part and checksum record; the rows done."""
     from icl_lens.patches._patch_set import TokenPatches
 
-    frame, patches, fails = _run_batch(lm, members, todo, whole, settings["factors"], settings["layers"])
+    frame, patches, fails = _run_batch(lm, members, todo, whole, settings["factors"], settings["layers"],
+                                       settings["authors"] or 0)
     if settings["factors"]:
         TokenPatches.save_many(patches, out / FACTOR_PARTS / f"{stem}.safetensors")
     write_part(frame, out, stem, settings, {r.id: r.sha for r, _ in todo if r.id not in fails},
@@ -298,8 +308,13 @@ def _open_folder(out: Path, factors: bool) -> FolderLock:
 
 def run_sweep(prompts: str | Path, *, model: str, out: str | Path, batch_size: int = 16,
               dtype: str = "float32", device: str = "auto", factors: bool = False,
-              layers: list[int] | None = None, max_memory: int | None = None, progress: bool = True) -> SweepResult:
+              layers: list[int] | None = None, max_memory: int | None = None, progress: bool = True,
+              authors: int = 0) -> SweepResult:
     """Patch norms of every good row of ``prompts`` into ``out`` (see the module doc); returns the manifest.
+
+    ``authors``: also each row's ``authors`` largest patch shares as (head, source offset, share)
+    (:func:`icl_lens.patches.patch_authors`, one more forward per prompt), in the column
+    ``patch_authors``; 0 (default) leaves it out.
 
     ``max_memory``: bytes the sweep may use (default: what the host, the cgroup or the CUDA device has free,
     :func:`icl_lens.patches.available_memory`); a row whose estimate exceeds it is a bad row."""
@@ -315,8 +330,10 @@ def run_sweep(prompts: str | Path, *, model: str, out: str | Path, batch_size: i
     if max_memory is not None and not max_memory > 0:
         raise ValueError(f"--max-memory must be > 0, got {max_memory}")
     layers = _layer_list(layers)
+    if isinstance(authors, bool) or int(authors) < 0:
+        raise ValueError(f"--authors must be a number of shares >= 0, got {authors!r}")
     settings = {"model": model, "revision": None, "dtype": str(resolve_dtype(dtype)).removeprefix("torch."),
-                "layers": layers, "factors": bool(factors)}
+                "layers": layers, "factors": bool(factors), "authors": int(authors) or None}
     if not os.fspath(out).strip():  # Path("") would be the current folder
         raise SweepSettingsError("--out is empty; name the folder to sweep into")
     out = Path(out)

@@ -4,7 +4,8 @@
 library's results (never its own math): token patches of every layer × position
 (``PatchSession``: only positions after the common token prefix with the previous
 prompt are recomputed, docs/design.md §3), spike flags, the implicit trajectory of one query
-(Dherin et al. 2025, arXiv 2507.16003) and one layer's attention pattern. Results are
+(Dherin et al. 2025, arXiv 2507.16003), one layer's attention pattern, and who wrote the query's
+patch (heads × context tokens, docs/design.md §7). Results are
 cached by token ids, so moving a slider recomputes only what that slider shows.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from icl_lens.spikes._scores import SpikeFlags, spike_scores
 from icl_lens.dynamics._trajectory import Trajectory
 from icl_lens.model._attention import attention_pattern
 from icl_lens.model._block_family import block_family
+from icl_lens.patches._attribution import PatchAttribution, PatchWrites, patch_attribution
 from icl_lens.patches._incremental import PatchSession
 from icl_lens.model._model_check import check_model
 from icl_lens.model._prompts import context_limit, encode_prompt, tokenize
@@ -205,6 +207,22 @@ class PromptAnalyzer:
             except NoContextError as exc:
                 return str(exc)
         return self.cache.get_or(("trajectory", tuple(ids.tolist()), order, layers), make)
+
+    def attribution(self, prompt: EncodedPrompt, query: int,
+                    stale: Callable[[], bool] | None = None) -> tuple[PatchAttribution, bool]:
+        """``icl_lens.patch_attribution`` of ``query`` at every layer: the query token alone runs, over the
+        PatchSession's keys and values of the tokens before it. ``stale()`` true aborts with :class:`Superseded`."""
+        ids = prompt.ids[: query + 1]
+
+        def make():
+            with abandoned_when(self.model, stale):
+                return patch_attribution(self.model, ids, query, session=self.session)
+        return self.cache.get_or(("attribution", tuple(ids.tolist())), make)
+
+    def writes(self, attribution: PatchAttribution, layer: int, k: int) -> tuple[PatchWrites, bool]:
+        """What the patch and the correction of ``attribution``'s query write at ``layer`` (top ``k`` tokens)."""
+        key = ("writes", tuple(attribution.token_ids[: attribution.position + 1].tolist()), layer, k)
+        return self.cache.get_or(key, lambda: attribution.writes(self.model, layers=layer, k=k))
 
     def attention(self, prompt: EncodedPrompt, layer: int,
                   stale: Callable[[], bool] | None = None) -> tuple[Float[Tensor, "head query key"], bool]:

@@ -9,14 +9,19 @@ alignment, the token × token patch alignment of one layer, one head's attention
 top-k next tokens at the query with and without its context (``ui/_predictions.py``). The
 heatmaps show a layer range, on one colour scale or one per layer (``ui/_layer_view.py``).
 Compare mode puts a second prompt beside the first, with the difference of their norms on
-shared tokens (``ui/_compare.py``). ``save_html`` writes one self-contained HTML file of the
-view (``ui/_html_export.py``); every export is also offered as a browser download.
+shared tokens (``ui/_compare.py``). "Who wrote the patch" (``ui/_attribution_view.py``, docs/design.md
+§7) splits the selected query's patch at the chosen layer exactly over heads × context tokens, with
+a layer × head summary and what the patch writes through the unembedding. ``save_html`` writes one
+self-contained HTML file of the view (``ui/_html_export.py``); every export is also offered as a
+browser download.
 
 Typing is debounced; each keystroke bumps a generation counter and only the newest
 request is computed and drawn (``LatestWins``). Drawing is in phases: the strip, heatmap
 and alignment matrix (from the patches alone) first, then the attention pattern (new rows
-only, from the PatchSession's cached keys), the top-k predictions, then the trajectory of the selected query
-(only the layers shown, the prompt prefix's keys and values taken from the PatchSession).
+only, from the PatchSession's cached keys), the top-k predictions, who wrote the query's patch (when
+that panel is on: the query token alone over the PatchSession's keys and values), then the trajectory
+of the selected query (only the layers shown, the prompt prefix's keys and values taken from the
+PatchSession).
 A later phase is skipped, and a running forward abandoned at the next block, as soon as a
 newer keystroke waits.
 
@@ -49,6 +54,7 @@ from icl_lens.ui._analysis import (
     timed,
 )
 from icl_lens.ui._app_mode import in_app_mode, model_policy, private_export_dir, redact_paths
+from icl_lens.ui._attribution_view import AttributionView
 from icl_lens.ui._compare import QUANTITIES, CompareView
 from icl_lens.ui._export import export_attention, export_csv, export_html, export_png, export_svg
 from icl_lens.ui._html_export import download_links, static_strip, view_page
@@ -82,6 +88,7 @@ class ViewRequest:
     compare_text: str | None = None  # compare mode's prompt B (None: compare mode off)
     top_k: int = 8  # next-token predictions shown at the query
     layers: tuple[int, ...] | None = None  # layers the trajectory panel shows (None: all)
+    attribution: bool = False  # the "who wrote the patch" panel is on
 
 
 @dataclass
@@ -103,6 +110,8 @@ class Shown:
     patches_b: object = None  # compare mode: prompt B's token patches
     comparison: object = None  # compare mode: icl_lens.ui._compare.PromptComparison
     predictions: object = None  # icl_lens.ui._predictions.NextTokenPredictions at the query
+    attribution: object = None  # icl_lens.PatchAttribution of the query (the panel on)
+    writes: object = None  # icl_lens.PatchWrites of the query at the shown layer
     texts_drawn: list = field(default_factory=list)  # (generation, text) in drawing order
 
 
@@ -184,6 +193,7 @@ class Dashboard:
         self.layer_controls = LayerControls(a.n_layers)
         self.compare = CompareView()
         self.predictions = PredictionsPanel()
+        self.attribution_view = AttributionView()
         self.downloads = W.HTML(value="")
         self.downloads.add_class("icl-downloads")
         self.export_buttons = [W.Button(description=d, icon=i, layout=W.Layout(width="auto")) for d, i in
@@ -205,8 +215,10 @@ class Dashboard:
             self.predictions.widget,
             _row(self.heatmap.widget, self.layer_controls.range, self.layer_controls.scale),
             _row(self.trajectory_panel.widget, self.follow_last, self.predictions.k),
-            _row(self.layer, self.head, W.HTML("&nbsp;(layer: alignment matrix and attention)")),
+            _row(self.layer, self.head, W.HTML("&nbsp;(layer: alignment matrix, attention, who wrote the patch)"),
+                 self.attribution_view.enabled),
             self.grid.fig,
+            self.attribution_view.box,
             self.compare.box,
             self.attention.widget,
             _row(*self.export_buttons),
@@ -221,6 +233,8 @@ class Dashboard:
             control.observe(lambda _c: self._changed(debounce=False), names="value")
         self.compare.text.observe(lambda _c: self._changed(debounce=True), names="value")
         self.compare.enabled.observe(self._compare_toggled, names="value")
+        self.attribution_view.enabled.observe(self._attribution_toggled, names="value")
+        self.attribution_view.part.observe(lambda _c: self._redraw_attribution(), names="value")
         self.heatmap.kind.observe(lambda _c: self._redraw_heatmap(), names="value")
         self.layer_controls.observe(self._redraw_heatmap)
         # the trajectory is computed for the layers shown only: a new range asks for it again
@@ -268,11 +282,22 @@ class Dashboard:
                            layer=int(self.layer.value), head=int(self.head.value),
                            threshold=float(self.threshold.value), order=self.trajectory_panel.order.value,
                            compare_text=self.compare.text.value if self.compare.on else None,
-                           top_k=int(self.predictions.k.value), layers=self.visible_layers())
+                           top_k=int(self.predictions.k.value), layers=self.visible_layers(),
+                           attribution=self.attribution_view.on)
 
     def _compare_toggled(self, change) -> None:
         self.compare.layout_for(bool(change["new"]), self.text, self.strip.widget)
         self._changed(debounce=False)
+
+    def _attribution_toggled(self, change) -> None:
+        self.attribution_view.layout_for(bool(change["new"]))
+        self._changed(debounce=False)
+
+    def _redraw_attribution(self) -> None:
+        """The patch/correction toggle changed: redraw from what is shown."""
+        s = self.shown
+        if s.attribution is not None:
+            self.attribution_view.show(s.attribution, s.writes, s.layer)
 
     def visible_layers(self) -> tuple[int, ...] | None:
         """The layers the trajectory panel shows (None: all); only these are computed."""
@@ -423,6 +448,23 @@ class Dashboard:
 
         if not self.runner.draw(generation, predictions_drawn) or stale():
             return
+        if request.attribution:
+            try:
+                (attribution, fresh), seconds = timed(a.attribution, prompt, query, stale)
+            except Superseded:
+                return
+            writes, _ = a.writes(attribution, layer, request.top_k) if attribution.sources else (None, False)
+            parts.append(f"who wrote the patch of {query}" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
+
+            def attribution_drawn():
+                self.attribution_view.show(attribution, writes, layer)
+                self.shown.attribution, self.shown.writes = attribution, writes
+
+            if not self.runner.draw(generation, attribution_drawn) or stale():
+                return
+            self.timeline[generation]["attribution"] = time.perf_counter()
+        elif self.shown.attribution is not None:
+            self.runner.draw(generation, lambda: setattr(self.shown, "attribution", None))
         try:
             (trajectory, fresh), seconds = timed(a.trajectory, prompt, query, request.order, request.layers, stale)
         except Superseded:
@@ -463,13 +505,14 @@ class Dashboard:
             self.trajectory_panel.show(None, None, (), self.analyzer.n_layers)
             self.attention.show((), None, 0, 0)
             self.predictions.show(None)
+            self.attribution_view.show(None, None, 0)
             self.shown.patches_b = None
             self._show_compare(None, self.layer_controls.view(self.analyzer.n_layers))
             self.notice.value = ""
             s = self.shown
             s.generation, s.text, s.patches, s.spikes, s.trajectory, s.attention = generation, "", None, None, None, None
             s.model_name, s.query, s.alignment, s.notice = self.analyzer.name, None, None, ""
-            s.predictions = None
+            s.predictions = s.attribution = s.writes = None
             s.texts_drawn.append((generation, ""))
             msg = f"<i>{html.escape(message)}</i>"
             self.status.value = f"<span style='color:#b00020'>{error}</span><br>{msg}" if error else msg
@@ -507,6 +550,8 @@ class Dashboard:
         figures = {"dashboard_figures": self.grid.fig}
         if self.compare.on and self.compare.figure is not None:
             figures["compare_figures"] = self.compare.figure.fig
+        if self.attribution_view.on and self.attribution_view.figure is not None:
+            figures["attribution_figures"] = self.attribution_view.figure.fig
         return figures
 
     def save_html(self, path: str | Path | None = None) -> Path:
@@ -564,7 +609,8 @@ class Dashboard:
 
     def export_csv(self) -> list[Path]:
         paths = export_csv(self.shown.patches, self.shown.spikes, self.shown.trajectory, self.export_dir)
-        for name, result in (("predictions.csv", self.shown.predictions), ("compare.csv", self.shown.comparison)):
+        for name, result in (("predictions.csv", self.shown.predictions), ("compare.csv", self.shown.comparison),
+                             ("attribution.csv", self.shown.attribution), ("writes.csv", self.shown.writes)):
             if result is not None:
                 paths.append(self.export_dir / name)
                 result.to_frame().to_csv(paths[-1], index=False)
