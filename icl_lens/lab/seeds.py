@@ -4,8 +4,7 @@ A verdict about a trained model is a verdict about one training run unless it is
 over seeds. :func:`seed_model` returns the model ``name`` trained with seed ``s`` by its
 recipe (:data:`icl_lens.lab._checkpoints.RECIPES`): seed 0 of a shipped model is the shipped
 checkpoint when its record matches the recipe; every other seed is trained once and cached
-under ``$ICL_LENS_CACHE/lab/<name>-s<seed>-<key>.pt`` (default ``~/.cache/icl_lens/lab``, beside the
-dequantised models: never inside the installed package), where ``key`` hashes the configuration, the
+under ``$ICL_LENS_CACHE/lab/<name>-s<seed>-<key>.pt`` (default ``~/.cache/icl_lens/lab``), where ``key`` hashes the configuration, the
 recipe and the batch size, so a changed configuration never reads a stale file.
 """
 from __future__ import annotations
@@ -18,13 +17,15 @@ from pathlib import Path
 
 import torch
 
-from icl_lens.lab._checkpoints import (
-    ABLATION_MODELS, CHECKPOINT_DIR, LAB_MODELS, RECIPES, load_checkpoint_file, checkpoint_path,
+from icl_lens.lab.checkpoints import (
+    ABLATION_MODELS, CHECKPOINT_DIR, FACTOR_MODELS, LAB_MODELS, ORIENTED_MODELS, RECIPES, load_checkpoint_file,
+    checkpoint_path,
 )
-from icl_lens.lab._model import LabConfig, RegressionModel
-from icl_lens.model._loading import cache_dir as models_cache_dir
+from icl_lens.lab.model import LabConfig, RegressionModel
+from icl_lens.model.loading import cache_dir as _cache_root
 
-MODELS: dict[str, LabConfig] = {**LAB_MODELS, **ABLATION_MODELS}
+CACHE_DIR = _cache_root() / "lab"
+MODELS: dict[str, LabConfig] = {**LAB_MODELS, **ABLATION_MODELS, **ORIENTED_MODELS, **FACTOR_MODELS}
 BATCH = 64
 
 
@@ -91,7 +92,7 @@ def seed_model(name: str, seed: int, *, cache_dir: Path | str | None = None, tra
 
     recipe = RECIPES[name]
     model, record = train(MODELS[name], steps=recipe["steps"], lr=recipe["lr"], batch=BATCH, seed=seed,
-                          progress=progress, desc=f"{name} s{seed}")
+                          progress=progress, desc=f"{name} s{seed}", orient=recipe.get("orient", False))
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.float32).clone() for k, v in model.state_dict().items()}
     tmp = path.with_suffix(".tmp")
