@@ -190,9 +190,11 @@ def _fmt_interval(d: dict | None, mean: float | None = None) -> str:
     return f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
 
 
-def run_lab(names, n_prompts: int, n_probes: int, progress: bool, seeds=SEEDS, full=MAIN_LAB) -> dict:
+def run_lab(names, n_prompts: int, n_probes: int, progress: bool, seeds=SEEDS, full=MAIN_LAB,
+            full_seeds: int = 3) -> dict:
     """Per model: the runs of every cached seed. Every model: loss curves (the best rate), alignment and, for one
-    softmax block, its solution's signs; the models in ``full`` also where the effect lives and the capacity test."""
+    softmax block, its solution's signs; the models in ``full`` also, on their first ``full_seeds`` cached seeds,
+    where the effect lives and the capacity test (sections 3 and 5, which no verdict of issue 39 rests on)."""
     from icl_lens.lab.experiments.capacity import capacity_test
     from icl_lens.lab.experiments.implicit_explicit import implicit_vs_explicit
     from icl_lens.lab.experiments.loss_curves import loss_curves
@@ -217,7 +219,7 @@ def run_lab(names, n_prompts: int, n_probes: int, progress: bool, seeds=SEEDS, f
                    "align": implicit_vs_explicit(name, n_prompts=n_prompts, lr=lr, model=model)}
             if model.cfg.arch == "softmax" and model.cfg.n_layers == 1:
                 run["signs"] = solution_signs(name, seed, model, record)
-            if name in full:
+            if name in full and len(runs) < full_seeds:
                 run["effect"] = patch_parts(name, n_prompts=n_prompts, model=model)
                 run["capacity"] = capacity_test(model, curves, n_prompts=n_prompts, n_probes=n_probes)
             runs.append(run)
@@ -617,7 +619,9 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
                   "context; train seconds on the shared machine, one thread, niced).", "",
                   markdown_table(rec), ""]
 
-    full = {n: r for n, r in lab.items() if "capacity" in r["runs"][0]}
+    full = {n: r for n, r in lab.items() if n in MAIN_LAB}
+    with_capacity = {n: {**r, "runs": [x for x in r["runs"] if "capacity" in x]} for n, r in full.items()
+                     if any("capacity" in x for x in r["runs"])}
     # 1. Loss curves (prompts of every seed pooled)
     if full:
         lines += ["### 1. Loss curves: in context vs finetuning the first MLP matrix",
@@ -736,10 +740,10 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
 
     # 3. Capacity
     cap_rows = []
-    if full:
+    if with_capacity:
         from icl_lens.lab.experiments.capacity import METHODS
 
-        for name, r in full.items():
+        for name, r in with_capacity.items():
             entry = {}
             for m in METHODS:
                 ci = _over_seeds([x["capacity"].test[m] for x in r["runs"]])
@@ -749,8 +753,9 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
             cap_rows.append({"model": name, **{m: f"{entry[m]['mean']:.3f} [{entry[m]['low']:.3f}, {entry[m]['high']:.3f}]"
                                                + (f" ({entry[m]['train_mse']:.3f})" if entry[m]["train_mse"] is not None else "")
                                                for m in METHODS}})
-        c0 = full[next(iter(full))]["runs"][0]["capacity"]
+        c0 = with_capacity[next(iter(with_capacity))]["runs"][0]["capacity"]
         lines += ["### 3. Capacity: can any update of W_in fit the pairs?",
+                  f"On the first {max(len(r['runs']) for r in with_capacity.values())} seeds of each model. "
                   "Normalised test MSE on the probes [95% t-interval over seeds] and, in parentheses, the MSE on "
                   "the prompt's own pairs. *W0*: context-free model; *SGD one pass*: the loss curves' best rate; "
                   f"*SGD small steps*: {c0.epochs} passes at 1/{c0.epochs} of that rate; *ridge least squares*: "
@@ -776,7 +781,7 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
 
     # 5. Where the effect lives
     eff_rows = []
-    for name, r in full.items():
+    for name, r in with_capacity.items():
         frames = [x["effect"].summary().set_index("variant") for x in r["runs"]]
         s = sum(f[["task_mse", "unexplained"]] for f in frames) / len(frames)
         numbers["lab"][name]["effect"] = s.reset_index().to_dict(orient="records")
@@ -802,7 +807,7 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
         lines += ["### 5. Where the context effect lives",
                   "The query run context-free with every layer's patch (*full*), only the W_in (W_gate, W_up) "
                   "patches, only the skip corrections, or nothing. Lab: normalised MSE to y at the query (n_train "
-                  "pairs, mean over seeds); language models: KL(contextual ‖ variant) of the next-token distribution "
+                  "pairs, mean over the seeds of section 3); language models: KL(contextual ‖ variant) of the next-token distribution "
                   "at the prompt's last token. *Unexplained* = Σ(variant − contextual)² / Σ(none − contextual)² (lab) "
                   "or mean KL / mean KL without patch (language models): 0 = the part reproduces the whole context "
                   "effect.", "", markdown_table(pd.DataFrame(eff_rows)), ""]
@@ -826,6 +831,7 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
     numbers["claim_paper_model"] = (rules.claim_wording(rules.claim_cells(numbers["lab"], ("single_block",)))
                                     if "single_block" in main_tables else None)
     numbers["reading"] = reading(lab, tables, lm_tables, numbers)
+    numbers["workshop"] = {"alignment": workshop_sentence(numbers)}
     lines += ["### Reading (computed from the tables above)", "", *numbers["reading"], ""]
     return write_fragment(args.out, lines), numbers
 
@@ -838,6 +844,22 @@ def claim_sentence(claim: dict, paper_model: dict | None) -> str:
     if paper_model is not None:
         text += f" On the paper's model (`single_block`) alone: {paper_model['sentence']}."
     return text
+
+
+def workshop_sentence(numbers: dict) -> str | None:
+    """The sentence docs/workshop.md and notebook 02 quote (read from the JSON): the paper's model over its seeds,
+    by population, and the claim's wording by the rules."""
+    signs, claim = (numbers.get("signs") or {}).get("single_block"), numbers.get("claim_paper_model")
+    if not signs or not claim:
+        return None
+    pops = signs["populations"]
+    words = {"similar": "attend to the context inputs similar to the query", "opposite": "to the opposite ones",
+             "unselective": "to neither"}
+    counts = ", ".join(f"{len(pops[p]['seeds']) if p in pops else 0} {words[p]}" for p in POPULATIONS)
+    steps = "; ".join(f"{p} {_fmt_interval(e['cells']['absorb step']['interval'], e['cells']['absorb step']['mean'])}"
+                      for p, e in pops.items())
+    return (f"Over {signs['summary']['seeds']} training seeds of the paper's single block, {counts}; the per-step "
+            f"alignment with SGD (absorb order) by population: {steps}. By the rule the claim is {claim['sentence']}.")
 
 
 def capacity_sentence(name: str, cap: dict, fits: float = FITS) -> str:
@@ -912,13 +934,15 @@ def reading(lab: dict, tables: dict, lm_tables: dict, numbers: dict) -> list[str
                                f"{t.ci('control:absorb:step').mean:+.3f} "
                                f"(*{verdict(t.ci('sgd:absorb:step'), t.ci('control:absorb:step'))}*)"
                                for n, t in lm_tables.items()) + ".")
-    full = [n for n in lab if "capacity" in numbers["lab"][n]]
-    for name in full:
+    for name in [n for n in lab if "capacity" in numbers["lab"][n]]:
         out.append(capacity_sentence(name, numbers["lab"][name]["capacity"]))
+    full = [n for n in lab if "function_space" in numbers["lab"][n]]
     if full:
         out.append(function_space_sentence({n: numbers["lab"][n]["function_space"] for n in full}))
+    effect = [n for n in lab if "effect" in numbers["lab"][n]]
+    if effect:
         corr, win = [], []
-        for name in full:
+        for name in effect:
             s = {r["variant"]: r["unexplained"] for r in numbers["lab"][name]["effect"]}
             item = f"{name} (W_in only leaves {s['w_in']:.2f}, corrections only {s['correction']:.2f})"
             (corr if s["correction"] < s["w_in"] else win).append(item)

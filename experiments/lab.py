@@ -80,6 +80,17 @@ def convergence_sentences(trend: dict, claim: dict, desc: pd.DataFrame, n_train:
     return out
 
 
+def workshop_sentence(trend: dict, claim: dict, n_train: int) -> str | None:
+    """The convergence sentence docs/workshop.md quotes (read from the JSON)."""
+    if claim.get("verdict") == "not tested":
+        return None
+    return (f"Inside the {n_train} trained pairs the drift of the whole implicit update (W_in patches and skip "
+            f"corrections) falls with n at the log-log slope {_slope(trend['softmax'])} for softmax "
+            f"({claim['softmax']['verdict']}) and {_slope(trend['gru'])} for the GRU ({claim['gru']['verdict']}; "
+            f"a running average gives −0.5, the rule asks ≤ {rules.TREND_SLOPE}): Dherin et al.'s convergence claim is "
+            f"{claim['verdict']} by the trend rule.")
+
+
 def findings(eq, conv, trend, claim, tp, mc, rv) -> list[str]:
     """Short statements, each computed from the results it summarises with the rules above (``conv``: the
     descriptive convergence run of the shipped seed; ``trend`` and ``claim``: :func:`trend_entries` and
@@ -233,7 +244,8 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md", progress: bool = 
                                "trend": trend, "claim": claim},
                "thought_patch": tp.summary().to_dict(orient="records"),
                "memory_cost": mc.to_frame().to_dict(orient="records"),
-               "attention_regression": [{k: v for k, v in r.items()} for r in rv.rows], "findings": found}
+               "attention_regression": [{k: v for k, v in r.items()} for r in rv.rows], "findings": found,
+               "workshop": {"convergence": workshop_sentence(trend, claim, conv.n_train)}}
     Path(out).with_suffix(".json").write_text(json.dumps(numbers, indent=1, default=float) + "\n", encoding="utf-8")
     return write_fragment(out, parts)
 
