@@ -90,13 +90,14 @@ def readout_slope(model: RegressionModel, prompts: RegressionPrompts | None = No
     if model.cfg.n_layers != 1 or model.cfg.skip:
         raise ValueError("readout_slope is defined for one block without skip connections (A = the MLP input)")
     p = prompts if prompts is not None else probe_prompts(model)
-    name, store = LAB_FAMILY.mlp_input(0), {}
+    block = model.blocks[0]
     shift = torch.zeros_like(p.tokens)
     shift[:, :-1, p.d_x] = 1.0  # every context label
-    with torch.enable_grad(), model.hooks(fwd_hooks=[(name, lambda a, hook: store.setdefault("A", a))]):
+    with torch.enable_grad():
         c = torch.zeros(p.tokens.shape[0], dtype=p.tokens.dtype, requires_grad=True)
-        pred = model(p.tokens + c[:, None, None] * shift)[:, -1]
-        A = store["A"]
+        # one block without skip connections: A = LN₂(M(LN₁(embed(tokens)))), ŷ = read_out(MLP(A))
+        A = block.ln2(block.mix(block.ln1(model.embed(model.check_tokens(p.tokens + c[:, None, None] * shift)))))
+        pred = model.read_out(block.mlp(A))[:, -1]
         J = torch.autograd.grad(pred.sum(), A, retain_graph=True)[0][:, -1]
         e = torch.stack([torch.autograd.grad(A[:, -1, k].sum(), c, retain_graph=True)[0] for k in range(A.shape[-1])], -1)
     e = e / e.norm(dim=-1, keepdim=True).clamp_min(1e-30)
