@@ -47,11 +47,11 @@ from tqdm.auto import tqdm
 
 from experiments import lab_rules as rules
 from experiments.report import command, load_average, machine, markdown_table, write_fragment
+from icl_lens.lab.seeds import SEEDS
 
 MAIN_LAB = ("single_block", "sb_no_attn_bias", "sb_embed", "sb_wide", "sb_task", "one_block", "one_block_skip",
             "one_block_ln", "one_block_preln", "skip_only", "softmax", "linear", "delta", "gru")
 ABLATION_BASE = "sb_oriented"
-SEEDS = tuple(range(10))
 FITS = 0.8  # a fit "lowers the test error" when it ends below FITS × the context-free model's error
 LM_MODELS = ("gemma-3-270m", "smollm2-135m")
 LM_TASKS = ("capitals", "en_fr", "en_es", "kv8")

@@ -20,19 +20,19 @@ from tqdm.auto import tqdm
 
 from experiments import lab_rules as rules
 from experiments.report import load_average, machine, markdown_table, write_fragment
-from icl_lens.lab import training_record
-from icl_lens.lab.experiments import attention_as_regression
-from icl_lens.lab.experiments import convergence_by_architecture
-from icl_lens.lab.experiments import numerical_equivalence
-from icl_lens.lab.experiments import memory_and_cost
-from icl_lens.lab.experiments import static_thought_patch
-from icl_lens.lab import ARCHITECTURES
+from icl_lens.lab.checkpoints import training_record
+from icl_lens.lab.experiments.attention_regression import attention_as_regression
+from icl_lens.lab.experiments.convergence import convergence_by_architecture
+from icl_lens.lab.experiments.equivalence import numerical_equivalence
+from icl_lens.lab.experiments.memory_cost import memory_and_cost
+from icl_lens.lab.experiments.thought_patch import static_thought_patch
+from icl_lens.lab.mixers import ARCHITECTURES
+from icl_lens.lab.seeds import SEEDS
 
 
 # Reading rules: each finding says on which side of these thresholds the measured numbers fall.
 EXACT = {"float64": 1e-10, "float32": 1e-4}  # relative error under which an identity counts as holding
 LEARNS = 0.2  # normalised in-context MSE at n_train below this: the layer learns the task in context
-SEEDS = tuple(range(10))
 
 
 def trend_entries(conv) -> dict:

@@ -22,6 +22,13 @@ Named models (:data:`LAB_MODELS`):
 - ``skip_only``: the 10-layer ``softmax`` model without its LayerNorms. (Ten blocks with
   LayerNorms but no skip connections did not train with the same recipe, so the
   LayerNorm-only ablation is the one-block model.)
+
+Not shipped either, trained by :mod:`icl_lens.lab.seeds` with an oriented initialisation (the recipe's
+``orient``: every first-layer head that prefers context inputs opposite to the query starts with its
+query projection negated, :func:`icl_lens.lab.mirror.orient_attention`): ``sb_oriented``
+(:data:`ORIENTED_MODELS`, the single block) and its one-factor variants (:data:`FACTOR_MODELS`: skip
+connections, LayerNorms, both, no attention-output bias, 3 heads, one_block's recipe, d_x 4, 16 pairs,
+an embedding to width 32), the ablation of issue 39 on a base whose seeds all start in one basin.
 """
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from icl_lens.model.loading import cache_dir as _cache_root
 CACHE_DIR = _cache_root() / "lab"
 MODELS: dict[str, LabConfig] = {**LAB_MODELS, **ABLATION_MODELS, **ORIENTED_MODELS, **FACTOR_MODELS}
 BATCH = 64
+SEEDS = tuple(range(10))  # the training seeds the evaluations use
 
 
 def cache_key(name: str, seed: int) -> str:
@@ -102,10 +103,11 @@ def seed_model(name: str, seed: int, *, cache_dir: Path | str | None = None, tra
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Train every missing (model, seed) run, seed-major (a run cut short still has every model at the first seeds)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--cache", default=None, help="cache folder (default $ICL_LENS_CACHE/lab, ~/.cache/icl_lens/lab)")
+    ap.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
+    ap.add_argument("--cache", default=None, help=f"cache folder (default {CACHE_DIR})")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     for seed in args.seeds:  # seed-major: a run cut short still has every model at the first seeds
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"[{name} s{seed}] cached", flush=True)
                 continue
             t0 = time.perf_counter()
-            _, rec = seed_model(name, seed, cache_dir=args.cache)
+            _, rec = seed_model(name, seed, cache_dir=args.cache, progress=True)
             print(f"[{name} s{seed}] trained in {time.perf_counter() - t0:.0f} s: steps {rec['steps']}, "
                   f"eval_loss_n_train {rec['eval_loss_n_train']:.4f}", flush=True)
 
