@@ -190,11 +190,38 @@ def _fmt_interval(d: dict | None, mean: float | None = None) -> str:
     return f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
 
 
+# The library modules whose code a cached (model, seed) result depends on: a change to any of them recomputes it.
+RESULT_SOURCES = ("icl_lens/lab/experiments/implicit_explicit.py", "icl_lens/lab/experiments/loss_curves.py",
+                  "icl_lens/lab/experiments/capacity.py", "icl_lens/lab/experiments/patch_parts.py",
+                  "icl_lens/lab/experiments/solution_signs.py", "icl_lens/lab/mirror.py",
+                  "icl_lens/lab/regression_dynamics.py", "icl_lens/lab/patching.py", "icl_lens/lab/model.py",
+                  "icl_lens/lab/mixers.py", "icl_lens/dynamics/sgd_alignment.py", "icl_lens/dynamics/explicit_finetune.py")
+
+
+def result_key(name: str, seed: int, record: dict, settings: dict) -> str:
+    """Hash of one (model, seed) measurement: the training record (unique per training run), the settings and the
+    source of :data:`RESULT_SOURCES`."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256(json.dumps({"name": name, "seed": seed, "record": record, "settings": settings},
+                                  sort_keys=True, default=str).encode())
+    for rel in RESULT_SOURCES:
+        h.update((root / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def run_lab(names, n_prompts: int, n_probes: int, progress: bool, seeds=SEEDS, full=MAIN_LAB,
-            full_seeds: int = 3) -> dict:
+            full_seeds: int = 3, results_cache=None) -> dict:
     """Per model: the runs of every cached seed. Every model: loss curves (the best rate), alignment and, for one
     softmax block, its solution's signs; the models in ``full`` also, on their first ``full_seeds`` cached seeds,
-    where the effect lives and the capacity test (sections 3 and 5, which no verdict of issue 39 rests on)."""
+    where the effect lives and the capacity test (sections 3 and 5, which no verdict of issue 39 rests on).
+
+    ``results_cache``: a folder where each (model, seed) measurement is kept under :func:`result_key`, so a rerun
+    after more seeds were trained measures only the new ones (None: measure everything)."""
+    from pathlib import Path
+
     from icl_lens.lab.experiments.capacity import capacity_test
     from icl_lens.lab.experiments.implicit_explicit import implicit_vs_explicit
     from icl_lens.lab.experiments.loss_curves import loss_curves
@@ -213,15 +240,28 @@ def run_lab(names, n_prompts: int, n_probes: int, progress: bool, seeds=SEEDS, f
                 model, record = lab_seeds.seed_model(name, seed, train_missing=False)
             except FileNotFoundError:
                 continue
+            with_full = name in full and len(runs) < full_seeds
+            settings = {"prompts": n_prompts, "probes": n_probes, "full": with_full}
+            path = (Path(results_cache) / f"{name}-s{seed}-{result_key(name, seed, record, settings)}.pt"
+                    if results_cache else None)
+            if path is not None and path.exists():
+                runs.append(torch.load(path, weights_only=False))  # written by this function, below
+                continue
+            c0 = time.process_time()
             curves = loss_curves(name, n_prompts=n_prompts, n_probes=n_probes, model=model)
             lr = curves.lrs[curves.best]
             run = {"seed": seed, "record": record, "curves": curves,
                    "align": implicit_vs_explicit(name, n_prompts=n_prompts, lr=lr, model=model)}
             if model.cfg.arch == "softmax" and model.cfg.n_layers == 1:
                 run["signs"] = solution_signs(name, seed, model, record)
-            if name in full and len(runs) < full_seeds:
+            if with_full:
                 run["effect"] = patch_parts(name, n_prompts=n_prompts, model=model)
                 run["capacity"] = capacity_test(model, curves, n_prompts=n_prompts, n_probes=n_probes)
+            run["cpu_seconds"] = time.process_time() - c0  # one thread: the wall time of this run on an idle core
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(run, path.with_suffix(".tmp"))
+                path.with_suffix(".tmp").replace(path)
             runs.append(run)
         if runs:
             out[name] = {"seeds": [r["seed"] for r in runs], "runs": runs}
@@ -332,24 +372,19 @@ def sides_rows(tables: dict, lm_names=()) -> pd.DataFrame:
 
 # --- 2a. the sign of the alignment and the solution each seed found -----------------------------------------
 
-SIGN_CELLS = (("absorb", "step"), ("prefix", "step"), ("absorb", "cumulative"), ("prefix", "cumulative"),
-              ("end", "cumulative"))
-
-
 def seed_rows(name: str, r: dict, t: "Pooled") -> list[dict]:
     """One row per seed of a one-block softmax model: its solution (:class:`SolutionSigns`) beside its cosines."""
     rows = []
     for k, run in enumerate(r["runs"]):
         s = run["signs"]
         row = {"model": name, "seed": run["seed"], "in-context MSE": s.in_context_mse,
-               "preference at init": "/".join(f"{p:+.2f}" for p in s.preference_init),
-               "preference trained": "/".join(f"{p:+.2f}" for p in s.preference),
+               "preference at init": list(s.preference_init), "preference trained": list(s.preference),
                "population": population(s.preference), "label response ρ": s.label_response,
                "readout slope": s.readout_slope, "task slope": s.task_slope,
                "SGD uniform share": s.sgd_uniform_share}
         for order in ("absorb", "prefix"):
             row[f"output side {order}"] = t.values(f"out_side:{order}:step")[k]
-        for order, kind in SIGN_CELLS:
+        for order, kind in ORDERS_KINDS:
             row[f"{order} {kind}"] = t.values(f"sgd:{order}:{kind}")[k]
         row["end control"] = t.values("control:end:cumulative")[k]
         rows.append(row)
@@ -374,13 +409,14 @@ def sign_summary(rows: list[dict]) -> dict:
     on how many seeds the initial preference's sign is the trained population's."""
     n = len(rows)
     pops = {p: [r["seed"] for r in rows if r["population"] == p] for p in POPULATIONS}
-    same = lambda key, ref: sum(_sign(r[key]) == _sign(r[ref]) for r in rows if r[ref] is not None)  # noqa: E731
+    same = lambda key, ref: sum(_sign(r[key]) == _sign(r[ref]) for r in rows if r[key] is not None)  # noqa: E731
     selective = [r for r in rows if r["population"] != "unselective"]
-    init_sign = lambda r: _sign(float(max(r["preference at init"].split("/"), key=lambda x: abs(float(x)))))  # noqa: E731
+    init_sign = lambda r: _sign(max(r["preference at init"], key=abs))  # noqa: E731
     return {"seeds": n, "populations": pops,
             "step_sign_is_rho_sign": {o: same(f"{o} step", "label response ρ") for o in ("absorb", "prefix")},
             "output_side_sign_is_rho_sign": {o: same(f"output side {o}", "label response ρ") for o in ("absorb", "prefix")},
             "readout_sign_is_rho_sign": same("readout slope", "label response ρ"),
+            "readout_seeds": sum(r["readout slope"] is not None for r in rows),
             "rho_vs_step_correlation": {o: _pearson([r["label response ρ"] for r in rows], [r[f"{o} step"] for r in rows])
                                         for o in ("absorb", "prefix")},
             "selective_seeds": len(selective),
@@ -399,14 +435,14 @@ def population_cells(rows: list[dict]) -> dict:
                     "in_context_mse": sum(r["in-context MSE"] for r in members) / len(members),
                     "cells": {f"{o} {k}": rules.cell_summary([r[f"{o} {k}"] for r in members],
                                                              [r["_controls"][f"{o} {k}"] for r in members])
-                              for o, k in SIGN_CELLS}}
+                              for o, k in ORDERS_KINDS}}
     return out
 
 
 def with_controls(rows: list[dict], t: "Pooled") -> list[dict]:
     """The seed rows with each cell's control value attached (``_controls``), for :func:`population_cells`."""
     for k, row in enumerate(rows):
-        row["_controls"] = {f"{o} {kd}": t.values(f"control:{o}:{kd}")[k] for o, kd in SIGN_CELLS}
+        row["_controls"] = {f"{o} {kd}": t.values(f"control:{o}:{kd}")[k] for o, kd in ORDERS_KINDS}
     return rows
 
 
@@ -418,9 +454,10 @@ def cause_sentence(name: str, s: dict) -> str:
     return (f"- {name} over {s['seeds']} seed(s): populations (seeds) {pops}. The per-step cosine has the sign of the "
             f"label response ρ on {s['step_sign_is_rho_sign']['absorb']} (absorb) and "
             f"{s['step_sign_is_rho_sign']['prefix']} (prefix) of {s['seeds']} seeds, its output side on "
-            f"{s['output_side_sign_is_rho_sign']['absorb']} / {s['output_side_sign_is_rho_sign']['prefix']}, and the "
-            f"readout slope has ρ's sign on {s['readout_sign_is_rho_sign']} of {s['seeds']}; correlation over seeds of "
-            f"ρ with the per-step cosine: {corr_text}. The initial preference's sign is the trained population's on "
+            f"{s['output_side_sign_is_rho_sign']['absorb']} / {s['output_side_sign_is_rho_sign']['prefix']}"
+            + (f", and the readout slope has ρ's sign on {s['readout_sign_is_rho_sign']} of {s['readout_seeds']}"
+               if s["readout_seeds"] else "")
+            + f"; correlation over seeds of ρ with the per-step cosine: {corr_text}. The initial preference's sign is the trained population's on "
             f"{s['init_sign_is_population']} of the {s['selective_seeds']} selective seeds.")
 
 
@@ -502,6 +539,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for the language models (1: on a shared machine a second thread mostly spin-waits)")
     ap.add_argument("--out", default="reports/eval_finetune_alignment.md")
+    ap.add_argument("--results-cache", default=None,
+                    help="keep each (model, seed) measurement here and reuse it when nothing it depends on changed "
+                         "(default $ICL_LENS_CACHE/lab_results; --no-results-cache measures everything)")
+    ap.add_argument("--no-results-cache", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     if args.lab_models is None:
@@ -517,7 +558,11 @@ def main(argv: list[str] | None = None) -> None:
     load_before, t0, c0 = load_average(), time.perf_counter(), time.process_time()
     torch.set_num_threads(1)  # the lab models are tiny: one thread is fastest
     t_lab = time.perf_counter()
-    lab = run_lab(args.lab_models, args.lab_prompts, 8 if args.quick else 32, progress, seeds=args.seeds)
+    from icl_lens.model.loading import cache_dir
+
+    results = None if args.no_results_cache or args.quick else (args.results_cache or cache_dir() / "lab_results")
+    lab = run_lab(args.lab_models, args.lab_prompts, 8 if args.quick else 32, progress, seeds=args.seeds,
+                  results_cache=results)
     t_lab = time.perf_counter() - t_lab
     torch.set_num_threads(args.threads)
     if args.reuse_lm:
@@ -553,20 +598,26 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
            argv) -> tuple[str, dict]:
     """The Markdown fragment and the JSON numbers; every verdict and reading sentence computed by the rules."""
     numbers: dict = {"lab": {}, "lm": {}, "seconds": wall, "cpu_seconds": cpu, "lab_seconds": lab_seconds,
+                     "results_cache": not (args.no_results_cache or args.quick),
                      "quick": bool(args.quick), "aligned_threshold": ALIGNED, "weak_threshold": WEAK,
                      "trend_slope": rules.TREND_SLOPE, "selective": SELECTIVE, "fits_threshold": FITS,
                      "main_models": [n for n in MAIN_LAB if n in lab], "ablation_base": ABLATION_BASE,
                      "seeds": {n: r["seeds"] for n, r in lab.items()}, "lm_reused_from": args.reuse_lm}
     reused = bool(args.reuse_lm)
+    measure_cpu = sum(x["cpu_seconds"] for r in lab.values() for x in r["runs"])
+    numbers["measurement_cpu_seconds"] = measure_cpu
     lines = [
         "## Implicit vs explicit finetuning (the paper's protocol)",
         "",
         f"Command: `{command('python -m experiments.finetune_alignment', argv)}`  ",
         f"Machine: {machine(load_before=load_before)}.  ",
         f"Run time: {wall:.0f} s wall, {cpu:.0f} s CPU (lab models {lab_seconds:.0f} s wall, one thread, from the "
-        "cached checkpoints"
+        "cached checkpoints" + ("" if args.no_results_cache or args.quick else
+                               ", reusing the (model, seed) measurements kept by earlier runs where nothing changed")
         + (f"; language-model rows reused from `{args.reuse_lm}`, not re-measured in this run)." if reused else
            f"; language models {args.threads} thread{'s' if args.threads > 1 else ''})."),
+        f"Measuring every lab (model, seed) from its checkpoint takes {measure_cpu:.0f} s of CPU on one thread "
+        f"({measure_cpu / 60:.0f} min: the time of a full rerun on an idle core, whatever this run reused).",
         "",
     ]
     if args.quick:
@@ -697,13 +748,16 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
             all_rows[name] = rows
             numbers["signs"][name] = {"rows": [{k: v for k, v in r.items() if k != "_controls"} for r in rows],
                                       "summary": sign_summary(rows), "populations": population_cells(rows)}
-        frame = pd.DataFrame([{k: (f"{v:+.3f}" if isinstance(v, float) else v) for k, v in r.items() if k != "_controls"}
+        shown = lambda v: (f"{v:+.3f}" if isinstance(v, float) else "/".join(f"{p:+.2f}" for p in v)  # noqa: E731
+                           if isinstance(v, list) else v)
+        frame = pd.DataFrame([{k: shown(v) for k, v in r.items() if k != "_controls"}
                               for n in detail for r in all_rows[n]])
         compact = pd.DataFrame([{"model": n, "seeds": s["seeds"],
                                  **{p: len(v) for p, v in s["populations"].items()},
                                  "step sign = ρ sign (absorb/prefix)":
                                      f"{s['step_sign_is_rho_sign']['absorb']}/{s['step_sign_is_rho_sign']['prefix']}",
-                                 "readout sign = ρ sign": s["readout_sign_is_rho_sign"],
+                                 "readout sign = ρ sign": (f"{s['readout_sign_is_rho_sign']} of {s['readout_seeds']}"
+                                                           if s["readout_seeds"] else "–"),
                                  "init sign = population (selective seeds)":
                                      f"{s['init_sign_is_population']} of {s['selective_seeds']}"}
                                 for n in sign_models for s in [numbers["signs"][n]["summary"]]])

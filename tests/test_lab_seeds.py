@@ -231,6 +231,7 @@ def test_factor_and_trend_rules():
     assert rules.trend_verdict([-0.5, -0.55, -0.48, -0.52])["verdict"] == "converges"
     assert rules.trend_verdict([0.0, 0.05, -0.05, 0.02])["verdict"] == "does not converge"
     assert rules.trend_verdict([-0.3, -0.5, -0.6, -0.2])["verdict"] == "undecided"
+    assert rules.trend_verdict([-0.2, -0.9, -0.5, -0.6])["verdict"] == "undecided"  # mean −0.55: the interval decides
     softmax, gru = [-0.5, -0.55, -0.48, -0.52], [0.0, 0.05, -0.05, 0.02]
     assert rules.settling_claim({"softmax": softmax, "gru": gru})["verdict"] == "reproduced"
     partly = rules.settling_claim({"softmax": [-0.3, -0.28, -0.32, -0.3], "gru": gru})
@@ -259,10 +260,18 @@ def test_function_space_sentence_names_only_models_whose_changes_follow_the_resi
     assert "For no model" in fa.function_space_sentence({"b": entry(0.95, 0.1)})
 
 
-def test_seed_cache_lives_with_the_models_cache(tmp_path, monkeypatch):
-    """Trained seeds go under ``$ICL_LENS_CACHE/lab`` like the dequantised models, never beside the installed
-    package; the file name (and the key in it) stays ``<name>-s<seed>-<key>.pt``."""
-    monkeypatch.setenv("ICL_LENS_CACHE", str(tmp_path / "cache"))
-    path = seeds.cache_path("sb_embed", 2)
-    assert path == tmp_path / "cache" / "lab" / f"sb_embed-s2-{seeds.cache_key('sb_embed', 2)}.pt"
-    assert seeds.cache_path("sb_embed", 2, tmp_path / "own").parent == tmp_path / "own"
+def test_results_cache_keeps_each_model_seed_measurement(tmp_path, monkeypatch):
+    """A rerun reuses a (model, seed) measurement when nothing it depends on changed, and measures again when the
+    settings or the library code it depends on change."""
+    first = fa.run_lab(["single_block"], 2, 4, False, seeds=(0,), full=(), results_cache=tmp_path)
+    files = list(tmp_path.glob("single_block-s0-*.pt"))
+    assert len(files) == 1 and first["single_block"]["runs"][0]["cpu_seconds"] > 0
+    again = fa.run_lab(["single_block"], 2, 4, False, seeds=(0,), full=(), results_cache=tmp_path)
+    a, b = first["single_block"]["runs"][0]["align"], again["single_block"]["runs"][0]["align"]
+    assert all(torch.equal(a.cosines[k], b.cosines[k]) for k in a.cosines)
+    fa.run_lab(["single_block"], 3, 4, False, seeds=(0,), full=(), results_cache=tmp_path)  # other settings
+    assert len(list(tmp_path.glob("single_block-s0-*.pt"))) == 2
+    monkeypatch.setattr(fa, "RESULT_SOURCES", fa.RESULT_SOURCES[:-1])  # "changed code": another key
+    key = fa.result_key("single_block", 0, first["single_block"]["runs"][0]["record"], {"prompts": 2})
+    monkeypatch.undo()
+    assert key != fa.result_key("single_block", 0, first["single_block"]["runs"][0]["record"], {"prompts": 2})
