@@ -334,7 +334,7 @@ def alignment_rows(tables: dict) -> pd.DataFrame:
             rows.append({"model": name, "cell": f"{order} {kind}", "seeds": c["seeds"],
                          "per seed": " ".join(f"{v:+.2f}" for v in c["per_seed"]), "signs": c["signs"],
                          "mean [95% t over seeds]": _fmt_interval(c["interval"], c["mean"]),
-                         "|cos|": f"{sum(c['abs_per_seed']) / len(c['abs_per_seed']):.3f}",
+                         "mean \\|cos\\|": f"{sum(c['abs_per_seed']) / len(c['abs_per_seed']):.3f}",
                          "control": f"{c['control_mean']:+.3f}",
                          "minus control": _fmt_interval(c["difference"]), "verdict": c["verdict"]})
     return pd.DataFrame(rows)
@@ -360,7 +360,7 @@ def sides_rows(tables: dict, lm_names=()) -> pd.DataFrame:
             row["end, one full-batch step (control)"] = (
                 f"{_fmt(t.ci('full_batch:end:cumulative'))} ({t.ci('full_batch_control:end:cumulative').mean:+.3f})"
                 if has("full_batch:end:cumulative") else "–")
-            row["random |cos|"] = f"{_random_abs(t):.1e}"
+            row["random \\|cos\\|"] = f"{_random_abs(t):.1e}"
             if name in lm_names:
                 for kind in ("cumulative", "step"):
                     row[f"{kind} (control)"] = (f"{_fmt(t.ci(f'sgd:{order}:{kind}'))} "
