@@ -59,6 +59,7 @@ QUICK_LAB, QUICK_LM = ("single_block", "softmax"), ("tiny-gemma3",)
 ALIGNED, WEAK = rules.ALIGNED, rules.WEAK
 DEMOS = 5
 SELECTIVE = 0.5  # a head selects by similarity when its score–similarity correlation is at least this in size
+UNIFORM = 0.9  # an SGD step "shifts every prediction alike" when this share of its change is the same on every probe
 ORDERS_KINDS = rules.CELLS
 
 
@@ -420,6 +421,7 @@ def sign_summary(rows: list[dict]) -> dict:
             "rho_vs_step_correlation": {o: _pearson([r["label response ρ"] for r in rows], [r[f"{o} step"] for r in rows])
                                         for o in ("absorb", "prefix")},
             "selective_seeds": len(selective),
+            "uniform_seeds": sum(r["SGD uniform share"] >= UNIFORM for r in rows),
             "init_sign_is_population": sum(init_sign(r) == (1 if r["population"] == "similar" else -1)
                                            for r in selective)}
 
@@ -458,7 +460,10 @@ def cause_sentence(name: str, s: dict) -> str:
             + (f", and the readout slope has ρ's sign on {s['readout_sign_is_rho_sign']} of {s['readout_seeds']}"
                if s["readout_seeds"] else "")
             + f"; correlation over seeds of ρ with the per-step cosine: {corr_text}. The initial preference's sign is the trained population's on "
-            f"{s['init_sign_is_population']} of the {s['selective_seeds']} selective seeds.")
+            f"{s['init_sign_is_population']} of the {s['selective_seeds']} selective seeds. An SGD step on W_in shifts "
+            f"every context-free prediction alike (uniform share ≥ {UNIFORM}) on {s['uniform_seeds']} of {s['seeds']} "
+            "seeds: there its cosine with the implicit step reads how the context moves the query toward the example's "
+            "label, whose sign is the solution's.")
 
 
 def population_sentence(name: str, pops: dict) -> str:
