@@ -47,6 +47,7 @@ from tqdm.auto import tqdm
 
 from experiments import lab_rules as rules
 from experiments.report import command, load_average, machine, markdown_table, write_fragment
+from icl_lens.lab.experiments.solution_signs import POPULATIONS, SELECTIVE
 from icl_lens.lab.seeds import SEEDS
 
 MAIN_LAB = ("single_block", "sb_no_attn_bias", "sb_embed", "sb_wide", "sb_task", "one_block", "one_block_skip",
@@ -58,7 +59,6 @@ LM_TASKS = ("capitals", "en_fr", "en_es", "kv8")
 QUICK_LAB, QUICK_LM = ("single_block", "softmax"), ("tiny-gemma3",)
 ALIGNED, WEAK = rules.ALIGNED, rules.WEAK
 DEMOS = 5
-SELECTIVE = 0.5  # a head selects by similarity when its score–similarity correlation is at least this in size
 UNIFORM = 0.9  # an SGD step "shifts every prediction alike" when this share of its change is the same on every probe
 ORDERS_KINDS = rules.CELLS
 
@@ -87,17 +87,6 @@ def describe(name: str) -> str:
     recipe = RECIPES[name]
     parts.append(f"rate {recipe['lr']:g}, {recipe['steps']} steps" + (", oriented init" if recipe.get("orient") else ""))
     return ", ".join(p for p in parts if p)
-
-
-def population(preferences) -> str:
-    """The mirror solution of a trained softmax model from its first layer's heads (rule fixed before the run):
-    ``similar`` / ``opposite`` when its most selective head's score–similarity correlation is ≥ SELECTIVE /
-    ≤ −SELECTIVE, else ``unselective`` (no head selects the context by similarity)."""
-    top = max(preferences, key=abs)
-    return "similar" if top >= SELECTIVE else "opposite" if top <= -SELECTIVE else "unselective"
-
-
-POPULATIONS = ("similar", "opposite", "unselective")
 
 
 class Pooled:
@@ -380,7 +369,7 @@ def seed_rows(name: str, r: dict, t: "Pooled") -> list[dict]:
         s = run["signs"]
         row = {"model": name, "seed": run["seed"], "in-context MSE": s.in_context_mse,
                "preference at init": list(s.preference_init), "preference trained": list(s.preference),
-               "population": population(s.preference), "label response ρ": s.label_response,
+               "population": s.population, "label response ρ": s.label_response,
                "readout slope": s.readout_slope, "task slope": s.task_slope,
                "SGD uniform share": s.sgd_uniform_share}
         for order in ("absorb", "prefix"):
@@ -493,7 +482,7 @@ def ablation(tables: dict, lab: dict) -> dict | None:
     base, base_runs = tables[ABLATION_BASE], lab[ABLATION_BASE]["runs"]
 
     def entry(name: str, t: Pooled, runs: list) -> dict:
-        pops = [population(r["signs"].preference) for r in runs if "signs" in r]
+        pops = [r["signs"].population for r in runs if "signs" in r]
         return {"seeds": [r["seed"] for r in runs], "in_context_mse": [r["record"]["eval_loss_n_train"] for r in runs],
                 "populations": {p: pops.count(p) for p in POPULATIONS},
                 "cells": {f"{o} {k}": t.cell(o, k) for o, k in ABLATION_CELLS}}

@@ -147,7 +147,7 @@ def test_solution_signs_of_the_shipped_single_block():
     assert s.population == "similar" and s.preference[0] > 0.9 and s.preference_init[0] > 0
     assert s.sgd_uniform_share > 0.9  # an SGD step on W_in shifts every context-free prediction alike
     assert s.readout_slope > 0 and s.task_slope > 0.5 and s.in_context_mse == record["eval_loss_n_train"]
-    assert population(-0.3) == "opposite" and len(s.to_frame()) == 1
+    assert population([-0.3]) == "unselective" and population([0.2, -0.7]) == "opposite" and len(s.to_frame()) == 1
     with pytest.raises(ValueError, match="softmax"):
         solution_signs("gru", 0, *seeds.seed_model("gru", 0, train_missing=False))
 

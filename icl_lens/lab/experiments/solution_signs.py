@@ -21,8 +21,9 @@ Per trained one-block softmax model (one training seed), from a fixed probe batc
   prediction toward the example's label, and the implicit step's cosine with it takes the
   sign of ``ρ``.
 
-The population of a seed (rule fixed before the run, :func:`population`): *similar* when
-``ρ > 0``, *opposite* when ``ρ < 0``.
+The population of a seed (rule fixed before the run, :func:`population`): the mirror solution of
+its first attention layer, *similar* / *opposite* when its most selective head's preference is
+≥ ``SELECTIVE`` / ≤ −``SELECTIVE``, else *unselective* (no head selects the context by similarity).
 """
 from __future__ import annotations
 
@@ -36,11 +37,15 @@ from icl_lens.lab.model import RegressionModel, build_model
 from icl_lens.lab.regression_dynamics import sgd_on_pairs
 
 SMALL_LR = 1e-3
+SELECTIVE = 0.5  # a head selects the context by similarity when its preference is at least this in size
+POPULATIONS = ("similar", "opposite", "unselective")
 
 
-def population(label_response_mean: float) -> str:
-    """``"similar"`` (ρ > 0) or ``"opposite"`` (ρ < 0; ρ = 0 counts as opposite: not shown to be similar)."""
-    return "similar" if label_response_mean > 0 else "opposite"
+def population(preferences) -> str:
+    """``"similar"`` / ``"opposite"`` when the most selective head's preference (score–similarity correlation) is
+    ≥ SELECTIVE / ≤ −SELECTIVE, else ``"unselective"``."""
+    top = max(preferences, key=abs)
+    return "similar" if top >= SELECTIVE else "opposite" if top <= -SELECTIVE else "unselective"
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ class SolutionSigns:
 
     @property
     def population(self) -> str:
-        return population(self.label_response)
+        return population(self.preference)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "population": self.population}
