@@ -188,18 +188,29 @@ RESULT_SOURCES = ("icl_lens/lab/experiments/implicit_explicit.py", "icl_lens/lab
                   "icl_lens/lab/mixers.py", "icl_lens/dynamics/sgd_alignment.py", "icl_lens/dynamics/explicit_finetune.py")
 
 
-def result_key(name: str, seed: int, record: dict, settings: dict) -> str:
-    """Hash of one (model, seed) measurement: the training record (unique per training run), the settings and the
-    source of :data:`RESULT_SOURCES`."""
+def _source_hash(sources=None) -> str:
+    """Hash of the library source a measurement depends on (:data:`RESULT_SOURCES`)."""
     import hashlib
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256(json.dumps({"name": name, "seed": seed, "record": record, "settings": settings},
-                                  sort_keys=True, default=str).encode())
-    for rel in RESULT_SOURCES:
+    h = hashlib.sha256()
+    for rel in sources or RESULT_SOURCES:
         h.update((root / rel).read_bytes())
-    return h.hexdigest()[:16]
+    return h.hexdigest()
+
+
+_LOADED_SOURCE = _source_hash()  # the code this process imported (an edit during a run does not relabel its results)
+
+
+def result_key(name: str, seed: int, record: dict, settings: dict, source: str | None = None) -> str:
+    """Hash of one (model, seed) measurement: the training record (unique per training run), the settings and the
+    library source it was measured with (default: the one this process loaded)."""
+    import hashlib
+
+    text = json.dumps({"name": name, "seed": seed, "record": record, "settings": settings,
+                       "source": source or _LOADED_SOURCE}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def run_lab(names, n_prompts: int, n_probes: int, progress: bool, seeds=SEEDS, full=MAIN_LAB,
