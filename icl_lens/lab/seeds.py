@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     ap.add_argument("--cache", default=None, help=f"cache folder (default {CACHE_DIR})")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar per run (e.g. when logging to a file)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     for seed in args.seeds:  # seed-major: a run cut short still has every model at the first seeds
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"[{name} s{seed}] cached", flush=True)
                 continue
             t0 = time.perf_counter()
-            _, rec = seed_model(name, seed, cache_dir=args.cache, progress=True)
+            _, rec = seed_model(name, seed, cache_dir=args.cache, progress=not args.no_progress)
             print(f"[{name} s{seed}] trained in {time.perf_counter() - t0:.0f} s: steps {rec['steps']}, "
                   f"eval_loss_n_train {rec['eval_loss_n_train']:.4f}", flush=True)
 
