@@ -35,6 +35,9 @@ EXACT = {"float64": 1e-10, "float32": 1e-4}  # relative error under which an ide
 LEARNS = 0.2  # normalised in-context MSE at n_train below this: the layer learns the task in context
 
 
+CLAIM_WORDS = {"reproduced": "reproduced", "partly": "partly reproduced", "not": "not reproduced"}
+
+
 def trend_entries(conv) -> dict:
     """Per architecture: the doublings ``ns``, each seed's mean log drift(n → 2n) and slope, and the trend verdict
     (:func:`experiments.lab_rules.trend_verdict`)."""
@@ -67,7 +70,7 @@ def convergence_sentences(trend: dict, claim: dict, desc: pd.DataFrame, n_train:
             f"{claim['softmax']['verdict']}, GRU {claim['gru']['verdict']}"
             + (f"; softmax's slope minus the GRU's {diff['mean']:+.2f} [{diff['low']:+.2f}, {diff['high']:+.2f}] (Welch)"
                if diff else "")
-            + f": **{claim['verdict']}** by the rule.")
+            + f": **{CLAIM_WORDS[claim['verdict']]}** by the rule.")
     if "delta" in desc.index:
         mse = desc.loc["delta", "norm_mse_at_n_train"]
         learns = mse < LEARNS
@@ -88,7 +91,7 @@ def workshop_sentence(trend: dict, claim: dict, n_train: int) -> str | None:
             f"corrections) falls with n at the log-log slope {_slope(trend['softmax'])} for softmax "
             f"({claim['softmax']['verdict']}) and {_slope(trend['gru'])} for the GRU ({claim['gru']['verdict']}; "
             f"a running average gives −0.5, the rule asks ≤ {rules.TREND_SLOPE}): Dherin et al.'s convergence claim is "
-            f"{claim['verdict']} by the trend rule.")
+            f"{CLAIM_WORDS[claim['verdict']]} by the trend rule.")
 
 
 def findings(eq, conv, trend, claim, tp, mc, rv) -> list[str]:

@@ -67,12 +67,12 @@ def test_lab_findings_follow_the_numbers():
     assert "delta rule's in-context MSE at 16 pairs is 0.003 (below 0.2; softmax 0.010)" in text and "supported here" in text
     assert "0.100 is below no context (0.500) and above the prompt in context" in text
     other = "\n".join(lab.findings(*_lab_results(gru_slopes=(-0.5, -0.6, -0.55), test_mse=0.6, delta_mse=0.5)))
-    assert "gru slope -0.55 [" in other and "**not** by the rule" in other
+    assert "gru slope -0.55 [" in other and "**not reproduced** by the rule" in other
     assert "0.500 (not below 0.2;" in other and "**not** supported here" in other
     assert "0.600 is above no context" in other
     partly = "\n".join(lab.findings(*_lab_results(gru_slopes=(0.0, 0.05, -0.02), test_mse=0.1,
                                                     softmax_slopes=(-0.3, -0.28, -0.31))))
-    assert "softmax does not converge, GRU does not converge" in partly and "**partly** by the rule" in partly
+    assert "softmax does not converge, GRU does not converge" in partly and "**partly reproduced** by the rule" in partly
 
 
 def _thought_row(n_test: int, correct: dict[str, int]) -> dict:
