@@ -610,7 +610,11 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
                      "seeds": {n: r["seeds"] for n, r in lab.items()}, "lm_reused_from": args.reuse_lm}
     reused = bool(args.reuse_lm)
     measure_cpu = sum(x["cpu_seconds"] for r in lab.values() for x in r["runs"])
-    numbers["measurement_cpu_seconds"] = measure_cpu
+    # a full rerun with every seed of every model: each model's mean measured CPU per seed × the seeds asked for
+    full_rerun = sum(sum(x["cpu_seconds"] for x in r["runs"]) / len(r["runs"]) * len(args.seeds) for r in lab.values())
+    numbers["measurement_cpu_seconds"], numbers["full_rerun_cpu_seconds"] = measure_cpu, full_rerun
+    for name, r in lab.items():
+        numbers["seeds_cpu_seconds"] = {**numbers.get("seeds_cpu_seconds", {}), name: [x["cpu_seconds"] for x in r["runs"]]}
     lines = [
         "## Implicit vs explicit finetuning (the paper's protocol)",
         "",
@@ -621,8 +625,10 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
                                ", reusing the (model, seed) measurements kept by earlier runs where nothing changed")
         + (f"; language-model rows reused from `{args.reuse_lm}`, not re-measured in this run)." if reused else
            f"; language models {args.threads} thread{'s' if args.threads > 1 else ''})."),
-        f"Measuring every lab (model, seed) from its checkpoint takes {measure_cpu:.0f} s of CPU on one thread "
-        f"({measure_cpu / 60:.0f} min: the time of a full rerun on an idle core, whatever this run reused).",
+        f"Measuring every lab (model, seed) of this report from its checkpoint takes {measure_cpu:.0f} s of CPU on one "
+        f"thread ({measure_cpu / 60:.0f} min, the time on an idle core, whatever this run reused); with all "
+        f"{len(args.seeds)} seeds of every model (each model's mean per seed × {len(args.seeds)}): "
+        f"{full_rerun / 60:.0f} min.",
         "",
     ]
     if args.quick:
@@ -946,8 +952,9 @@ def ablation_sentences(abl: dict) -> list[str]:
                      + ")" for c, v in moved.items()]
             out.append(f"  - {f['factor']} (`{name}`): " + "; ".join(parts) + ".")
         else:
+            n = len(f["seeds"])
             out.append(f"  - {f['factor']} (`{name}`): no change detected in "
-                       + ", ".join(f["change"]) + f" ({len(f['seeds'])} seeds).")
+                       + ", ".join(f["change"]) + f" ({n} seed{'s' if n != 1 else ''}).")
     return out
 
 
@@ -974,8 +981,8 @@ def reading(lab: dict, tables: dict, lm_tables: dict, numbers: dict) -> list[str
     if numbers.get("claim"):
         out.append(claim_sentence(numbers["claim"], numbers.get("claim_paper_model")))
     for name, entry in (numbers.get("signs") or {}).items():
-        out.append(cause_sentence(name, entry["summary"]))
-        if name in ("single_block", ABLATION_BASE):
+        if name in ("single_block", ABLATION_BASE):  # the other one-block models: the counts table of section 2a
+            out.append(cause_sentence(name, entry["summary"]))
             out.append(population_sentence(name, entry["populations"]))
     main = {n: t for n, t in tables.items() if n in MAIN_LAB}
     for order in ("absorb", "prefix"):
