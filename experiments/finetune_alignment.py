@@ -613,8 +613,7 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
     # a full rerun with every seed of every model: each model's mean measured CPU per seed × the seeds asked for
     full_rerun = sum(sum(x["cpu_seconds"] for x in r["runs"]) / len(r["runs"]) * len(args.seeds) for r in lab.values())
     numbers["measurement_cpu_seconds"], numbers["full_rerun_cpu_seconds"] = measure_cpu, full_rerun
-    for name, r in lab.items():
-        numbers["seeds_cpu_seconds"] = {**numbers.get("seeds_cpu_seconds", {}), name: [x["cpu_seconds"] for x in r["runs"]]}
+    numbers["seeds_cpu_seconds"] = {name: [x["cpu_seconds"] for x in r["runs"]] for name, r in lab.items()}
     lines = [
         "## Implicit vs explicit finetuning (the paper's protocol)",
         "",
