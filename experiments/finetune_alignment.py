@@ -13,18 +13,18 @@ same examples. This command measures, with the library's functions:
 2. weight-space alignment, cumulative and per step, in the prefix and the paper's
    absorb order, and at the end of the context (order-independent), with a
    mismatched-prompt control, variants that isolate the cause and a random-direction
-   baseline (:func:`icl_lens.lab.experiments.implicit_explicit.implicit_vs_explicit`);
+   baseline (:func:`icl_lens.lab.experiments.implicit_vs_explicit`);
    2a. which of the task's two mirror solutions each seed found, and how that sets the
-   sign of its alignment (:mod:`icl_lens.lab.experiments.solution_signs`);
+   sign of its alignment (:func:`icl_lens.lab.solution_signs`);
    2b. one factor at a time on the oriented single block
-   (:data:`icl_lens.lab.checkpoints.FACTOR_MODELS`);
-3. a capacity test beside one-pass SGD (:func:`icl_lens.lab.experiments.capacity.capacity_test`);
+   (:data:`icl_lens.lab.FACTOR_MODELS`);
+3. a capacity test beside one-pass SGD (:func:`icl_lens.lab.experiments.capacity_test`);
 4. function-space alignment (:meth:`LossCurves.function_cosines`);
 5. where the context effect lives: full patch, W_in patches only, corrections only
-   (:func:`icl_lens.lab.experiments.patch_parts.patch_parts`,
-   :func:`icl_lens.model.context_effect.context_effect`);
+   (:func:`icl_lens.lab.experiments.patch_parts`,
+   :func:`icl_lens.patches.context_effect`);
 6. the per-token protocol on Gemma 3 270M and SmolLM2-135M
-   (:func:`icl_lens.dynamics.context_alignment.context_alignment`), on few-shot prompts built
+   (:func:`icl_lens.dynamics.context_alignment`), on few-shot prompts built
    from the shipped thought-patch tasks.
 
 Every lab model is measured over its training seeds (:mod:`icl_lens.lab.seeds`; seeds not in
@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 
 from experiments import lab_rules as rules
 from experiments.report import command, load_average, machine, markdown_table, write_fragment
-from icl_lens.lab.experiments.solution_signs import POPULATIONS, SELECTIVE
+from icl_lens.lab.experiments import POPULATIONS, SELECTIVE
 from icl_lens.lab.seeds import SEEDS
 
 MAIN_LAB = ("single_block", "sb_no_attn_bias", "sb_embed", "sb_wide", "sb_task", "one_block", "one_block_skip",
@@ -65,14 +65,14 @@ ORDERS_KINDS = rules.CELLS
 
 def lab_models() -> tuple[str, ...]:
     """Every lab model the command measures by default: the main table, the oriented base and its factors."""
-    from icl_lens.lab.checkpoints import FACTOR_MODELS
+    from icl_lens.lab import FACTOR_MODELS
 
     return (*MAIN_LAB, ABLATION_BASE, *FACTOR_MODELS)
 
 
 def describe(name: str) -> str:
     """One line per lab model, read from its configuration and recipe."""
-    from icl_lens.lab.checkpoints import RECIPES
+    from icl_lens.lab import RECIPES
     from icl_lens.lab.seeds import MODELS
 
     c = lab_seeds.MODELS[name]
@@ -181,11 +181,12 @@ def _fmt_interval(d: dict | None, mean: float | None = None) -> str:
 
 
 # The library modules whose code a cached (model, seed) result depends on: a change to any of them recomputes it.
-RESULT_SOURCES = ("icl_lens/lab/experiments/implicit_explicit.py", "icl_lens/lab/experiments/loss_curves.py",
-                  "icl_lens/lab/experiments/capacity.py", "icl_lens/lab/experiments/patch_parts.py",
-                  "icl_lens/lab/experiments/solution_signs.py", "icl_lens/lab/mirror.py",
-                  "icl_lens/lab/regression_dynamics.py", "icl_lens/lab/patching.py", "icl_lens/lab/model.py",
-                  "icl_lens/lab/mixers.py", "icl_lens/dynamics/sgd_alignment.py", "icl_lens/dynamics/explicit_finetune.py")
+RESULT_SOURCES = ("icl_lens/lab/experiments/_implicit_explicit.py", "icl_lens/lab/experiments/_loss_curves.py",
+                  "icl_lens/lab/experiments/_capacity.py", "icl_lens/lab/experiments/_patch_parts.py",
+                  "icl_lens/lab/experiments/_solution_signs.py", "icl_lens/lab/_mirror.py",
+                  "icl_lens/lab/_regression_dynamics.py", "icl_lens/lab/_patching.py", "icl_lens/lab/_model.py",
+                  "icl_lens/lab/_mixers.py", "icl_lens/dynamics/_sgd_alignment.py",
+                  "icl_lens/dynamics/_explicit_finetune.py")
 
 
 def _source_hash(sources=None) -> str:
@@ -223,11 +224,7 @@ def run_lab(names, n_prompts: int, n_probes: int, progress: bool, seeds=SEEDS, f
     after more seeds were trained measures only the new ones (None: measure everything)."""
     from pathlib import Path
 
-    from icl_lens.lab.experiments.capacity import capacity_test
-    from icl_lens.lab.experiments.implicit_explicit import implicit_vs_explicit
-    from icl_lens.lab.experiments.loss_curves import loss_curves
-    from icl_lens.lab.experiments.patch_parts import patch_parts
-    from icl_lens.lab.experiments.solution_signs import solution_signs
+    from icl_lens.lab.experiments import capacity_test, implicit_vs_explicit, loss_curves, patch_parts, solution_signs
     from icl_lens.lab.seeds import seed_model
 
     out = {}
@@ -486,7 +483,7 @@ def ablation(tables: dict, lab: dict) -> dict | None:
     """The base's own alignment per seed and, per factor and cell, the Welch interval of the variant minus the base
     over seeds and its verdict (:func:`experiments.lab_rules.factor_verdict`), at 95% and at the Bonferroni level
     over all factor × cell comparisons."""
-    from icl_lens.lab.checkpoints import FACTOR, FACTOR_MODELS
+    from icl_lens.lab import FACTOR, FACTOR_MODELS
 
     if ABLATION_BASE not in tables:
         return None
@@ -563,7 +560,7 @@ def main(argv: list[str] | None = None) -> None:
     load_before, t0, c0 = load_average(), time.perf_counter(), time.process_time()
     torch.set_num_threads(1)  # the lab models are tiny: one thread is fastest
     t_lab = time.perf_counter()
-    from icl_lens.model.loading import cache_dir
+    from icl_lens.model import cache_dir
 
     results = None if args.no_results_cache or args.quick else (args.results_cache or cache_dir() / "lab_results")
     lab = run_lab(args.lab_models, args.lab_prompts, 8 if args.quick else 32, progress, seeds=args.seeds,
@@ -775,7 +772,7 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
                   "The task is odd (the pair (−x, −y) belongs to the same task as (x, y)), so a softmax head can solve it "
                   "by attending to the context inputs *similar* to the query and reading the label out with a positive "
                   "slope, or by attending to the *opposite* inputs and reading it out negated "
-                  "(`icl_lens/lab/mirror.py`). Per seed: the first layer's *preference* (correlation of the query's "
+                  "(`icl_lens/lab/_mirror.py`). Per seed: the first layer's *preference* (correlation of the query's "
                   "attention scores with xⱼ·x_q, per head) at initialisation and after training; the *label response* "
                   "ρ = Σⱼ ∂ŷ_q/∂yⱼ (how the prediction moves when every context label moves together: the part of the "
                   "solution the task leaves free); the *readout slope* along the direction in which the attention "
@@ -805,7 +802,7 @@ def report(args, lab: dict, lm: dict, *, wall: float, cpu: float, lab_seconds: f
     # 3. Capacity
     cap_rows = []
     if with_capacity:
-        from icl_lens.lab.experiments.capacity import METHODS
+        from icl_lens.lab.experiments import METHODS
 
         for name, r in with_capacity.items():
             entry = {}

@@ -20,13 +20,9 @@ from tqdm.auto import tqdm
 
 from experiments import lab_rules as rules
 from experiments.report import load_average, machine, markdown_table, write_fragment
-from icl_lens.lab.checkpoints import training_record
-from icl_lens.lab.experiments.attention_regression import attention_as_regression
-from icl_lens.lab.experiments.convergence import convergence_by_architecture
-from icl_lens.lab.experiments.equivalence import numerical_equivalence
-from icl_lens.lab.experiments.memory_cost import memory_and_cost
-from icl_lens.lab.experiments.thought_patch import static_thought_patch
-from icl_lens.lab.mixers import ARCHITECTURES
+from icl_lens.lab import ARCHITECTURES, training_record
+from icl_lens.lab.experiments import (attention_as_regression, convergence_by_architecture, memory_and_cost,
+                                      numerical_equivalence, static_thought_patch)
 from icl_lens.lab.seeds import SEEDS
 
 
@@ -209,7 +205,7 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md", progress: bool = 
               "the mean log drift against log n (`ConvergenceResult.trend`), with its 95% t-interval over seeds; "
               "verdict by the rule below.", "", markdown_table(trend_table), "",
               f"Beyond the trained length (description only, shipped seed 0, up to {conv.n_max} pairs): α is the "
-              "power-law fit of the W_in step norm g(i) ≈ c·i^(−α) (`icl_lens.core.power_law`); late/early = mean step "
+              "power-law fit of the W_in step norm g(i) ≈ c·i^(−α) (`icl_lens.core.power_law_fit`); late/early = mean step "
               f"over the last quarter / over the first {conv.n_train}; MSE: normalised in-context error of the query.",
               "", markdown_table(desc_table), ""]
 

@@ -46,9 +46,9 @@ import plotly.graph_objects as go
 import torch
 
 from icl_lens import lab
-from icl_lens.core.power_law import power_law_fit
-from icl_lens.stats.bootstrap import bootstrap_mean
-from icl_lens.ui.panels import vertical_marker
+from icl_lens.core import power_law_fit
+from icl_lens.stats import bootstrap_mean
+from icl_lens.ui import vertical_marker
 from workshop.claims import NOT_MEASURED, claims_view, lookup, read_report, summary_claims
 from workshop.exercise_checks import check_answer, check_compare, solutions_on
 

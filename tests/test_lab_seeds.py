@@ -9,11 +9,11 @@ import torch
 from experiments import finetune_alignment as fa
 from icl_lens.dynamics._sgd_alignment import step_sides, trajectory_sgd_cosines
 from icl_lens.lab import seeds
-from icl_lens.lab.checkpoints import RECIPES
-from icl_lens.lab.experiments.capacity import _predict, ridge_w_in
-from icl_lens.lab.experiments.convergence import convergence_by_architecture
-from icl_lens.lab.regression_dynamics import implicit_trajectory
-from icl_lens.lab.tasks import sample_prompts
+from icl_lens.lab._checkpoints import RECIPES
+from icl_lens.lab.experiments._capacity import _predict, ridge_w_in
+from icl_lens.lab.experiments._convergence import convergence_by_architecture
+from icl_lens.lab._regression_dynamics import implicit_trajectory
+from icl_lens.lab._tasks import sample_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -107,9 +107,9 @@ def test_trend_is_the_slope_of_log_drift_inside_the_trained_length():
 def test_mirror_solutions_and_the_oriented_initialisation():
     """The shipped single block attends to similar inputs (ρ > 0, readout > 0); an initialisation whose head prefers
     opposite inputs is oriented by negating its query projection, which negates its scores and nothing else."""
-    from icl_lens.lab import mirror
-    from icl_lens.lab.checkpoints import LAB_MODELS
-    from icl_lens.lab.model import build_model
+    from icl_lens import lab as mirror  # the face exports the mirror diagnostics
+    from icl_lens.lab import LAB_MODELS
+    from icl_lens.lab._model import build_model
 
     model, record = seeds.seed_model("single_block", 0, train_missing=False)
     assert float(mirror.similarity_preference(model)[0]) > 0.9
@@ -140,7 +140,7 @@ def test_mirror_solutions_and_the_oriented_initialisation():
 
 
 def test_solution_signs_of_the_shipped_single_block():
-    from icl_lens.lab.experiments.solution_signs import population, solution_signs
+    from icl_lens.lab.experiments import population, solution_signs
 
     model, record = seeds.seed_model("single_block", 0, train_missing=False)
     s = solution_signs("single_block", 0, model, record)
@@ -153,8 +153,8 @@ def test_solution_signs_of_the_shipped_single_block():
 
 
 def test_oriented_training_starts_every_head_on_the_similar_side(tmp_path, monkeypatch):
-    from icl_lens.lab import mirror
-    from icl_lens.lab.checkpoints import RECIPES
+    from icl_lens import lab as mirror
+    from icl_lens.lab._checkpoints import RECIPES
 
     monkeypatch.setitem(RECIPES, "sb_oriented", {"steps": 2, "lr": 1e-2, "orient": True})
     monkeypatch.setitem(RECIPES, "single_block", {"steps": 2, "lr": 1e-2})
@@ -168,7 +168,7 @@ def test_oriented_training_starts_every_head_on_the_similar_side(tmp_path, monke
 
 
 def test_end_of_context_cosine_is_both_orders_last_step():
-    from icl_lens.lab.experiments.implicit_explicit import implicit_vs_explicit
+    from icl_lens.lab.experiments import implicit_vs_explicit
 
     r = implicit_vs_explicit("single_block", n_prompts=3, lr=1e-2)
     end = r.cosines["sgd:end:cumulative"]
@@ -258,6 +258,15 @@ def test_function_space_sentence_names_only_models_whose_changes_follow_the_resi
     text = fa.function_space_sentence({"a": entry(0.95, 0.9), "b": entry(0.95, 0.1)})
     assert "for a: there a high function-space cosine" in text and "b +0.80 (control +0.00" in text
     assert "For no model" in fa.function_space_sentence({"b": entry(0.95, 0.1)})
+
+
+def test_seed_cache_lives_with_the_models_cache(tmp_path, monkeypatch):
+    """Trained seeds go under ``$ICL_LENS_CACHE/lab`` like the dequantised models, never beside the installed
+    package; the file name (and the key in it) stays ``<name>-s<seed>-<key>.pt``."""
+    monkeypatch.setenv("ICL_LENS_CACHE", str(tmp_path / "cache"))
+    path = seeds.cache_path("sb_embed", 2)
+    assert path == tmp_path / "cache" / "lab" / f"sb_embed-s2-{seeds.cache_key('sb_embed', 2)}.pt"
+    assert seeds.cache_path("sb_embed", 2, tmp_path / "own").parent == tmp_path / "own"
 
 
 def test_results_cache_keeps_each_model_seed_measurement(tmp_path):

@@ -25,7 +25,7 @@ Named models (:data:`LAB_MODELS`):
 
 Not shipped either, trained by :mod:`icl_lens.lab.seeds` with an oriented initialisation (the recipe's
 ``orient``: every first-layer head that prefers context inputs opposite to the query starts with its
-query projection negated, :func:`icl_lens.lab.mirror.orient_attention`): ``sb_oriented``
+query projection negated, :func:`icl_lens.lab.orient_attention`): ``sb_oriented``
 (:data:`ORIENTED_MODELS`, the single block) and its one-factor variants (:data:`FACTOR_MODELS`: skip
 connections, LayerNorms, both, no attention-output bias, 3 heads, one_block's recipe, d_x 4, 16 pairs,
 an embedding to width 32), the ablation of issue 39 on a base whose seeds all start in one basin.
@@ -75,7 +75,7 @@ ABLATION_FACTOR = {"sb_no_attn_bias": "attention-output bias removed", "sb_embed
                    "sb_wide": "embedding to width 32", "sb_task": "one_block's task (d_x 4, query flag, 16 pairs)"}
 RECIPES.update({name: dict(RECIPES["single_block"]) for name in ABLATION_MODELS})
 
-# The task has two mirror solutions (attend to inputs similar or opposite to the query, :mod:`icl_lens.lab.mirror`);
+# The task has two mirror solutions (attend to inputs similar or opposite to the query, ``_mirror.py``);
 # which one a seed finds is set at initialisation and decides the sign of its per-step alignment. ``orient`` in a
 # recipe starts every seed in the similar-input basin (the first layer's heads that prefer opposite inputs have their
 # query projection negated before training), so a model's seeds are one population.

@@ -4,7 +4,8 @@ A verdict about a trained model is a verdict about one training run unless it is
 over seeds. :func:`seed_model` returns the model ``name`` trained with seed ``s`` by its
 recipe (:data:`icl_lens.lab._checkpoints.RECIPES`): seed 0 of a shipped model is the shipped
 checkpoint when its record matches the recipe; every other seed is trained once and cached
-under ``$ICL_LENS_CACHE/lab/<name>-s<seed>-<key>.pt`` (default ``~/.cache/icl_lens/lab``), where ``key`` hashes the configuration, the
+under ``$ICL_LENS_CACHE/lab/<name>-s<seed>-<key>.pt`` (default ``~/.cache/icl_lens/lab``, beside the
+dequantised models: never inside the installed package), where ``key`` hashes the configuration, the
 recipe and the batch size, so a changed configuration never reads a stale file.
 """
 from __future__ import annotations
@@ -17,14 +18,13 @@ from pathlib import Path
 
 import torch
 
-from icl_lens.lab.checkpoints import (
+from icl_lens.lab._checkpoints import (
     ABLATION_MODELS, CHECKPOINT_DIR, FACTOR_MODELS, LAB_MODELS, ORIENTED_MODELS, RECIPES, load_checkpoint_file,
     checkpoint_path,
 )
-from icl_lens.lab.model import LabConfig, RegressionModel
-from icl_lens.model.loading import cache_dir as _cache_root
+from icl_lens.lab._model import LabConfig, RegressionModel
+from icl_lens.model._loading import cache_dir as models_cache_dir
 
-CACHE_DIR = _cache_root() / "lab"
 MODELS: dict[str, LabConfig] = {**LAB_MODELS, **ABLATION_MODELS, **ORIENTED_MODELS, **FACTOR_MODELS}
 BATCH = 64
 SEEDS = tuple(range(10))  # the training seeds the evaluations use
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
-    ap.add_argument("--cache", default=None, help=f"cache folder (default {CACHE_DIR})")
+    ap.add_argument("--cache", default=None, help="cache folder (default $ICL_LENS_CACHE/lab, ~/.cache/icl_lens/lab)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar per run (e.g. when logging to a file)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

@@ -13,10 +13,10 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from icl_lens.lab.checkpoints import CHECKPOINT_DIR, LAB_MODELS, RECIPES, save_checkpoint
-from icl_lens.lab.mirror import orient_attention
-from icl_lens.lab.model import LabConfig, RegressionModel, build_model
-from icl_lens.lab.tasks import sample_prompts
+from icl_lens.lab._checkpoints import CHECKPOINT_DIR, LAB_MODELS, RECIPES, save_checkpoint
+from icl_lens.lab._mirror import orient_attention
+from icl_lens.lab._model import LabConfig, RegressionModel, build_model
+from icl_lens.lab._tasks import sample_prompts
 
 
 def query_loss(model: RegressionModel, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -29,7 +29,7 @@ def train(cfg: LabConfig, *, steps: int = 3000, batch: int = 64, lr: float = 2e-
     """AdamW with linear warm-up and cosine decay; returns the model and a training record.
 
     ``orient``: before training, every first-layer softmax head that prefers inputs opposite to the query
-    has its query projection negated (:func:`icl_lens.lab.mirror.orient_attention`), so training starts in
+    has its query projection negated (:func:`icl_lens.lab.orient_attention`), so training starts in
     the similar-input basin of the task's two mirror solutions; the record lists the flipped heads."""
     if steps < 1:
         raise ValueError("steps must be ≥ 1")

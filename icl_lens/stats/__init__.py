@@ -10,12 +10,12 @@
   (Efron); ``groups=`` resamples clusters (subjects) instead of examples, every example
   taking its cluster's count (cluster bootstrap). :func:`bootstrap_mean` (a :class:`MeanCI`) and
   :func:`bootstrap_ratio` (paired ``Σx / Σy``). Means over a few training seeds use the Student-t
-  interval of :mod:`.intervals` instead (3 seeds have 10 distinct resamples).
-* :mod:`.intervals`: Wilson score interval of a proportion ``k/n``,
+  interval of ``_intervals.py`` instead (3 seeds have 10 distinct resamples).
+* ``_intervals.py``: Wilson score interval of a proportion ``k/n``,
   ``(p̂ + z²/2n ± z·sqrt(p̂(1−p̂)/n + z²/4n²)) / (1 + z²/n)`` (Wilson 1927); Student-t interval of a
   mean over few independent units (training seeds), ``x̄ ± t_{n−1} s/√n`` (:func:`t_interval`), and of the
   difference of two such means (Welch, :func:`welch_interval`).
-* :mod:`.logistic`: L2-regularised logistic regression on standardised features,
+* ``_logistic.py``: L2-regularised logistic regression on standardised features,
   ``L(w, b) = (1/n) Σ_i [log(1 + exp(s_i)) − y_i s_i] + (λ/2)‖w‖²``, ``s_i = w·x̃_i + b``,
   minimised by Newton (few features) or L-BFGS (many) until ``‖∇L‖_∞ < tol``; ``λ`` by an
   inner grouped K-fold (:func:`fit_with_inner_cv`); :func:`grouped_folds` keeps each group
@@ -28,11 +28,11 @@ from icl_lens.stats._auroc import (
     bootstrap_auroc,
     bootstrap_auroc_difference,
 )
-from icl_lens.stats.bootstrap import (
+from icl_lens.stats._bootstrap import (
     MeanCI, bootstrap_mean, bootstrap_ratio, percentile_interval, resample_counts,
 )
-from icl_lens.stats.intervals import t_interval, t_quantile, welch_interval, wilson_interval
-from icl_lens.stats.logistic import (
+from icl_lens.stats._intervals import t_interval, t_quantile, welch_interval, wilson_interval
+from icl_lens.stats._logistic import (
     LAMBDAS,
     NEWTON_MAX_FEATURES,
     LogisticModel,
@@ -47,6 +47,6 @@ __all__ = [
     "AurocDifference", "AurocResult", "auroc", "bootstrap_auroc", "bootstrap_auroc_difference",
     "MeanCI", "bootstrap_mean", "bootstrap_ratio", "percentile_interval", "resample_counts",
     "t_interval", "t_quantile", "welch_interval", "wilson_interval",
-    "LAMBDAS", "LogisticModel", "choose_lambda", "fit_logistic", "fit_with_inner_cv", "grouped_folds",
-    "logistic_loss",
+    "LAMBDAS", "NEWTON_MAX_FEATURES", "LogisticModel", "choose_lambda", "fit_logistic", "fit_with_inner_cv",
+    "grouped_folds", "logistic_loss",
 ]

@@ -12,13 +12,13 @@ by one number): ``x̄ ± t_{n−1} s/√n`` with the exact Student-t critical va
 resamples (3 seeds: 10) and its "95%" interval is about the range of the units; the t-interval
 keeps its coverage for normal units. :func:`welch_interval`: the difference of two such means from
 independent units (``x̄_a − x̄_b ± t_ν √(s_a²/n_a + s_b²/n_b)``, Welch–Satterthwaite ``ν`` rounded
-down). Bootstrap intervals live in :mod:`icl_lens.stats.bootstrap`.
+down). Bootstrap intervals live in :mod:`icl_lens.stats._bootstrap`.
 """
 from __future__ import annotations
 
 import math
 
-from icl_lens.stats.bootstrap import MeanCI
+from icl_lens.stats._bootstrap import MeanCI
 from statistics import NormalDist
 
 

@@ -41,9 +41,9 @@ from torch import Tensor
 from icl_lens.core._factored import diff_norm
 from icl_lens.core._power_law import power_law_fit
 from icl_lens.lab.seeds import seed_model
-from icl_lens.lab.regression_dynamics import implicit_trajectory, reproduced_predictions
-from icl_lens.lab.mixers import ARCHITECTURES
-from icl_lens.lab.tasks import sample_prompts
+from icl_lens.lab._regression_dynamics import implicit_trajectory, reproduced_predictions
+from icl_lens.lab._mixers import ARCHITECTURES
+from icl_lens.lab._tasks import sample_prompts
 
 
 @dataclass(frozen=True, eq=False)

@@ -25,7 +25,7 @@ query's attention scores with ``xⱼ·x_q``), :func:`label_response` (ρ and the
 predictions), :func:`readout_slope` (the MLP readout along the direction in which the
 attention output carries the labels) and :func:`orient_attention` (at initialisation, negate
 the query projection of every head that prefers opposite inputs: every seed then starts in
-the similar-input basin; the recipe flag ``orient`` of :data:`icl_lens.lab.checkpoints.RECIPES`).
+the similar-input basin; the recipe flag ``orient`` of :data:`icl_lens.lab.RECIPES`).
 """
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from icl_lens.lab.model import LAB_FAMILY, RegressionModel
-from icl_lens.lab.tasks import RegressionPrompts, sample_prompts
+from icl_lens.lab._model import LAB_FAMILY, RegressionModel
+from icl_lens.lab._tasks import RegressionPrompts, sample_prompts
+from icl_lens.model._reading import activations_captured
 
 PROBE_PROMPTS = 256
 PROBE_SEED = 12_345  # a fixed probe batch, apart from the training (seed + 1) and evaluation seeds
@@ -59,8 +60,9 @@ def similarity_preference(model: RegressionModel, prompts: RegressionPrompts | N
     _softmax_first_layer(model)
     p = prompts if prompts is not None else probe_prompts(model)
     name = LAB_FAMILY.mixer(0, "attn_scores")
-    _, cache = model.run_with_cache(p.tokens, names_filter=lambda n: n == name)
-    scores = cache[name][:, :, -1, :-1].double()  # batch × head × context key
+    with activations_captured(model, [name], stop_after=name) as got:
+        model(p.tokens)
+    scores = got[name][:, :, -1, :-1].double()  # batch × head × context key
     xs, _ = p.context_pairs()
     dots = torch.einsum("bnd,bd->bn", xs.double(), p.tokens[:, -1, : p.d_x].double())
     s = scores - scores.mean((0, 2), keepdim=True)

@@ -1,7 +1,7 @@
 """Why the per-step alignment changes sign between seeds: which mirror solution a trained model found (issue 39).
 
 Per trained one-block softmax model (one training seed), from a fixed probe batch
-(:mod:`icl_lens.lab.mirror`, Dherin et al. 2025, arXiv 2507.16003, §5 for the model):
+(``icl_lens/lab/_mirror.py``, Dherin et al. 2025, arXiv 2507.16003, §5 for the model):
 
 - ``preference_init`` / ``preference``: per head of the first layer, the correlation of the
   query's attention scores with ``xⱼ·x_q`` at initialisation (the untrained model of the same
@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 import torch
 
-from icl_lens.lab.mirror import label_response, orient_attention, probe_prompts, readout_slope, similarity_preference
-from icl_lens.lab.model import RegressionModel, build_model
-from icl_lens.lab.regression_dynamics import sgd_on_pairs
+from icl_lens.lab._mirror import label_response, orient_attention, probe_prompts, readout_slope, similarity_preference
+from icl_lens.lab._model import RegressionModel, build_model
+from icl_lens.lab._regression_dynamics import sgd_on_pairs
 
 SMALL_LR = 1e-3
 SELECTIVE = 0.5  # a head selects the context by similarity when its preference is at least this in size
