@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 from experiments import lab_rules as rules
 from experiments.report import command, load_average, machine, markdown_table, write_fragment
 from icl_lens.lab.experiments import POPULATIONS, SELECTIVE
-from icl_lens.lab.seeds import SEEDS
+from icl_lens.lab import seeds as lab_seeds
 
 MAIN_LAB = ("single_block", "sb_no_attn_bias", "sb_embed", "sb_wide", "sb_task", "one_block", "one_block_skip",
             "one_block_ln", "one_block_preln", "skip_only", "softmax", "linear", "delta", "gru")
@@ -73,7 +73,6 @@ def lab_models() -> tuple[str, ...]:
 def describe(name: str) -> str:
     """One line per lab model, read from its configuration and recipe."""
     from icl_lens.lab import RECIPES
-    from icl_lens.lab.seeds import MODELS
 
     c = lab_seeds.MODELS[name]
     parts = [f"{c.n_layers} {c.arch} block{'s' if c.n_layers > 1 else ''}", f"d_model {c.d_model}",
@@ -214,7 +213,7 @@ def result_key(name: str, seed: int, record: dict, settings: dict, source: str |
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def run_lab(names, n_prompts: int, n_probes: int, progress: bool, seeds=SEEDS, full=MAIN_LAB,
+def run_lab(names, n_prompts: int, n_probes: int, progress: bool, seeds=lab_seeds.SEEDS, full=MAIN_LAB,
             full_seeds: int = 3, results_cache=None) -> dict:
     """Per model: the runs of every cached seed. Every model: loss curves (the best rate), alignment and, for one
     softmax block, its solution's signs; the models in ``full`` also, on their first ``full_seeds`` cached seeds,
@@ -225,7 +224,6 @@ def run_lab(names, n_prompts: int, n_probes: int, progress: bool, seeds=SEEDS, f
     from pathlib import Path
 
     from icl_lens.lab.experiments import capacity_test, implicit_vs_explicit, loss_curves, patch_parts, solution_signs
-    from icl_lens.lab.seeds import seed_model
 
     out = {}
     bar = tqdm(total=len(names) * len(seeds), desc="lab models × seeds", disable=not progress)
@@ -533,7 +531,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lab-prompts", type=int, default=32, help="prompts per lab model and seed")
     ap.add_argument("--lm-prompts-per-task", type=int, default=16)
     ap.add_argument("--lab-models", nargs="*", default=None, help="default: every lab model (main table, base, factors)")
-    ap.add_argument("--seeds", nargs="*", type=int, default=list(SEEDS),
+    ap.add_argument("--seeds", nargs="*", type=int, default=list(lab_seeds.SEEDS),
                     help="training seeds (those cached by `python -m icl_lens.lab.seeds`; others are skipped)")
     ap.add_argument("--lm-models", nargs="*", default=list(LM_MODELS))
     ap.add_argument("--reuse-lm", default=None, metavar="JSON",

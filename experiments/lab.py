@@ -23,7 +23,7 @@ from experiments.report import load_average, machine, markdown_table, write_frag
 from icl_lens.lab import ARCHITECTURES, training_record
 from icl_lens.lab.experiments import (attention_as_regression, convergence_by_architecture, memory_and_cost,
                                       numerical_equivalence, static_thought_patch)
-from icl_lens.lab.seeds import SEEDS
+from icl_lens.lab import seeds as lab_seeds
 
 
 # Reading rules: each finding says on which side of these thresholds the measured numbers fall.
@@ -156,10 +156,8 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md", progress: bool = 
              f"Command: `python -m experiments.lab{' --quick' if quick else ''}` (shipped checkpoints and the seed cache of `python -m icl_lens.lab.seeds`, no training).",
              f"Machine: {machine(load_before=load_before)}.", ""]
 
-    from icl_lens.lab import seeds as lab_seeds
-
     rec = pd.DataFrame([{"arch": a, **{k: training_record(a)[k] for k in ("steps", "batch", "seconds", "eval_loss_n_train")},
-                         "seeds": ", ".join(str(x) for x in SEEDS if lab_seeds.is_cached(a, x))} for a in ARCHITECTURES])
+                         "seeds": ", ".join(str(x) for x in lab_seeds.SEEDS if lab_seeds.is_cached(a, x))} for a in ARCHITECTURES])
     parts += ["### Models",
               "10-layer Pre-LN blocks (d_model 32, d_mlp 128, 4 heads, GELU MLP), tokens `[x, y, is_query]`, d_x = 4, "
               "trained on context lengths 1..16 (`python -m icl_lens.lab.seeds`; seed 0 is the shipped checkpoint, whose "
@@ -181,7 +179,7 @@ def run(quick: bool = False, out: str = "reports/eval_lab.md", progress: bool = 
     def convergence():
         desc = convergence_by_architecture(n_prompts=s(16, 3), n_max=s(64, 32), seeds=(0,))
         n_train = desc.n_train
-        runs = convergence_by_architecture(n_prompts=s(16, 3), n_max=n_train, seeds=SEEDS)
+        runs = convergence_by_architecture(n_prompts=s(16, 3), n_max=n_train, seeds=lab_seeds.SEEDS)
         return desc, runs
 
     conv, conv_seeds = stage("convergence", convergence)
