@@ -105,52 +105,54 @@ def _row(claim: str, paper: str, verdict: str, number: str, topic: str) -> dict:
             "section": SECTIONS[topic]}
 
 
+ALIGNMENT_SUMMARY = {"reproduced": "reproduced", "reproduced only in": "partly", "not reproduced": "not",
+                     "undecided": NOT_TESTED}
+
+
 def _alignment_rows(fa: dict | None) -> list[dict]:
+    """The alignment claim by the rules of :mod:`experiments.lab_rules`, recomputed from the per-seed cells of the
+    report's JSON (the same function and numbers as the report's own reading), and the language models' row."""
+    from experiments import lab_rules
+
     claim, paper = "Implicit updates align with SGD on the same examples (lab regression)", "Dherin et al. 2025, §4–5"
     ext = ("… the same protocol on the two language models (this project's extension; the paper ran regression only)",
            "extension of Dherin et al. 2025")
     if not fa or not fa.get("lab"):
         return [_row(claim, paper, NOT_TESTED, "–", "alignment"), _row(*ext, NOT_TESTED, "–", "alignment")]
-    aligned, weak = fa.get("aligned_threshold", 0.5), fa.get("weak_threshold", 0.1)
-
-    def cells(models: dict) -> list[tuple[str, dict, dict]]:
-        out = []
-        for name, entry in models.items():
-            rows = {(r["comparison"], r["order"], r["kind"]): r for r in entry.get("alignment", {}).get("summary", [])}
-            for order in ("absorb", "prefix"):
-                for kind in ("cumulative", "step"):
-                    if ("sgd", order, kind) in rows and ("control", order, kind) in rows:
-                        out.append((f"{name} {order} {kind}", rows[("sgd", order, kind)], rows[("control", order, kind)]))
-        return out
-
-    def grade(cs):
-        above = [c for c in cs if c[1]["low"] > max(c[2]["high"], 0.0)]
-        holds = [c for c in above if c[1]["mean"] >= aligned]
-        if cs and len(holds) == len(cs):
-            return "reproduced"
-        if holds or any(c[1]["mean"] >= weak for c in above):
-            return "partly"
-        return "not"
-
     out = []
-    for label, paper_, models in ((claim, paper, fa["lab"]), (ext[0], ext[1], fa.get("lm", {}))):
-        cs = cells(models)
-        if not cs:
-            out.append(_row(label, paper_, NOT_TESTED, "–", "alignment"))
-            continue
-        above = [c for c in cs if c[1]["low"] > max(c[2]["high"], 0.0)]
-        best = max(above or cs, key=lambda c: c[1]["mean"])
-        low, high = min(c[1]["mean"] for c in cs), max(c[1]["mean"] for c in cs)
-        seeds = sorted({len(m.get("seeds", [0])) for m in models.values()})
-        paper_model = [c for c in cs if c[0] == "single_block absorb step"]
-        number = ((f"single_block (the paper's model), absorb step: {_ci(paper_model[0][1])} vs control "
-                   f"{paper_model[0][2]['mean']:+.3f}; " if paper_model else "")
-                  + f"{'best cell above its control' if above else 'no cell above its control; highest'}: {best[0]} "
-                  f"{_ci(best[1])} (control {best[2]['mean']:+.3f}); {len(above)} of {len(cs)} model × order × kind "
-                  f"cells above their control, means {low:+.3f}…{high:+.3f}"
-                  + (f"; {'–'.join(map(str, (seeds[0], seeds[-1]) if len(seeds) > 1 else seeds))} seed(s) per model"
-                     if models is fa["lab"] else ""))
-        out.append(_row(label, paper_, grade(cs), number, "alignment"))
+    main = fa.get("main_models") or list(fa["lab"])
+    cells = lab_rules.claim_cells(fa["lab"], main)
+    if cells:
+        wording = lab_rules.claim_wording(cells)
+        paper_cells = lab_rules.claim_cells(fa["lab"], ("single_block",))
+        seeds = sorted({len(s) for s, _ in cells.values()})
+        number = (f"{wording['sentence']}"
+                  + (f"; the paper's model alone: {lab_rules.claim_wording(paper_cells)['sentence']}" if paper_cells else "")
+                  + f"; {'–'.join(map(str, (seeds[0], seeds[-1]) if len(seeds) > 1 else seeds))} seed(s) per model")
+        out.append(_row(claim, paper, ALIGNMENT_SUMMARY[wording["verdict"]], number, "alignment"))
+    else:
+        out.append(_row(claim, paper, NOT_TESTED, "–", "alignment"))
+    aligned, weak = fa.get("aligned_threshold", 0.5), fa.get("weak_threshold", 0.1)
+    cs = []
+    for name, entry in fa.get("lm", {}).items():
+        rows = {(r["comparison"], r["order"], r["kind"]): r for r in entry.get("alignment", {}).get("summary", [])}
+        for order in ("absorb", "prefix"):
+            for kind in ("cumulative", "step"):
+                if ("sgd", order, kind) in rows and ("control", order, kind) in rows:
+                    cs.append((f"{name} {order} {kind}", rows[("sgd", order, kind)], rows[("control", order, kind)]))
+    if not cs:
+        out.append(_row(*ext, NOT_TESTED, "–", "alignment"))
+        return out
+    above = [c for c in cs if c[1]["low"] > max(c[2]["high"], 0.0)]  # one model each: the unit is the prompt
+    holds = [c for c in above if c[1]["mean"] >= aligned]
+    grade = ("reproduced" if len(holds) == len(cs) else
+             "partly" if holds or any(c[1]["mean"] >= weak for c in above) else "not")
+    best = max(above or cs, key=lambda c: c[1]["mean"])
+    low, high = min(c[1]["mean"] for c in cs), max(c[1]["mean"] for c in cs)
+    number = (f"{'best cell above its control' if above else 'no cell above its control; highest'}: {best[0]} "
+              f"{_ci(best[1])} (control {best[2]['mean']:+.3f}); {len(above)} of {len(cs)} model × order × kind "
+              f"cells above their control (interval over prompts), means {low:+.3f}…{high:+.3f}")
+    out.append(_row(*ext, grade, number, "alignment"))
     return out
 
 
@@ -175,18 +177,21 @@ def _lab_rows(lab: dict | None) -> list[dict]:
     out.append(_row(*names[0], "reproduced" if exact else "not",
                     f"worst relative error {worst.get('float64', float('nan')):.1e} (float64), 4 contextual layers", sec))
     conv = {r["arch"]: r for r in lab["convergence"]["summary"]}
-    if "softmax" in conv and "gru" in conv and "drift_half_to_max" in conv["softmax"]:
-        s, g = conv["softmax"], conv["gru"]
-        settle = lambda r: r["drift_half_to_max_high"] < rules["settled"]  # noqa: E731
-        moving = lambda r: r["drift_half_to_max_low"] > rules["settled"]  # noqa: E731
-        verdict = ("reproduced" if settle(s) and moving(g) else
-                   "partly" if s["drift_half_to_max_high"] < g["drift_half_to_max_low"] else "not")
-        n_max = lab["convergence"]["n_max"]
+    trend = lab["convergence"].get("trend") or {}
+    if "softmax" in trend and "gru" in trend:
+        from experiments import lab_rules
+
+        claim = lab_rules.settling_claim({a: e["slopes"] for a, e in trend.items()})
+        verdict = {"reproduced": "reproduced", "partly": "partly", "not": "not"}[claim["verdict"]]
+        slope = lambda a: (f"{claim[a]['interval']['mean']:+.2f} [{claim[a]['interval']['low']:+.2f}, "  # noqa: E731
+                           f"{claim[a]['interval']['high']:+.2f}]" if claim[a]["interval"] else "1 seed")
+        ns = trend["softmax"]["ns"]
         out.append(_row(*names[1], verdict,
-                        f"relative drift of W over pairs {n_max // 2}→{n_max}: softmax "
-                        f"{_ci(s, key='drift_half_to_max', sign='')}, GRU {_ci(g, key='drift_half_to_max', sign='')} "
-                        f"(settled: interval below {rules['settled']}; partly: softmax's interval below the GRU's; "
-                        f"seeds: softmax {int(s.get('seeds', 1))}, GRU {int(g.get('seeds', 1))})", sec))
+                        f"slope of log drift(n→2n) vs log n, n = {ns[0]}…{ns[-1]} (inside the trained length, whole "
+                        f"update): softmax {slope('softmax')} ({claim['softmax']['verdict']}), GRU {slope('gru')} "
+                        f"({claim['gru']['verdict']}); converges: interval ≤ {lab_rules.TREND_SLOPE}; partly: softmax's "
+                        f"slopes below the GRU's (Welch); seeds: softmax {len(trend['softmax']['seeds'])}, GRU "
+                        f"{len(trend['gru']['seeds'])}", sec))
     else:
         out.append(_row(*names[1], NOT_TESTED, "–", sec))
     mem = {(r["arch"], r["context_length"]): r["state_bytes"] for r in lab["memory_cost"]}

@@ -48,7 +48,7 @@ from icl_lens import lab
 from icl_lens.core import power_law_fit
 from icl_lens.stats import bootstrap_mean
 from icl_lens.ui import vertical_marker
-from workshop.claims import claims_view, summary_claims
+from workshop.claims import NOT_MEASURED, claims_view, lookup, read_report, summary_claims
 from workshop.exercise_checks import check_answer, check_compare, solutions_on
 
 torch.set_num_threads(1)  # the models are tiny: one thread is fastest
@@ -151,9 +151,16 @@ steps = table["sgd absorb step"] - table["control absorb step"]
 assert steps["single_block"] > 0.1 and abs(steps["softmax"]) < 0.1, steps  # what the text below says
 table
 
+# %%
+# One shipped checkpoint is one training seed. What the evaluation measured over the seeds (read from
+# reports/eval_finetune_alignment.json; "not measured in this checkout" without the report):
+print(lookup(read_report("finetune_alignment"), "workshop", "alignment") or NOT_MEASURED)
+
 # %% [markdown]
-# **Read it:** on the single block each implicit step lines up with the SGD step on the same pair, far above the
-# control; on the 10-layer Pre-LN model the cosines are as small as the control. Exercise 1 gave one reason: in the
+# **Read it:** on the shipped single block each implicit step lines up with the SGD step on the same pair, far above
+# the control; on the 10-layer Pre-LN model the cosines are as small as the control. The shipped single block is one
+# training seed that attends to context inputs *similar* to the query; the cell above says how the other seeds
+# solved the task and what that does to the sign. Exercise 1 gave one reason: in the
 # deep model the context acts mostly through the skip corrections, which no weight update of `W_in` carries. (A
 # second one, for homework: `input_side` in `lab.implicit_vs_explicit("single_block").summary()`; a rank-1 cosine is
 # the product of an input-side and an output-side cosine.)
@@ -337,8 +344,8 @@ check_answer(mean_beta, float(reference_cache["blocks.0.mix.hook_beta"].mean()),
 # ## Paper says / we measure
 #
 # The verdicts are EVAL.md's, read from `reports/eval_summary.json`: `python -m experiments.lab` and
-# `python -m experiments.finetune_alignment` measure what this notebook explored, over 3 training seeds where the
-# summary says so, 64 prompts and 95% intervals. The small samples above are for exploring; they decide no verdict.
+# `python -m experiments.finetune_alignment` measure what this notebook explored, over the training seeds the summary
+# states, with 95% intervals over seeds. The small samples above are for exploring; they decide no verdict.
 
 # %%
 claims_view(summary_claims("lab", "alignment"))

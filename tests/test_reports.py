@@ -35,41 +35,44 @@ def test_assembler_names_gpu_sections_from_machine_lines():
     assert assemble_reports.gpu_line([cpu, gpu]) == "Sections measured on a GPU: B on cuda.\n"
 
 
-def _lab_results(gru_drift: float, test_mse: float, delta_mse: float = 0.003):
+def _lab_results(gru_slopes, test_mse: float, delta_mse: float = 0.003, softmax_slopes=(-0.5, -0.55, -0.48)):
+    from experiments import lab_rules
+
     archs = ["softmax", "linear", "delta", "gru"]
     eq = pd.DataFrame([{"arch": a, "dtype": d, "rel_error_prediction": 1e-16 if d == "float64" else 1e-7,
                         "rel_error_residual": 1e-16 if d == "float64" else 1e-7}
                        for a in archs for d in ("float64", "float32")])
-    drift = [0.05, 0.06, 0.3, gru_drift]
-    conv = pd.DataFrame({"arch": archs, "alpha_mean_curve": [1.0, 0.95, 0.5, 0.1], "seeds": [3, 1, 1, 1],
-                         "drift_half_to_max": drift, "drift_half_to_max_low": [d - 0.02 for d in drift],
-                         "drift_half_to_max_high": [d + 0.02 for d in drift],
+    conv = pd.DataFrame({"arch": archs, "alpha_mean_curve": [1.0, 0.95, 0.5, 0.1],
                          "norm_mse_at_n_train": [0.01, 0.15, delta_mse, 0.12], "norm_mse_at_n_max": [0.01, 0.1, 0.01, 0.1]})
+    slopes = {"softmax": list(softmax_slopes), "linear": [-0.45, -0.5, -0.6], "delta": [-0.2, -0.3, -0.25],
+              "gru": list(gru_slopes)}
+    trend = {a: {"ns": [2, 4, 8], "seeds": [0, 1, 2], "drift_mean": [0.5, 0.4, 0.3], "slopes": v,
+                 **lab_rules.trend_verdict(v)} for a, v in slopes.items()}
+    claim = lab_rules.settling_claim(slopes)
     tp = pd.DataFrame({"K": [1, 64], "train_mse": [0.0, 0.08], "test_mse": [0.9, test_mse],
                        "no_context_test_mse": [0.5, 0.5], "contextual_test_mse": [0.01, 0.01]})
     state = {"softmax": lambda t: 80 * t, "linear": lambda t: 11520, "delta": lambda t: 10240, "gru": lambda t: 1280}
     mc = pd.DataFrame([{"arch": a, "context_length": t, "us_per_token_min": 100.0} for a in archs for t in (32, 256)])
-    return (SimpleNamespace(to_frame=lambda: eq),
-            SimpleNamespace(summary=lambda: conv, n_max=64, n_train=16), SimpleNamespace(summary=lambda: tp),
+    return (SimpleNamespace(to_frame=lambda: eq), SimpleNamespace(summary=lambda: conv, n_max=64, n_train=16),
+            trend, claim, SimpleNamespace(summary=lambda: tp),
             SimpleNamespace(to_frame=lambda: mc, bytes_at=lambda a, t: state[a](t)),
             SimpleNamespace(rows=[{"max_rel_error": 5e-16}]))
 
 
 def test_lab_findings_follow_the_numbers():
-    text = "\n".join(lab.findings(*_lab_results(gru_drift=0.5, test_mse=0.1)))
-    assert "softmax 0.050 [0.030, 0.070] (settles; α 1.00;" in text and "gru 0.500 [0.480, 0.520] (keeps moving;" in text
-    assert "delta 0.300 [0.280, 0.320] (keeps moving;" in text
-    assert "Between softmax and the GRU the claim holds by the rule; softmax's drift interval lies below the GRU's" in text
-    assert "the fixed-state layers that behave like softmax here: linear; unlike softmax: delta, gru." in text
+    text = "\n".join(lab.findings(*_lab_results(gru_slopes=(0.0, 0.05, -0.02), test_mse=0.1)))
+    assert "softmax slope -0.51 [" in text and "(converges; drift 2→4 0.50, 4→8 0.40, 8→16 0.30; 3 seed(s))" in text
+    assert "gru slope +0.01 [" in text and "(does not converge;" in text and "delta slope -0.25 [" in text
+    assert "softmax converges, GRU does not converge" in text and "**reproduced** by the rule" in text
     assert "delta rule's in-context MSE at 16 pairs is 0.003 (below 0.2; softmax 0.010)" in text and "supported here" in text
     assert "0.100 is below no context (0.500) and above the prompt in context" in text
-    other = "\n".join(lab.findings(*_lab_results(gru_drift=0.05, test_mse=0.6, delta_mse=0.5)))
-    assert "gru 0.050 [0.030, 0.070] (settles;" in other
-    assert "the claim **does not** hold by the rule; softmax's drift interval overlaps the GRU's" in other
+    other = "\n".join(lab.findings(*_lab_results(gru_slopes=(-0.5, -0.6, -0.55), test_mse=0.6, delta_mse=0.5)))
+    assert "gru slope -0.55 [" in other and "**not reproduced** by the rule" in other
     assert "0.500 (not below 0.2;" in other and "**not** supported here" in other
     assert "0.600 is above no context" in other
-    undecided = "\n".join(lab.findings(*_lab_results(gru_drift=0.11, test_mse=0.1)))
-    assert "gru 0.110 [0.090, 0.130] (undecided;" in undecided
+    partly = "\n".join(lab.findings(*_lab_results(gru_slopes=(0.0, 0.05, -0.02), test_mse=0.1,
+                                                    softmax_slopes=(-0.3, -0.28, -0.31))))
+    assert "softmax does not converge, GRU does not converge" in partly and "**partly reproduced** by the rule" in partly
 
 
 def _thought_row(n_test: int, correct: dict[str, int]) -> dict:
@@ -112,6 +115,7 @@ def test_thought_report_names_the_runs_and_reads_the_target_from_the_numbers(tmp
 
 
 def test_finetune_alignment_verdict_rule():
+    """The language models' verdict (one model each: the unit is the prompt)."""
     from experiments.finetune_alignment import ALIGNED, verdict
     from icl_lens.stats._bootstrap import MeanCI
 
@@ -124,8 +128,9 @@ def test_finetune_alignment_verdict_rule():
 
 
 def test_finetune_alignment_eval_quick(tmp_path):
-    """The whole command in --quick mode: every section present, JSON beside the Markdown, readings computed."""
-    from experiments import finetune_alignment
+    """The whole command in --quick mode: every section present, JSON beside the Markdown, readings computed, the
+    per-seed cells and the claim's wording by the rules (one seed: undecided)."""
+    from experiments import finetune_alignment, lab_rules
 
     out = tmp_path / "eval_finetune_alignment.md"
     before = torch.get_num_threads()
@@ -134,58 +139,63 @@ def test_finetune_alignment_eval_quick(tmp_path):
     finally:
         torch.set_num_threads(before)
     text = out.read_text()
-    for heading in ("### 1. Loss curves", "### 2. Weight-space alignment", "### 3. Capacity", "### 4. Function-space",
-                    "### 5. Where the context effect lives", "### Reading"):
+    for heading in ("### 1. Loss curves", "### 2. Weight-space alignment", "### 2a. The sign of the alignment",
+                    "### 3. Capacity", "### 4. Function-space", "### 5. Where the context effect lives", "### Reading"):
         assert heading in text
     numbers = json.loads((tmp_path / "eval_finetune_alignment.json").read_text())
     assert set(numbers["lab"]) == set(finetune_alignment.QUICK_LAB) and set(numbers["lm"]) == set(finetune_alignment.QUICK_LM)
     assert numbers["seeds"]["single_block"] == [0] and numbers["lab"]["single_block"]["seeds"] == [0]
-    single = numbers["lab"]["single_block"]
-    rows = {(r["comparison"], r["order"], r["kind"]): r for r in single["alignment"]["summary"]}
-    step, control = rows[("sgd", "absorb", "step")], rows[("control", "absorb", "step")]
-    expected = finetune_alignment.verdict(SimpleNamespace(**step), SimpleNamespace(**control))
-    line = next(ln for ln in text.splitlines() if ln.startswith("- The paper's alignment claim on the lab models"))
-    assert f"single_block absorb step" in line.split(f"*{expected}* for ")[1].split(";")[0]
+    cell = numbers["lab"]["single_block"]["cells"]["absorb step"]
+    row = next(r for r in numbers["lab"]["single_block"]["alignment"]["summary"]
+               if (r["comparison"], r["order"], r["kind"]) == ("sgd", "absorb", "step"))
+    assert cell["per_seed"] == row["per_seed"] and cell["verdict"] == "one seed" and cell["signs"] in ("+", "−")
+    assert numbers["claim"] == lab_rules.claim_wording(lab_rules.claim_cells(numbers["lab"], numbers["main_models"]))
+    assert numbers["claim"]["verdict"] == "undecided"
+    signs = numbers["signs"]["single_block"]["rows"][0]
+    assert signs["population"] == "similar" and signs["label response ρ"] > 0  # the shipped seed (issue 39)
     assert "tiny-gemma3 (extension)" in text and numbers["reading"] == text.split("### Reading (computed from the tables above)\n\n")[1].strip().splitlines()
 
 
-def _summary_reports(root, *, gru_low: float, delta_mse: float, best: float):
-    conv = [{"arch": a, "norm_mse_at_n_train": m, "seeds": 3, "drift_half_to_max": d, "drift_half_to_max_low": d - 0.01,
-             "drift_half_to_max_high": d + 0.01} for a, m, d in (("softmax", 0.01, 0.05), ("gru", 0.1, gru_low + 0.01),
-                                                                  ("delta", delta_mse, 0.2))]
-    lab_json = {"rules": {"exact": {"float64": 1e-10, "float32": 1e-4}, "settled": 0.1, "learns": 0.2},
+def _summary_reports(root, *, gru_slopes, delta_mse: float, best: float):
+    conv = [{"arch": a, "norm_mse_at_n_train": m} for a, m in (("softmax", 0.01), ("gru", 0.1), ("delta", delta_mse))]
+    trend = {a: {"ns": [2, 4, 8], "seeds": [0, 1, 2], "slopes": v}
+             for a, v in (("softmax", [-0.5, -0.55, -0.48]), ("gru", list(gru_slopes)), ("delta", [-0.2, -0.3, -0.25]))}
+    lab_json = {"rules": {"exact": {"float64": 1e-10, "float32": 1e-4}, "trend_slope": -0.4, "learns": 0.2},
                 "equivalence": [{"dtype": "float64", "rel_error_prediction": 1e-15, "rel_error_residual": 2e-15}],
-                "convergence": {"n_train": 16, "n_max": 64, "summary": conv},
+                "convergence": {"n_train": 16, "n_max": 64, "summary": conv, "trend": trend},
                 "memory_cost": [{"arch": "delta", "context_length": t, "state_bytes": 10240} for t in (32, 2048)],
                 "attention_regression": [{"max_rel_error": 3e-16}],
                 "thought_patch": [{"K": 64, "test_mse": 0.1, "no_context_test_mse": 0.5, "contextual_test_mse": 0.01}]}
     (root / "eval_lab.json").write_text(json.dumps(lab_json))
-    row = lambda c, o, k, m: {"comparison": c, "order": o, "kind": k, "mean": m, "low": m - 0.02, "high": m + 0.02}  # noqa: E731
-    summary = [row("sgd", "absorb", "step", best), row("control", "absorb", "step", 0.0),
-               row("sgd", "prefix", "step", 0.05), row("control", "prefix", "step", 0.0)]
+    spread = [-0.02, 0.0, 0.02]
+    cell = lambda m: {"per_seed": [m + e for e in spread], "control_per_seed": [0.0, 0.01, -0.01]}  # noqa: E731
+    cells = {f"{o} {k}": cell(best if (o, k) == ("absorb", "step") else 0.01)
+             for o, k in (("absorb", "step"), ("prefix", "step"), ("absorb", "cumulative"), ("prefix", "cumulative"),
+                          ("end", "cumulative"))}
     (root / "eval_finetune_alignment.json").write_text(json.dumps(
-        {"aligned_threshold": 0.5, "weak_threshold": 0.1,
-         "lab": {"single_block": {"seeds": [0, 1, 2], "alignment": {"summary": summary}}}}))
+        {"aligned_threshold": 0.5, "weak_threshold": 0.1, "main_models": ["single_block"],
+         "lab": {"single_block": {"seeds": [0, 1, 2], "cells": cells}}}))
 
 
 def test_summary_is_computed_from_the_reports_json_and_flips_with_it(tmp_path):
     from experiments.report import NOT_TESTED, QUANTISATION, claims_summary, write_summary
 
     assert {r["verdict"] for r in claims_summary(tmp_path)} == {NOT_TESTED}  # no reports: nothing claimed
-    _summary_reports(tmp_path, gru_low=0.5, delta_mse=0.01, best=0.6)
+    _summary_reports(tmp_path, gru_slopes=(0.0, 0.05, -0.02), delta_mse=0.01, best=0.6)
     rows = {r["claim"].split(" (")[0][:40]: r for r in claims_summary(tmp_path)}
     settle = next(r for r in rows.values() if r["claim"].startswith("Attention's implicit weights settle"))
-    assert settle["verdict"] == "reproduced" and "GRU 0.510 [0.500, 0.520]" in settle["number"]
+    assert settle["verdict"] == "reproduced" and "softmax -0.51 [" in settle["number"] and "(converges)" in settle["number"]
+    assert "GRU +0.01 [" in settle["number"] and "seeds: softmax 3, GRU 3" in settle["number"]
     fixed = next(r for r in rows.values() if r["claim"].startswith("A fixed-state parametric layer"))
     assert fixed["verdict"] == "reproduced" and fixed["paper"].startswith("McDermott")
     align = next(r for r in rows.values() if r["claim"].startswith("Implicit updates align"))
-    assert align["verdict"] == "partly" and "best cell above its control: single_block absorb step +0.600 [+0.580, +0.620]" in align["number"]
-    assert "single_block (the paper's model), absorb step: +0.600" in align["number"] and "2 of 2 model" in align["number"]
-    assert "3 seed(s) per model" in align["number"]
-    _summary_reports(tmp_path, gru_low=0.06, delta_mse=0.5, best=0.05)
+    assert align["verdict"] == "partly" and "reproduced only in single_block (absorb step)" in align["number"]
+    assert "1 of 5 cells aligned at 95% each" in align["number"] and "3 seed(s) per model" in align["number"]
+    assert "multiplicity: the verdict rests on 1 of 5 cells" in align["number"]
+    _summary_reports(tmp_path, gru_slopes=(-0.5, -0.6, -0.55), delta_mse=0.5, best=0.05)
     rows = claims_summary(tmp_path)
     settle = next(r for r in rows if r["claim"].startswith("Attention's implicit weights settle"))
-    assert settle["verdict"] == "not"  # the GRU settles too (interval 0.06..0.08) and overlaps nothing above softmax
+    assert settle["verdict"] == "not"  # the GRU converges as fast as softmax
     assert next(r for r in rows if r["claim"].startswith("A fixed-state"))["verdict"] == "not"
     assert next(r for r in rows if r["claim"].startswith("Implicit updates align"))["verdict"] == "not"
     text = write_summary(tmp_path)
@@ -270,3 +280,13 @@ def test_training_length_rule_and_report(tmp_path):
     assert numbers["stopped_falling"] == ltl.verdict(numbers["rows"])
     text = out.read_text()
     assert ("stopped falling" if numbers["stopped_falling"] else "still falling") in text
+
+
+def test_workshop_guide_quotes_the_lab_reports():
+    """docs/workshop.md states what the lab evaluations measured in the reports' own sentences (stored in their JSON
+    under ``workshop``), so a rerun that changes a number or a verdict fails here until the guide says it too."""
+    root = Path(__file__).parents[1]
+    guide = (root / "docs" / "workshop.md").read_text(encoding="utf-8")
+    for report, key in (("eval_finetune_alignment.json", "alignment"), ("eval_lab.json", "convergence")):
+        sentence = json.loads((root / "reports" / report).read_text())["workshop"][key]
+        assert sentence and sentence in guide, f"docs/workshop.md lacks the {key} sentence of {report}: {sentence}"

@@ -22,6 +22,9 @@ from icl_lens.stats import (
     grouped_folds,
     logistic_loss,
     percentile_interval,
+    t_interval,
+    t_quantile,
+    welch_interval,
     wilson_interval,
 )
 
@@ -291,3 +294,43 @@ def test_cluster_bootstrap_counts_each_subject_once():
         stats.bootstrap_ratio(positive, np.ones(n), n_boot=300), abs=1e-12)
     with pytest.raises(ValueError, match="one label per example"):
         stats.resample_counts(5, 10, 0, groups=[1, 2])
+
+
+# ---------------------------------------------------------------- Student t over seeds
+
+def test_t_quantile_matches_the_tables():
+    """Two-sided 95% critical values of Student's t (any table): 12.706 (1), 4.303 (2), 2.262 (9), 2.042 (30);
+    99% at 9: 3.250. Odd and even degrees of freedom take different closed forms."""
+    for df, level, value in ((1, 0.95, 12.7062), (2, 0.95, 4.3027), (3, 0.95, 3.1824), (9, 0.95, 2.2622),
+                             (30, 0.95, 2.0423), (9, 0.99, 3.2498)):
+        assert abs(t_quantile(level, df) - value) < 5e-4, (df, level)
+    assert abs(t_quantile(0.95, 2000) - NormalDist().inv_cdf(0.975)) < 2e-3  # large df: the normal quantile
+    with pytest.raises(ValueError):
+        t_quantile(0.95, 0)
+    with pytest.raises(ValueError):
+        t_quantile(1.0, 5)
+
+
+def test_t_interval_is_mean_plus_minus_t_times_standard_error_and_covers():
+    ci = t_interval([1.0, 2.0, 3.0, 4.0])
+    half = 3.1824 * np.std([1, 2, 3, 4], ddof=1) / 2
+    assert ci.n == 4 and ci.mean == 2.5 and abs(ci.high - 2.5 - half) < 1e-3 and abs(2.5 - ci.low - half) < 1e-3
+    rng = np.random.default_rng(0)  # coverage of a true mean with 3 units: the t-interval keeps ~95%
+    covered = sum(t_interval(rng.normal(size=3)).excludes(0.0) is False for _ in range(2000))
+    assert 0.93 < covered / 2000 < 0.97
+    with pytest.raises(ValueError, match="at least 2"):
+        t_interval([1.0])
+    with pytest.raises(ValueError, match="finite"):
+        t_interval([1.0, float("nan")])
+
+
+def test_welch_interval_of_two_sets_of_seeds():
+    a, b = [1.0, 2.0, 3.0, 4.0], [0.0, 0.5, 1.0, 1.2, 0.3]
+    ci = welch_interval(a, b)
+    va, vb = np.var(a, ddof=1) / 4, np.var(b, ddof=1) / 5
+    df = (va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 4)  # 3.71: rounded down to 3
+    assert int(df) == 3 and abs(ci.mean - 1.9) < 1e-12
+    assert abs((ci.high - ci.low) / 2 - t_quantile(0.95, 3) * np.sqrt(va + vb)) < 1e-9
+    assert welch_interval([1.0, 1.0], [0.0, 0.0]).low == 1.0  # no spread: the difference itself
+    with pytest.raises(ValueError, match="at least 2"):
+        welch_interval([1.0], [0.0, 1.0])

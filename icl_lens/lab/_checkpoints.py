@@ -22,6 +22,13 @@ Named models (:data:`LAB_MODELS`):
 - ``skip_only``: the 10-layer ``softmax`` model without its LayerNorms. (Ten blocks with
   LayerNorms but no skip connections did not train with the same recipe, so the
   LayerNorm-only ablation is the one-block model.)
+
+Not shipped either, trained by :mod:`icl_lens.lab.seeds` with an oriented initialisation (the recipe's
+``orient``: every first-layer head that prefers context inputs opposite to the query starts with its
+query projection negated, :func:`icl_lens.lab.orient_attention`): ``sb_oriented``
+(:data:`ORIENTED_MODELS`, the single block) and its one-factor variants (:data:`FACTOR_MODELS`: skip
+connections, LayerNorms, both, no attention-output bias, 3 heads, one_block's recipe, d_x 4, 16 pairs,
+an embedding to width 32), the ablation of issue 39 on a base whose seeds all start in one basin.
 """
 from __future__ import annotations
 
@@ -67,6 +74,35 @@ ABLATION_MODELS: dict[str, LabConfig] = {
 ABLATION_FACTOR = {"sb_no_attn_bias": "attention-output bias removed", "sb_embed": "linear embedding added (width 3)",
                    "sb_wide": "embedding to width 32", "sb_task": "one_block's task (d_x 4, query flag, 16 pairs)"}
 RECIPES.update({name: dict(RECIPES["single_block"]) for name in ABLATION_MODELS})
+
+# The task has two mirror solutions (attend to inputs similar or opposite to the query, ``_mirror.py``);
+# which one a seed finds is set at initialisation and decides the sign of its per-step alignment. ``orient`` in a
+# recipe starts every seed in the similar-input basin (the first layer's heads that prefer opposite inputs have their
+# query projection negated before training), so a model's seeds are one population.
+ORIENTED_MODELS: dict[str, LabConfig] = {"sb_oriented": _SINGLE}
+RECIPES["sb_oriented"] = {**RECIPES["single_block"], "orient": True}
+
+# The one-factor ablation on the oriented single block: each variant changes ONE factor of ``sb_oriented`` (no
+# shipped checkpoints: trained into the seed cache, oriented, with the single block's recipe unless the factor is the
+# recipe). Without an embedding the width is the token size (3), so "heads" goes 1 → 3 (one dimension per head).
+_BASE = _SINGLE.to_dict()
+FACTOR_MODELS: dict[str, LabConfig] = {
+    "sbo_skip": LabConfig(**{**_BASE, "skip": True}),
+    "sbo_ln": LabConfig(**{**_BASE, "layer_norm": True}),
+    "sbo_skip_ln": LabConfig(**{**_BASE, "skip": True, "layer_norm": True}),
+    "sbo_no_attn_bias": LabConfig(**{**_BASE, "attn_bias": False}),
+    "sbo_3heads": LabConfig(**{**_BASE, "n_heads": 3}),
+    "sbo_recipe": _SINGLE,
+    "sbo_dx4": LabConfig(**{**_BASE, "d_x": 4, "d_model": 5}),
+    "sbo_pairs16": LabConfig(**{**_BASE, "n_context_train": 16}),
+    "sbo_wide": LabConfig(**{**_BASE, "embed": True, "d_model": 32}),
+}
+FACTOR = {"sbo_skip": "skip connections", "sbo_ln": "LayerNorms", "sbo_skip_ln": "skip connections and LayerNorms",
+          "sbo_no_attn_bias": "no attention-output bias", "sbo_3heads": "3 heads instead of 1 (width 3)",
+          "sbo_recipe": "one_block's recipe (rate 2e-3, 3000 steps)", "sbo_dx4": "d_x 4 instead of 2",
+          "sbo_pairs16": "trained on up to 16 pairs instead of 50", "sbo_wide": "an embedding to width 32"}
+RECIPES.update({name: dict(RECIPES["sb_oriented"]) for name in FACTOR_MODELS})
+RECIPES["sbo_recipe"] = {**RECIPES["one_block"], "orient": True}
 
 
 class CheckpointNotFoundError(FileNotFoundError):

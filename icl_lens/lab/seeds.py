@@ -19,13 +19,15 @@ from pathlib import Path
 import torch
 
 from icl_lens.lab._checkpoints import (
-    ABLATION_MODELS, CHECKPOINT_DIR, LAB_MODELS, RECIPES, load_checkpoint_file, checkpoint_path,
+    ABLATION_MODELS, CHECKPOINT_DIR, FACTOR_MODELS, LAB_MODELS, ORIENTED_MODELS, RECIPES, load_checkpoint_file,
+    checkpoint_path,
 )
 from icl_lens.lab._model import LabConfig, RegressionModel
 from icl_lens.model._loading import cache_dir as models_cache_dir
 
-MODELS: dict[str, LabConfig] = {**LAB_MODELS, **ABLATION_MODELS}
+MODELS: dict[str, LabConfig] = {**LAB_MODELS, **ABLATION_MODELS, **ORIENTED_MODELS, **FACTOR_MODELS}
 BATCH = 64
+SEEDS = tuple(range(10))  # the training seeds the evaluations use
 
 
 def cache_key(name: str, seed: int) -> str:
@@ -91,7 +93,7 @@ def seed_model(name: str, seed: int, *, cache_dir: Path | str | None = None, tra
 
     recipe = RECIPES[name]
     model, record = train(MODELS[name], steps=recipe["steps"], lr=recipe["lr"], batch=BATCH, seed=seed,
-                          progress=progress, desc=f"{name} s{seed}")
+                          progress=progress, desc=f"{name} s{seed}", orient=recipe.get("orient", False))
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.float32).clone() for k, v in model.state_dict().items()}
     tmp = path.with_suffix(".tmp")
@@ -101,10 +103,12 @@ def seed_model(name: str, seed: int, *, cache_dir: Path | str | None = None, tra
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Train every missing (model, seed) run, seed-major (a run cut short still has every model at the first seeds)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     ap.add_argument("--cache", default=None, help="cache folder (default $ICL_LENS_CACHE/lab, ~/.cache/icl_lens/lab)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar per run (e.g. when logging to a file)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     for seed in args.seeds:  # seed-major: a run cut short still has every model at the first seeds
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"[{name} s{seed}] cached", flush=True)
                 continue
             t0 = time.perf_counter()
-            _, rec = seed_model(name, seed, cache_dir=args.cache)
+            _, rec = seed_model(name, seed, cache_dir=args.cache, progress=not args.no_progress)
             print(f"[{name} s{seed}] trained in {time.perf_counter() - t0:.0f} s: steps {rec['steps']}, "
                   f"eval_loss_n_train {rec['eval_loss_n_train']:.4f}", flush=True)
 

@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from icl_lens.lab._checkpoints import CHECKPOINT_DIR, LAB_MODELS, RECIPES, save_checkpoint
+from icl_lens.lab._mirror import orient_attention
 from icl_lens.lab._model import LabConfig, RegressionModel, build_model
 from icl_lens.lab._tasks import sample_prompts
 
@@ -24,11 +25,16 @@ def query_loss(model: RegressionModel, tokens: torch.Tensor, targets: torch.Tens
 
 
 def train(cfg: LabConfig, *, steps: int = 3000, batch: int = 64, lr: float = 2e-3, seed: int = 0,
-          progress: bool = True, desc: str | None = None) -> tuple[RegressionModel, dict]:
-    """AdamW with linear warm-up and cosine decay; returns the model and a training record."""
+          progress: bool = True, desc: str | None = None, orient: bool = False) -> tuple[RegressionModel, dict]:
+    """AdamW with linear warm-up and cosine decay; returns the model and a training record.
+
+    ``orient``: before training, every first-layer softmax head that prefers inputs opposite to the query
+    has its query projection negated (:func:`icl_lens.lab.orient_attention`), so training starts in
+    the similar-input basin of the task's two mirror solutions; the record lists the flipped heads."""
     if steps < 1:
         raise ValueError("steps must be ≥ 1")
     model = build_model(cfg, seed=seed)
+    flipped = orient_attention(model).tolist() if orient else None
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -55,7 +61,8 @@ def train(cfg: LabConfig, *, steps: int = 3000, batch: int = 64, lr: float = 2e-
         final = query_loss(model, p.tokens, p.targets).item()
     record = {"steps": steps, "batch": batch, "lr": lr, "seed": seed, "seconds": time.perf_counter() - start,
               "train_loss_last100": sum(recent) / len(recent), "eval_loss_n_train": final,
-              "torch": str(torch.__version__), "threads": torch.get_num_threads()}
+              "torch": str(torch.__version__), "threads": torch.get_num_threads(),
+              **({"oriented_heads": flipped} if orient else {})}
     return model, record
 
 
@@ -74,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in LAB_MODELS if args.model == "all" else (args.model,):
         recipe = RECIPES[name]
         model, record = train(LAB_MODELS[name], steps=args.steps or recipe["steps"], batch=args.batch,
-                              lr=args.lr or recipe["lr"], seed=args.seed, desc=name)
+                              lr=args.lr or recipe["lr"], seed=args.seed, desc=name, orient=recipe.get("orient", False))
         path = save_checkpoint(model, record, name, args.out)
         print(f"[{name}] saved {path} ({path.stat().st_size / 1024:.0f} KB): {record}", flush=True)
 

@@ -105,24 +105,3 @@ def bootstrap_ratio(x, y, *, n_boot: int = 2000, seed: int = 0, level: float = 0
     den = counts @ y
     ok = den > 0
     return percentile_interval((counts[ok] @ x) / den[ok], level)
-
-
-def bootstrap_mean_nested(groups, *, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> MeanCI:
-    """Mean over groups (e.g. training seeds) of each group's mean over its examples (e.g. prompts), with a
-    two-stage percentile-bootstrap interval: resample the groups, then the examples within each drawn group.
-
-    With one group this is :func:`bootstrap_mean` of its values (same resamples). ``n`` of the
-    result counts the groups.
-    """
-    groups = [np.asarray(g, dtype=float).reshape(-1) for g in groups]
-    if not groups or any(g.size == 0 for g in groups):
-        raise ValueError("bootstrap_mean_nested needs at least one group, each with at least one value")
-    if not all(np.isfinite(g).all() for g in groups):
-        raise ValueError("bootstrap_mean_nested needs finite values")
-    if len(groups) == 1:
-        return bootstrap_mean(groups[0], n_boot=n_boot, seed=seed, level=level)
-    inner = np.stack([resample_counts(g.size, n_boot, seed + 1 + k) @ g / g.size for k, g in enumerate(groups)], 1)
-    outer = resample_counts(len(groups), n_boot, seed)  # n_boot × groups: how often each group is drawn
-    boots = (outer * inner).sum(1) / len(groups)
-    low, high = percentile_interval(boots, level)
-    return MeanCI(float(np.mean([g.mean() for g in groups])), low, high, len(groups))

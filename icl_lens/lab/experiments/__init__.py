@@ -12,6 +12,8 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
     from icl_lens.lab.experiments._loss_curves import LossCurves, loss_curves
     from icl_lens.lab.experiments._memory_cost import MemoryCostResult, decode_matches_forward, memory_and_cost
     from icl_lens.lab.experiments._patch_parts import PatchPartsResult, patch_parts
+    from icl_lens.lab.experiments._solution_signs import (POPULATIONS, SELECTIVE, SolutionSigns, population,
+                                                          solution_signs)
     from icl_lens.lab.experiments._thought_patch import ThoughtPatchResult, fit_thought_patch, static_thought_patch
 
 __getattr__, __dir__, __all__ = lazy_exports(globals())

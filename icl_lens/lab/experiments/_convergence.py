@@ -8,14 +8,22 @@ prompts, and per prompt for the spread; ``late/early`` is the mean step over the
 quarter divided by the mean over the first ``n_train`` pairs. ``α`` describes how fast the
 steps shrink; it does not decide convergence (steps ``∝ i^−α`` with ``α ≤ 1`` do not sum).
 
-Convergence is measured directly, as a Cauchy criterion on the whole model's implicit
-weights ``W(i)`` (``P(i) = W(i) − W(0)``, every layer's patch; from one Gram matrix of the
-rank-1 patches, ``⟨P(i), P(j)⟩ = Σ_l (u_i·u_j)(v_i·v_j)``):
+Convergence is measured directly, as a Cauchy criterion on the whole implicit update
+``W(i)`` of the model (``P(i) = W(i) − W(0)``: every layer's ``W_in`` patch AND its skip
+correction, the MLP-output bias that carries most of the context effect in a Pre-LN model; from
+one Gram matrix, ``⟨P(i), P(j)⟩ = Σ_l (u_i·u_j)(v_i·v_j) + Σ_l c_i·c_j``):
 
-    drift(n → N) = max_{n < m ≤ N} ‖W(m) − W(n)‖_F / ‖W(n) − W(0)‖_F
+    drift(n → N) = max_{n < m ≤ N} ‖W(m) − W(n)‖ / ‖W(n) − W(0)‖
 
 how far the weights still move after ``n`` pairs, relative to how far they have come; and the
-tail sum ``Σ_{n<i≤N} g(i) / ‖P(n)‖`` (its upper bound). Claims: Dherin et al. 2025
+tail sum ``Σ_{n<i≤N} g(i) / ‖P(n)‖`` (an upper bound of the drift when ``g`` is the whole step).
+
+*Trend within the trained length* (:meth:`ConvergenceResult.trend`): ``drift(n → 2n)`` for
+``n = 2, 4, …`` with ``2n ≤ n_train``; per training seed, the least-squares slope of the mean
+over prompts of ``log drift(n → 2n)`` against ``log n``. A running average of noisy steps
+converges at ``drift ∝ n^(−1/2)`` (slope −½); steps of constant size that do not average out
+keep ``drift`` flat (slope 0). The verdict rule on these slopes lives with the evaluation
+(``experiments.lab_rules``). Claims: Dherin et al. 2025
 (attention's implicit updates settle as context grows, an RNN's do not); McDermott, Heath,
 Parhi 2026, arXiv 2606.25342 (a fixed-state parametric layer can learn in context with
 constant memory). The prediction error after ``i`` pairs is recorded beside it. Models
@@ -33,7 +41,6 @@ from torch import Tensor
 from icl_lens.core._factored import diff_norm
 from icl_lens.core._power_law import power_law_fit
 from icl_lens.lab.seeds import seed_model
-from icl_lens.stats._bootstrap import bootstrap_mean_nested
 from icl_lens.lab._regression_dynamics import implicit_trajectory, reproduced_predictions
 from icl_lens.lab._mixers import ARCHITECTURES
 from icl_lens.lab._tasks import sample_prompts
@@ -41,9 +48,10 @@ from icl_lens.lab._tasks import sample_prompts
 
 @dataclass(frozen=True, eq=False)
 class ConvergenceResult:
-    """Meta-gradient norms ``[arch] → prompt × layer × i``, squared errors ``prompt × i`` (i = 0..n_max) and the
-    whole-model distances ``‖W(i) − W(j)‖`` (``prompt × i × j``, i, j = 0..n_max); ``prompt_seed[arch][p]`` is
-    the training seed of prompt row ``p`` (each seed's model sees the same prompts)."""
+    """Meta-gradient norms of the ``W_in`` patches ``[arch] → prompt × layer × i``, squared errors ``prompt × i``
+    (i = 0..n_max) and the distances ``‖W(i) − W(j)‖`` of the whole implicit update (patches and corrections,
+    ``prompt × i × j``, i, j = 0..n_max); ``prompt_seed[arch][p]`` is the training seed of prompt row ``p``
+    (each seed's model sees the same prompts)."""
 
     n_train: int
     step_norms: dict[str, Float[Tensor, "prompt layer n"]]
@@ -55,11 +63,6 @@ class ConvergenceResult:
     def seeds(self, arch: str) -> tuple[int, ...]:
         return tuple(sorted(set(self.prompt_seed[arch]))) if self.prompt_seed else (0,)
 
-    def by_seed(self, arch: str, values: Tensor) -> list:
-        """``values`` (one per prompt row) split by training seed, for :func:`bootstrap_mean_nested`."""
-        seed = torch.tensor(self.prompt_seed[arch]) if self.prompt_seed else torch.zeros(len(values), dtype=torch.long)
-        return [values[seed == s].double().numpy() for s in self.seeds(arch)]
-
     def drift(self, arch: str, start: int, end: int | None = None) -> Float[Tensor, " prompt"]:
         """``max_{start < m ≤ end} ‖W(m) − W(start)‖ / ‖W(start) − W(0)‖`` per prompt (``end`` = n_max)."""
         end = self.n_max if end is None else end
@@ -69,8 +72,36 @@ class ConvergenceResult:
         return d[:, start, start + 1: end + 1].max(-1).values / d[:, start, 0]
 
     def tail_sum(self, arch: str, start: int) -> Float[Tensor, " prompt"]:
-        """``Σ_{start < i ≤ n_max} g(i) / ‖W(start) − W(0)‖`` per prompt (an upper bound of the drift)."""
-        return self.total_norms(arch).double()[:, start:].sum(-1) / self.distances[arch].double()[:, start, 0]
+        """``Σ_{start < i ≤ n_max} ‖W(i) − W(i−1)‖ / ‖W(start) − W(0)‖`` per prompt, whole update (an upper bound
+        of the drift)."""
+        return self.whole_steps(arch)[:, start:].sum(-1) / self.distances[arch].double()[:, start, 0]
+
+    def whole_steps(self, arch: str) -> Float[Tensor, "prompt n"]:
+        """``‖W(i) − W(i−1)‖`` of the whole implicit update (patches and corrections), i = 1..n_max."""
+        d = self.distances[arch].double()
+        return torch.diagonal(d[:, 1:, :-1], dim1=1, dim2=2)
+
+    def trend_ns(self) -> tuple[int, ...]:
+        """``n = 2, 4, …`` with ``2n ≤ min(n_train, n_max)``: the doublings inside the trained length."""
+        ns, n = [], 2
+        while 2 * n <= min(self.n_train, self.n_max):
+            ns.append(n)
+            n *= 2
+        return tuple(ns)
+
+    def trend(self, arch: str) -> tuple[tuple[int, ...], Float[Tensor, "seed n"], Float[Tensor, " seed"]]:
+        """``(ns, log_drift, slope)``: per training seed, the mean over its prompts of ``log drift(n → 2n)`` for each
+        ``n`` of :meth:`trend_ns`, and the least-squares slope of that against ``log n``."""
+        ns = self.trend_ns()
+        if len(ns) < 2:
+            raise ValueError(f"the trend needs at least two doublings inside the trained length ({self.n_train})")
+        logs = torch.stack([self.drift(arch, n, 2 * n).log() for n in ns], -1)  # prompt × n
+        seed = torch.tensor(self.prompt_seed[arch]) if self.prompt_seed else torch.zeros(len(logs), dtype=torch.long)
+        per_seed = torch.stack([logs[seed == s].mean(0) for s in self.seeds(arch)])
+        x = torch.tensor(ns, dtype=torch.float64).log()
+        xc = x - x.mean()
+        slope = ((per_seed - per_seed.mean(-1, keepdim=True)) * xc).sum(-1) / xc.pow(2).sum()
+        return ns, per_seed, slope
 
     @property
     def n_max(self) -> int:
@@ -107,12 +138,12 @@ class ConvergenceResult:
             err = self.sq_errors[arch].double()
             extra = {}
             if self.distances is not None:
-                half = self.n_max // 2
-                for key, values in (("drift_train_to_max", self.drift(arch, self.n_train)),
-                                    ("drift_half_to_max", self.drift(arch, half)),
-                                    ("tail_sum_train_to_max", self.tail_sum(arch, self.n_train))):
-                    ci = bootstrap_mean_nested(self.by_seed(arch, values))
-                    extra.update({key: ci.mean, f"{key}_low": ci.low, f"{key}_high": ci.high})
+                extra["drift_train_to_max"] = float(self.drift(arch, self.n_train).mean())  # beyond training: description
+                if len(self.trend_ns()) >= 2:
+                    ns, log_drift, slope = self.trend(arch)
+                    extra.update({f"drift_{n}_to_{2 * n}": float(log_drift[:, k].exp().mean()) for k, n in enumerate(ns)})
+                    extra["trend_slope"] = float(slope.mean())
+                    extra["trend_slope_per_seed"] = [float(x) for x in slope]
                 extra["seeds"] = len(self.seeds(arch))
             rows.append({
                 "arch": arch,
@@ -131,26 +162,31 @@ class ConvergenceResult:
 
 
 def convergence_by_architecture(archs=ARCHITECTURES, *, n_prompts: int = 16, n_max: int = 64,
-                                fit_from: int = 4, seed: int = 2, seeds=(0,)) -> ConvergenceResult:
+                                fit_from: int = 4, seed: int = 2, seeds=(0,), cache_dir=None) -> ConvergenceResult:
     """Meta-gradient norms and drifts for context lengths ``1..n_max`` (the models were trained up to 16),
-    for every training seed in ``seeds`` that is shipped or cached (the others are skipped)."""
+    for every training seed in ``seeds`` that is shipped or cached in ``cache_dir`` (the others are skipped).
+    All architectures must share ``n_train``."""
     norms, errors, dists, owners, n_train = {}, {}, {}, {}, None
     for arch in archs:
         rows_n, rows_e, rows_d, own = [], [], [], []
         for s in seeds:
             try:
-                model, _ = seed_model(arch, s, train_missing=False)
+                model, _ = seed_model(arch, s, cache_dir=cache_dir, train_missing=False)
             except FileNotFoundError:
                 continue
+            if n_train not in (None, model.cfg.n_context_train):
+                raise ValueError(f"{arch} was trained on {model.cfg.n_context_train} pairs, the others on {n_train}")
             n_train = model.cfg.n_context_train
-            p = sample_prompts(n_prompts, n_max, model.cfg.d_x, generator=torch.Generator().manual_seed(seed))
+            p = sample_prompts(n_prompts, n_max, model.cfg.d_x, generator=torch.Generator().manual_seed(seed),
+                               query_flag=model.cfg.query_flag)
             for b in range(n_prompts):
                 ctx, q = p.tokens[b, :-1], p.tokens[b, -1]
                 traj = implicit_trajectory(model, ctx, q)
-                # ‖W(i) − W(i−1)‖ in the model's dtype (Trajectory.meta_gradient_norms works in float64)
+                # ‖W(i) − W(i−1)‖ of the W_in patches in the model's dtype (Trajectory.meta_gradient_norms: float64)
                 rows_n.append(diff_norm(traj.u_in[:, 1:], traj.v[:, 1:], traj.u_in[:, :-1], traj.v[:, :-1]))
-                u, v = traj.u_in.double(), traj.v.double()
-                gram = (torch.einsum("liu,lju->lij", u, u) * torch.einsum("lid,ljd->lij", v, v)).sum(0)  # ⟨P(i), P(j)⟩
+                u, v, c = traj.u_in.double(), traj.v.double(), traj.correction.double()
+                gram = (torch.einsum("liu,lju->lij", u, u) * torch.einsum("lid,ljd->lij", v, v)
+                        + torch.einsum("lid,ljd->lij", c, c)).sum(0)  # ⟨P(i), P(j)⟩, patches and corrections
                 diag = torch.diagonal(gram)
                 rows_d.append((diag[:, None] + diag[None, :] - 2 * gram).clamp_min(0).sqrt().float())
                 rows_e.append((reproduced_predictions(model, ctx, q) - p.targets[b]) ** 2 / model.cfg.d_x)

@@ -28,6 +28,12 @@ Comparisons (keys of :attr:`AlignmentResult.cosines`, ``"<comparison>:<order>:<k
   and held-out label ``(x_q, y_q)`` instead of the pairs;
 - ``random``: a uniformly random direction of the same weight space (``|cos| ≈ sqrt(2/(π·dim))``).
 
+End of context (order ``end``, kind ``cumulative``; one value per prompt and layer, the same for both
+orders since both end at the full token patch ``Pₙ``): ``sgd:end:cumulative`` = ``cos(Pₙ, Σ_{j≤n} Eⱼ)``
+(the update after all ``n`` examples vs the ``n`` SGD steps), ``full_batch:end:cumulative`` =
+``cos(Pₙ, −Σⱼ ∇ℓⱼ(W₀))`` (one full-batch gradient step), and their controls ``control:end:cumulative``
+and ``full_batch_control:end:cumulative`` (the next prompt's SGD run and full-batch step).
+
 Diagnostics, per order, of the ``sgd`` per-step cosine: ``input_side:<order>:step`` =
 ``cos(vᵢ, aᵢ)`` between the implicit patch's row factor (the query's context-free MLP input)
 and the input ``aᵢ`` that pair ``i``'s gradient is taken on; ``in_share:<order>:step`` and
@@ -136,6 +142,10 @@ def implicit_vs_explicit(name: str = "softmax", *, n_prompts: int = 64, n_contex
             add(f"out_side:{order}:step", out_side)
             add(f"in_share:{order}:step", share)
             if order == "prefix":
+                u_n, v_n = traj.u_in[:, -1:], traj.v[:, -1:]  # Pₙ, the end of either order
+                for comparison, (U, V) in (("sgd", (sgd.U[b], sgd.V[b])), ("control", (sgd.U[nxt], sgd.V[nxt])),
+                                           ("full_batch", (g0[b], a0[b])), ("full_batch_control", (g0[nxt], a0[nxt]))):
+                    add(f"{comparison}:end:cumulative", patches_vs_update(u_n, v_n, U, V))
                 # each pair's gradient at the implicit weights W(i−1) reached before it (run i−1 of the batch)
                 gi, ai, _ = pair_gradients(model, xs[b], ys[b], edits=step_edits(traj, n))
                 cum, step = trajectory_sgd_cosines(traj.u_in, traj.v, *_steps(-gi.transpose(0, 1), ai.transpose(0, 1)))
