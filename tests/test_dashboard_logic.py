@@ -398,3 +398,109 @@ def test_a_keystroke_tokenises_and_checks_its_prompt_once(load, monkeypatch):
     assert counts == {"tokenised": 1, "checked": 1}
     with pytest.raises(icl_lens.PromptError, match="empty"):  # the one empty-prompt message
         analyzer.encode("   ")
+
+
+def _record_trajectories(d) -> list:
+    """The trajectories the panel is asked to draw, in order."""
+    drawn, show = [], d.trajectory_panel.show
+
+    def record(trajectory, *args, **kwargs):
+        drawn.append(trajectory)
+        return show(trajectory, *args, **kwargs)
+
+    d.trajectory_panel.show = record
+    return drawn
+
+
+def test_trajectory_is_drawn_coarse_then_refined(load, dash_factory):
+    """Issue 41: after a keystroke the trajectory is drawn first at a few log-spaced prefix lengths, exactly the
+    full trajectory's W_i there (float64), then refined to the full trajectory, equal to a fresh one; a prompt
+    whose full trajectory is cached is drawn refined at once."""
+    from icl_lens.dynamics._prefix_variants import log_spaced_steps
+    from icl_lens.ui._analysis import COARSE_POINTS
+
+    model = load("tiny-llama", torch.float64)
+    d = dash_factory(model)
+    drawn = _record_trajectories(d)
+    text = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen"
+    for typed in (text, text + " six"):  # the first prompt, then an append
+        start = len(drawn)
+        type_prompt(d, typed)
+        coarse, refined = drawn[start:]
+        full = icl_lens.trajectory(model, typed)  # fresh: every prefix length, no session, W δ itself
+        assert coarse.coarse and coarse.steps == log_spaced_steps(full.n_context, COARSE_POINTS)
+        assert 0 in coarse.steps and full.n_context in coarse.steps and len(coarse.steps) < full.n_context / 2
+        cols = list(coarse.steps)
+        for field in ("u_in", "v", "correction"):
+            x, y = getattr(coarse, field), getattr(full, field)[:, cols]
+            assert (x - y).abs().max() <= 1e-10 * y.abs().max(), field
+        assert not refined.coarse and refined is d.shown.trajectory
+        got, want = refined.step_metrics(), full.step_metrics()
+        # R δ (the refined, compact) against W δ: cosines of tiny meta-gradients amplify the rounding
+        torch.testing.assert_close(got.meta_gradient_norms, want.meta_gradient_norms, rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(got.consecutive_alignment, want.consecutive_alignment, rtol=1e-6, atol=1e-6)
+        # the panel holds the refined curves, at every context length
+        for row, layer in enumerate(refined.layers):
+            assert list(d.trajectory_panel.norms[layer].x) == list(range(1, full.n_context + 1))
+            np.testing.assert_allclose(_arr(d.trajectory_panel.norms[layer].y), want.meta_gradient_norms[row].numpy(),
+                                       rtol=1e-8, atol=1e-10)
+        assert "coarse trajectory" in d.status.value and d.trajectory_panel.message.value == ""
+    start = len(drawn)
+    type_prompt(d, text)  # back: its full trajectory is cached, no coarse drawing
+    assert len(drawn) == start + 1 and not drawn[-1].coarse
+
+
+def test_coarse_trajectory_panel_draws_its_exact_points(load, dash_factory):
+    """While coarse, the panel's curves sit at the context lengths whose meta-gradient the coarse steps hold."""
+    model = load("tiny-llama")
+    d = dash_factory(model)
+    text = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen"
+    type_prompt(d, text)
+    prompt = d.analyzer.encode(text)
+    query = d.shown.query
+    coarse, _ = d.analyzer.trajectory(prompt, query, steps=d.analyzer.coarse_steps(prompt, query))
+    d.trajectory_panel.show(coarse, query, d.shown.patches.tokens, d.analyzer.n_layers, "coarse")
+    metrics = coarse.step_metrics()
+    full = icl_lens.trajectory(model, text).meta_gradient_norms()
+    for layer in coarse.layers:
+        assert list(d.trajectory_panel.norms[layer].x) == list(metrics.norm_steps)
+        np.testing.assert_allclose(_arr(d.trajectory_panel.norms[layer].y),
+                                   full[layer, [i - 1 for i in metrics.norm_steps]].double().numpy(), rtol=1e-4,
+                                   atol=1e-6)
+
+
+def test_predictions_take_the_contextual_logits_from_phase_one(load, dash_factory):
+    """Issue 41: the contextual logits are phase 1's pass's last row through the unembedding (no second forward):
+    after appends and an edit in the middle they equal a fresh forward's (tiny-gemma2: soft-capped logits), and
+    the top-k drawn are a fresh forward's."""
+    model = load("tiny-gemma2")
+    d = dash_factory(model)
+    for text in ("ab=1;cd=2;ef", "ab=1;cd=2;ef=", "ab=1;cd=2;ef=3", "ab=1;cd=7;ef=3"):
+        type_prompt(d, text)
+        ids = model.to_tokens(text)[0]
+        session = d.analyzer.session
+        assert session.logits_at(ids, ids.numel() - 1) is session.last_logits  # the pass's own row
+        with torch.no_grad():
+            fresh = model(ids[None])[0, -1]
+        torch.testing.assert_close(session.last_logits, fresh, rtol=1e-5, atol=1e-5)
+        pred = d.shown.predictions
+        top = torch.topk(torch.softmax(fresh.double(), -1), d.predictions.k.value)
+        assert pred.query == ids.numel() - 1 and pred.token_ids["with context"].tolist() == top.indices.tolist(), text
+        np.testing.assert_allclose(pred.probabilities["with context"].numpy(), top.values.numpy(), **TOL)
+
+
+def test_phase_one_needs_no_qr_of_the_dense_weights(load, dash_factory):
+    """Issue 41: the first keystroke on Gemma spent ~8 s in the QR of every layer's dense weights (the spike flags
+    read the patch norms). The norms of a keystroke's new positions come from ``W δ``; only the alignment
+    matrix's layer needs ``R``."""
+    from icl_lens.patches._capture import dense_weights
+
+    model = load("tiny-gemma3")
+    d = dash_factory(model)
+    weights = dense_weights(model)
+    weights._r.clear()
+    a = d.analyzer
+    prompt = a.encode("The quick brown fox jumps over the lazy dog")
+    patches, _ = a.patches(prompt)
+    flags = icl_lens.spike_scores(patches)
+    assert flags.scores.shape == (patches.n_positions,) and not weights._r

@@ -1,4 +1,5 @@
 """PatchSession reuses the cached prefix and gives the same patches as a full recompute."""
+import pytest
 import torch
 
 from icl_lens import PatchSession, token_patches
@@ -103,3 +104,41 @@ def test_logits_at_a_query_from_the_sessions_cache_equal_a_full_forward(load):
         torch.testing.assert_close(session.logits_at(other, 5), last_logits(model, [other[:6].tolist()])[0],
                                    rtol=1e-10, atol=1e-10)
         assert session.prefix_cache(ids, 10) is not None  # the session's own cache is left as it was
+
+
+def test_lazy_logits_are_the_passes_last_row_and_equal_a_fresh_forward(load):
+    """Issue 41: ``logits="lazy"`` stops at the unembedding's input and puts the last row through it when read:
+    equal to a fresh forward's logits after appends and edits (tiny-gemma2 soft-caps its final logits), never the
+    previous prompt's; ``logits_at`` of the last position reuses it, of another prompt does not."""
+    for name in ("tiny-gemma2", "tiny-llama"):
+        model = load(name, torch.float64)
+        session = PatchSession(model, logits="lazy")
+        for cut in (20, 21, 22, 15, 30):  # appends, a deletion, a longer paste
+            ids = model.to_tokens(TEXT[:cut])[0]
+            session.update(ids)
+            fresh = model(ids[None])[0, -1]
+            assert torch.allclose(session.last_logits, fresh, atol=1e-10), (name, cut)
+            assert session.logits_at(ids, ids.numel() - 1) is session.last_logits
+        other = ids.clone()
+        other[3] = (other[3] + 1) % model.cfg.d_vocab  # same length, another prompt: not the session's row
+        assert torch.allclose(session.logits_at(other, other.numel() - 1), model(other[None])[0, -1], atol=1e-10)
+    with pytest.raises(ValueError, match="logits"):
+        PatchSession(model, logits="sometimes")
+
+
+def test_session_norms_are_the_patches_norms_without_the_qr(load):
+    """Issue 41: the session computes the output norms of its new positions only, from ``W δ`` while ``R`` (the QR
+    that cost the first keystroke on Gemma ~8 s) is not computed; they equal the full recompute's norms."""
+    from icl_lens.patches._capture import dense_weights
+
+    model = load("tiny-gemma3", torch.float64)
+    weights = dense_weights(model)
+    weights._r.clear()
+    session = PatchSession(model, logits=False)
+    for cut in (20, 21, 40, 33):
+        patches = session.update(TEXT[:cut])
+        norms = patches.norms()
+        assert not weights._r, "the session's norms computed the QR"
+        ref = token_patches(model, TEXT[:cut])
+        assert torch.allclose(norms, ref.norms(), rtol=1e-10, atol=1e-12), cut
+        weights._r.clear()  # the reference may have computed it

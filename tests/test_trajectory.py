@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+import icl_lens
+
 from icl_lens import (
     NoContextError,
     PromptError,
@@ -284,3 +286,36 @@ def test_dynamics_imports_only_core_and_model():
     for layer in ("core", "model"):
         for path in (package / layer).rglob("*.py"):
             assert not [m for m in modules(path) if m.startswith("icl_lens.dynamics")], path.name
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-llama"])
+@pytest.mark.parametrize("order", ["prefix", "absorb"])
+def test_coarse_trajectory_equals_the_full_one_at_its_steps_float64(load, name, order):
+    """Issue 41: the coarse trajectory (a few log-spaced prefix lengths) holds exactly the full trajectory's
+    W_i at those lengths, and its step metrics are the full ones at the context lengths it draws."""
+    from icl_lens.dynamics._prefix_variants import log_spaced_steps
+
+    model = load(name, torch.float64)
+    text = "The cat sat on the mat and then the dog came over to sit near the cat by the warm fire again"
+    full = icl_lens.trajectory(model, text, order=order)
+    steps = log_spaced_steps(full.n_context, 5)
+    assert steps[0] == 0 and steps[-1] == full.n_context and len(steps) < full.n_context + 1
+    coarse = icl_lens.trajectory(model, text, order=order, steps=steps)
+    assert coarse.coarse and coarse.step_lengths == steps
+    cols = list(steps)
+    for field in ("u_in", "u_gate", "v", "correction"):
+        if getattr(full, field) is not None:
+            assert _rel(getattr(coarse, field), getattr(full, field)[:, cols]) <= 1e-10, field
+    mc, mf = coarse.step_metrics(), full.step_metrics()
+    assert mc.norm_steps and set(mc.norm_steps) <= set(steps) and mc.alignment_steps
+    assert _rel(mc.meta_gradient_norms, mf.meta_gradient_norms[:, [i - 1 for i in mc.norm_steps]]) <= 1e-9
+    assert _rel(mc.consecutive_alignment, mf.consecutive_alignment[:, [i - 2 for i in mc.alignment_steps]]) <= 1e-9
+    assert _rel(coarse.cumulative_norms(), full.cumulative_norms()[:, cols]) <= 1e-9
+    frame = coarse.to_frame()
+    assert set(frame["step"]) == set(steps)
+    with pytest.raises(ValueError, match="coarse"):
+        coarse.meta_gradient_norms()
+    with pytest.raises(ValueError, match="increasing"):
+        icl_lens.trajectory(model, text, order=order, steps=(0, 3, 2))
+    # every step given: the full trajectory
+    assert not icl_lens.trajectory(model, text, order=order, steps=range(full.n_context + 1)).coarse

@@ -11,7 +11,9 @@ sequence over a shared key/value prefix:
     copy i attends to {0, …, b+i−1} ∪ {itself}           (b = 1 when a BOS is kept, else 0)
 
 while the prefix rows stay plainly causal. Its cost is one forward over about
-``t + n + 1 ≈ 2t`` tokens, never n forwards over the prompt.
+``t + n + 1 ≈ 2t`` tokens, never n forwards over the prompt. A copy sees nothing of the
+other copies, so any subset of prefix lengths (``steps``, e.g. a few log-spaced ones for a
+first, coarse drawing) gives exactly those variants at a fraction of the cost.
 
 The "absorb" order (docs/design.md §3) needs no copies: step i keeps
 ``K_i = {0..b−1} ∪ {b+i, …, t}`` (``c₁..cᵢ`` absorbed into the weights, ``c_{i+1}..cₙ`` and
@@ -22,6 +24,7 @@ over the ``t + 1`` prompt tokens.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -56,28 +59,54 @@ class PrefixVariantLayout:
         return slice(self.query, self.query + self.n_steps)
 
 
-def prefix_variant_layout(query: int, first_context: int, *, device: torch.device | str = "cpu") -> PrefixVariantLayout:
-    """Layout for query ``t = query`` whose context is positions ``first_context..t−1`` (n = t − first_context)."""
+def checked_steps(steps: Sequence[int] | None, n: int, device: torch.device | str = "cpu") -> Int[Tensor, " step"]:
+    """``steps`` as a tensor (default ``0..n``); ``ValueError`` unless they increase strictly within 0..n."""
+    if steps is None:
+        return torch.arange(n + 1, device=device)
+    out = [int(s) for s in steps]
+    if not out or any(b <= a for a, b in zip(out, out[1:])) or out[0] < 0 or out[-1] > n:
+        raise ValueError(f"steps must be increasing prefix lengths in 0..{n}, got {tuple(steps)}")
+    return torch.tensor(out, device=device)
+
+
+def log_spaced_steps(n: int, points: int = 8) -> tuple[int, ...]:
+    """Prefix lengths for a coarse trajectory of ``n`` context tokens: ``points`` context lengths ``i`` spaced
+    evenly in ``log i`` from 1 to n, each with its two predecessors ``i−1``, ``i−2`` (the meta-gradient norm at
+    ``i`` needs ``W_{i−1}``, the consecutive alignment ``W_{i−2}`` too). Always holds 0 and n."""
+    if n < 1 or points < 2:
+        raise ValueError(f"need n >= 1 and points >= 2, got n={n}, points={points}")
+    drawn = {round(n ** (k / (points - 1))) for k in range(points)} | {1, n}
+    return tuple(sorted({s for i in drawn for s in (i - 2, i - 1, i) if 0 <= s <= n}))
+
+
+def prefix_variant_layout(query: int, first_context: int, *, device: torch.device | str = "cpu",
+                          steps: Sequence[int] | None = None) -> PrefixVariantLayout:
+    """Layout for query ``t = query`` whose context is positions ``first_context..t−1`` (n = t − first_context).
+
+    ``steps``: the prefix lengths to hold a copy for (increasing, in 0..n; default all of 0..n)."""
     n = query - first_context
     if n < 1:
         raise ValueError(f"query {query} has no context positions (first context position {first_context})")
-    seq = query + n + 1
-    positions = torch.cat([torch.arange(query, device=device), torch.full((n + 1,), query, device=device)])
+    lengths = checked_steps(steps, n, device)
+    k = lengths.numel()
+    seq = query + k
+    positions = torch.cat([torch.arange(query, device=device), torch.full((k,), query, device=device)])
     visible = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
-    visible[query:, query:] = torch.eye(n + 1, dtype=torch.bool, device=device)
-    prefix_end = first_context + torch.arange(n + 1, device=device)  # copy i sees keys < first_context + i
+    visible[query:, query:] = torch.eye(k, dtype=torch.bool, device=device)
+    prefix_end = first_context + lengths  # copy j sees keys < first_context + steps[j]
     visible[query:, :query] = torch.arange(query, device=device)[None, :] < prefix_end[:, None]
     return PrefixVariantLayout(query=query, first_context=first_context, positions=positions, visible=visible)
 
 
-def absorb_layout(query: int, first_context: int, *, device: torch.device | str = "cpu") -> PrefixVariantLayout:
-    """Layout of the absorb order: the causal prompt ``x₀..x_t`` and, per step i = 0..n, the kept set
-    ``K_i = {0..first_context−1} ∪ {first_context+i, …, t}`` of the query row."""
+def absorb_layout(query: int, first_context: int, *, device: torch.device | str = "cpu",
+                  steps: Sequence[int] | None = None) -> PrefixVariantLayout:
+    """Layout of the absorb order: the causal prompt ``x₀..x_t`` and, per step i = 0..n (or i in ``steps``), the
+    kept set ``K_i = {0..first_context−1} ∪ {first_context+i, …, t}`` of the query row."""
     n = query - first_context
     if n < 1:
         raise ValueError(f"query {query} has no context positions (first context position {first_context})")
     keys = torch.arange(query + 1, device=device)
-    start = first_context + torch.arange(n + 1, device=device)
+    start = first_context + checked_steps(steps, n, device)
     kept = (keys[None, :] < first_context) | (keys[None, :] >= start[:, None])
     visible = torch.ones(query + 1, query + 1, dtype=torch.bool, device=device).tril()
     return PrefixVariantLayout(query=query, first_context=first_context, positions=keys, visible=visible, kept=kept)

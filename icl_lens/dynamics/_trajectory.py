@@ -67,22 +67,25 @@ class DecayFit:
 
 @dataclass(frozen=True, eq=False)
 class StepMetrics:
-    """Per layer: meta-gradient norms ``‖Wᵢ − Wᵢ₋₁‖`` (column k: step k+1), the cosine of consecutive
-    meta-gradients (column k: ``cos(G_{k+1}, G_{k+2})``) and the power-law :class:`DecayFit` of the norms."""
+    """Per layer: meta-gradient norms ``‖Wᵢ − Wᵢ₋₁‖`` (column k: context length ``norm_steps[k]``; 1..n for a
+    full trajectory), the cosine of consecutive meta-gradients ``cos(Gᵢ₋₁, Gᵢ)`` (column k: ``i =
+    alignment_steps[k]``; 2..n) and the power-law :class:`DecayFit` of the norms against i."""
 
     layers: tuple[int, ...]
     meta_gradient_norms: Float[Tensor, "layer n"]
     consecutive_alignment: Float[Tensor, "layer m"]
     fit: DecayFit
+    norm_steps: tuple[int, ...]
+    alignment_steps: tuple[int, ...]
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy table (layer, step, metric, value); ``step`` is the prefix length i."""
         rows = []
-        for metric, values, first in (("meta_gradient_norm", self.meta_gradient_norms, 1),
-                                      ("consecutive_alignment", self.consecutive_alignment, 2)):
+        for metric, values, steps in (("meta_gradient_norm", self.meta_gradient_norms, self.norm_steps),
+                                      ("consecutive_alignment", self.consecutive_alignment, self.alignment_steps)):
             values = values.detach().cpu().double()
             for k, layer in enumerate(self.layers):
-                rows += [(layer, first + j, metric, float(values[k, j])) for j in range(values.shape[1])]
+                rows += [(layer, step, metric, float(values[k, j])) for j, step in enumerate(steps)]
         return pd.DataFrame(rows, columns=["layer", "step", "metric", "value"])
 
 
@@ -98,6 +101,12 @@ class Trajectory:
     ``u_gate`` is None. ``Uᵢ·Uⱼ = (R δᵢ)·(R δⱼ)``, so every Frobenius metric below (norms,
     cosines, fits, :meth:`to_frame`) is the same; the factors themselves cannot be applied or
     compared with other updates (:meth:`stacked_u` refuses).
+
+    ``steps``: a *coarse* trajectory holds ``Wᵢ`` for these prefix lengths only (column k is
+    ``W_{steps[k]}``; ``trajectory(..., steps=...)``), each equal to the full trajectory's; None: all
+    of 0..n. Of a coarse one, :meth:`step_metrics`, :meth:`cumulative_norms` (0 among the steps),
+    :meth:`correction_norms` and :meth:`to_frame` give the values at the steps held; the methods that
+    need every step refuse.
     """
 
     tokens: tuple[str, ...]
@@ -112,16 +121,33 @@ class Trajectory:
     kept_bos: bool = True
     order: str = "prefix"
     compact: bool = False
+    steps: tuple[int, ...] | None = None
 
     @property
     def n_context(self) -> int:
         """n, the number of context tokens (steps are 0..n)."""
         return len(self.context_positions)
 
+    @property
+    def coarse(self) -> bool:
+        """Whether only some prefix lengths are held (:attr:`steps`)."""
+        return self.steps is not None
+
+    @property
+    def step_lengths(self) -> tuple[int, ...]:
+        """The prefix length i of each column (``0..n`` unless coarse)."""
+        return tuple(range(self.n_context + 1)) if self.steps is None else self.steps
+
+    def _every_step(self, what: str) -> None:
+        if self.coarse:
+            raise ValueError(f"{what} needs every step; this trajectory is coarse (steps={self.steps}): compute it "
+                             f"with steps=None")
+
     def stacked_u(self) -> Float[Tensor, "layer step d_u"]:
         """``[u_gate; u_in]`` (or ``u_in``): the output factor of each step's whole patch."""
         if self.compact:
             raise ValueError("a compact trajectory holds R δ, not the output factors: compute it with compact=False")
+        self._every_step("stacked_u")
         return self._outputs()
 
     def _outputs(self) -> Tensor:
@@ -130,28 +156,42 @@ class Trajectory:
 
     def meta_gradient_norms(self) -> Float[Tensor, "layer n"]:
         """``‖Wᵢ₊₁ − Wᵢ‖_F``; column k is the meta-gradient of context token ``c_{k+1}``."""
+        self._every_step("meta_gradient_norms")
         return meta_gradient_norms(self._outputs(), self.v)
 
     def step_metrics(self) -> StepMetrics:
         """Meta-gradient norms, consecutive alignment and decay fit from one pass over the factors
         (what the dashboard's trajectory panel draws; the same numbers as the three methods)."""
         outputs = [self.u_in] if self.u_gate is None else [self.u_gate, self.u_in]
-        norms, consecutive = step_norms_and_alignment(outputs, self.v)
-        fit = power_law_fit(norms)
+        norms, consecutive = step_norms_and_alignment(outputs, self.v)  # of neighbouring columns
+        lengths = self.step_lengths
+        unit = [b - a == 1 for a, b in zip(lengths, lengths[1:])]  # column pair k is one step, i = lengths[k+1]
+        norm_cols = [k for k, one in enumerate(unit) if one]
+        align_cols = [k for k in range(len(unit) - 1) if unit[k] and unit[k + 1]]
+        if self.coarse:
+            norms, consecutive = norms[:, norm_cols], consecutive[:, align_cols]
+        norm_steps = tuple(lengths[k + 1] for k in norm_cols)
+        fit = power_law_fit(norms, None if not self.coarse else torch.tensor(norm_steps, dtype=torch.float64))
         return StepMetrics(layers=self.layers, meta_gradient_norms=norms, consecutive_alignment=consecutive,
                            fit=DecayFit(layers=self.layers, exponent=fit.exponent, prefactor=fit.prefactor,
-                                        r_squared=fit.r_squared, n_points=fit.n_points))
+                                        r_squared=fit.r_squared, n_points=fit.n_points),
+                           norm_steps=norm_steps, alignment_steps=tuple(lengths[k + 2] for k in align_cols))
 
     def cumulative_norms(self) -> Float[Tensor, "layer step"]:
-        """``‖Wᵢ − W₀‖_F`` for i = 0..n (column n is the full token patch norm)."""
+        """``‖Wᵢ − W₀‖_F`` for i = 0..n (column n is the full token patch norm; of a coarse trajectory, i in
+        :attr:`steps`)."""
+        if self.step_lengths[0] != 0:
+            raise ValueError("cumulative norms need W₀: the coarse trajectory's steps do not hold 0")
         return cumulative_norms(self._outputs(), self.v)
 
     def consecutive_alignment(self) -> Float[Tensor, "layer m"]:
         """Cosine of consecutive meta-gradients; column k is ``cos(G_{k+1}, G_{k+2})`` (n−1 columns)."""
+        self._every_step("consecutive_alignment")
         return consecutive_alignment(self._outputs(), self.v)
 
     def total_alignment(self) -> Float[Tensor, "layer n"]:
         """Cosine of each meta-gradient ``G_{k+1}`` with the total update ``Wₙ − W₀``."""
+        self._every_step("total_alignment")
         return total_alignment(self._outputs(), self.v)
 
     def correction_norms(self) -> Float[Tensor, "layer step"]:
@@ -159,14 +199,17 @@ class Trajectory:
         return torch.linalg.vector_norm(self.correction.double(), dim=-1)
 
     def decay_fit(self) -> DecayFit:
-        """Power-law fit of the meta-gradient norm against the number of consumed tokens i."""
-        fit = power_law_fit(self.meta_gradient_norms())
-        return DecayFit(layers=self.layers, exponent=fit.exponent, prefactor=fit.prefactor,
-                        r_squared=fit.r_squared, n_points=fit.n_points)
+        """Power-law fit of the meta-gradient norm against the number of consumed tokens i (of a coarse
+        trajectory: at the context lengths whose norm it holds, :meth:`step_metrics`)."""
+        return self.step_metrics().fit
 
     def step_tokens(self) -> tuple[str, ...]:
         """Token consumed at each step i = 0..n ('' at step 0, which consumes nothing)."""
-        return ("",) + tuple(self.tokens[p] for p in self.context_positions)
+        self._every_step("step_tokens")
+        return self._token_at(range(self.n_context + 1))
+
+    def _token_at(self, lengths) -> tuple[str, ...]:
+        return tuple("" if i == 0 else self.tokens[self.context_positions[i - 1]] for i in lengths)
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy table (layer, step, token, metric, value); ``step`` is the prefix length i.
@@ -174,20 +217,30 @@ class Trajectory:
         Metrics: ``cumulative_norm`` and ``correction_norm`` (steps 0..n),
         ``meta_gradient_norm`` and ``total_alignment`` (steps 1..n, the step that consumed
         token cᵢ), ``consecutive_alignment`` (steps 2..n: ``cos(Gᵢ₋₁, Gᵢ)``).
+        Of a coarse trajectory: the steps it holds (meta-gradient norms and consecutive alignment where
+        :meth:`step_metrics` has them; no total alignment).
         """
-        series = {
-            "cumulative_norm": (self.cumulative_norms(), 0),
-            "correction_norm": (self.correction_norms(), 0),
-            "meta_gradient_norm": (self.meta_gradient_norms(), 1),
-            "total_alignment": (self.total_alignment(), 1),
-            "consecutive_alignment": (self.consecutive_alignment(), 2),
-        }
-        words = self.step_tokens()
+        lengths = self.step_lengths
+        if self.coarse:
+            metrics = self.step_metrics()
+            series = {
+                "cumulative_norm": (self.cumulative_norms(), lengths),
+                "correction_norm": (self.correction_norms(), lengths),
+                "meta_gradient_norm": (metrics.meta_gradient_norms, metrics.norm_steps),
+                "consecutive_alignment": (metrics.consecutive_alignment, metrics.alignment_steps),
+            }
+        else:
+            series = {
+                "cumulative_norm": (self.cumulative_norms(), lengths),
+                "correction_norm": (self.correction_norms(), lengths),
+                "meta_gradient_norm": (self.meta_gradient_norms(), lengths[1:]),
+                "total_alignment": (self.total_alignment(), lengths[1:]),
+                "consecutive_alignment": (self.consecutive_alignment(), lengths[2:]),
+            }
         rows = []
-        for metric, (values, first_step) in series.items():
+        for metric, (values, steps) in series.items():
             values = values.detach().cpu().double()
+            words = self._token_at(steps)
             for k, layer in enumerate(self.layers):
-                for j in range(values.shape[1]):
-                    step = first_step + j
-                    rows.append((layer, step, words[step], metric, float(values[k, j])))
+                rows += [(layer, step, words[j], metric, float(values[k, j])) for j, step in enumerate(steps)]
         return pd.DataFrame(rows, columns=["layer", "step", "token", "metric", "value"])

@@ -227,17 +227,18 @@ def _capture_layout(model, ids: Tensor, layout: PrefixVariantLayout, kept_bos: b
 
 
 def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Tensor], order: str = "prefix",
-            compact: bool = False) -> Trajectory:
+            compact: bool = False, steps: tuple[int, ...] | None = None) -> Trajectory:
     zero = out["zero_input"]
     if zero.any():
-        where = ", ".join(f"layer {wanted[int(l)]} step {int(s)}" for l, s in torch.nonzero(zero)[:10])
+        where = ", ".join(f"layer {wanted[int(l)]} step {int(s) if steps is None else steps[int(s)]}"
+                          for l, s in torch.nonzero(zero)[:10])
         warnings.warn(f"kept-only MLP input has zero norm at {where}; those patches are set to zero "
                       f"(pseudo-inverse convention) and are not exact", ZeroNormWarning, stacklevel=3)
     return Trajectory(
         tokens=str_tokens(model, setup.ids), query=setup.query, layers=wanted,
         context_positions=setup.context_positions,
         u_in=out["u_in"], u_gate=out["u_gate"], v=out["v"], correction=out["correction"],
-        model_name=model.cfg.model_name, kept_bos=setup.kept_bos, order=order, compact=compact,
+        model_name=model.cfg.model_name, kept_bos=setup.kept_bos, order=order, compact=compact, steps=steps,
     )
 
 
@@ -245,7 +246,8 @@ ORDERS = ("prefix", "absorb")
 
 
 def trajectory(model: Model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None,
-               order: str = "prefix", session=None, compact: bool = False) -> Trajectory:
+               order: str = "prefix", session=None, compact: bool = False,
+               steps: Sequence[int] | None = None) -> Trajectory:
     """Implicit weights W₀..Wₙ of query ``query`` as its context is consumed (docs/design.md §3).
 
     ``prompt``: text or token ids. ``query``: position (negative counts from the end).
@@ -267,21 +269,28 @@ def trajectory(model: Model, prompt: Prompt, *, query: int = -1, layers: Sequenc
     ``compact=True``: keep ``R δ`` (d_model floats) instead of the d_mlp-sized output factors
     (:class:`Trajectory`): the same norms, cosines and fits for a fraction of the work and
     memory; what the dashboard draws.
+    ``steps``: compute ``Wᵢ`` for these prefix lengths i only (increasing, in 0..n; e.g.
+    :func:`~icl_lens.dynamics._prefix_variants.log_spaced_steps`): the same ``Wᵢ`` as the full
+    trajectory's (each variant sees only its own prefix), for the cost of ``len(steps)`` copies.
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     setup = resolve_query(model, prompt, query)
     wanted = _resolve_layers(model, layers)
     make = prefix_variant_layout if order == "prefix" else absorb_layout
-    layout = make(setup.query, setup.first_context, device=setup.ids.device)
+    layout = make(setup.query, setup.first_context, device=setup.ids.device, steps=steps)
+    if steps is not None:
+        steps = tuple(int(s) for s in steps)
     past = None
     if session is not None and order == "prefix":
         if session.model is not model:
             raise ValueError("the session belongs to another model")
         past = session.prefix_cache(setup.ids, setup.query)
-    out = _capture_layout(model, setup.ids, layout, setup.kept_bos, wanted, zero_first=True, past=past,
-                          compact=compact)
-    return _finish(model, setup, wanted, out, order, compact)
+    out = _capture_layout(model, setup.ids, layout, setup.kept_bos, wanted, zero_first=steps is None or steps[0] == 0,
+                          past=past, compact=compact)
+    if steps == tuple(range(setup.query - setup.first_context + 1)):
+        steps = None  # every step: the full trajectory
+    return _finish(model, setup, wanted, out, order, compact, steps)
 
 
 def trajectory_naive(model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None) -> Trajectory:
@@ -308,6 +317,7 @@ def steps_as_patches(traj: Trajectory) -> TokenPatches:
     Lets :func:`~icl_lens.patches._kept_only.patches_applied` apply ``Wᵢ`` (source
     index i) to the query of a kept-only input. Needs every layer.
     """
+    traj._every_step("applying a trajectory")
     steps = traj.n_context + 1
     if traj.compact:
         raise ValueError("a compact trajectory cannot be applied: compute it with compact=False")
@@ -353,6 +363,8 @@ def verify_trajectory(model: Model, prompt: Prompt, traj: Trajectory | None = No
     """
     if traj is not None and traj.compact:
         raise ValueError("a compact trajectory cannot be checked: compute it with compact=False")
+    if traj is not None:
+        traj._every_step("verify_trajectory")
     setup = resolve_query(model, prompt, traj.query if traj is not None else query)
     if traj is None:
         traj = trajectory(model, setup.ids, query=setup.query, order=order)

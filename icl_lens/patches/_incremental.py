@@ -51,10 +51,15 @@ class PatchSession:
     ``logits=False`` skips the unembedding (the forward stops after the last MLP input;
     the key/value cache is filled in place by then): ``last_logits`` stays None. For
     Gemma 3 270M the 262k-vocabulary unembedding is most of the cost of appending one
-    token, and the live dashboard does not need logits.
+    token. ``logits="lazy"`` (the live dashboard's): the forward stops at the unembedding's
+    input and keeps the last position's row; ``last_logits`` puts that one row through the
+    unembedding when first read (the same logits as a fresh forward's, tested), so the figures
+    need not wait for it and no second forward of the last token is needed.
     """
 
-    def __init__(self, model: Model, *, keep_bos: bool = True, logits: bool = True):
+    def __init__(self, model: Model, *, keep_bos: bool = True, logits: bool | str = True):
+        if logits not in (True, False, "lazy"):
+            raise ValueError(f"logits must be True, False or 'lazy', got {logits!r}")
         self.model, self.keep_bos, self.logits = model, keep_bos, logits
         self.family = block_family(model)
         self._ids: Tensor | None = None
@@ -62,8 +67,18 @@ class PatchSession:
         self._factors: dict[str, Tensor | None] | None = None
         self._bos_values: dict[int, Tensor] = {}
         self._tokens: tuple[str, ...] = ()
-        self.last_logits: Float[Tensor, " vocab"] | None = None
+        self._last_logits: Tensor | None = None
+        self._last_hidden: Tensor | None = None  # logits="lazy": the unembedding's input at the last position
         self.last_stats: UpdateStats | None = None
+
+    @property
+    def last_logits(self) -> Float[Tensor, " vocab"] | None:
+        """Logits at the last prompt's last position (None with ``logits=False`` or before any update)."""
+        if self._last_logits is None and self._last_hidden is not None:
+            with torch.no_grad():
+                row = self.model.unembed(self._last_hidden[None, None])
+                self._last_logits = self.model.adapter.apply_output_logits_transform(row)[0, 0]
+        return self._last_logits
 
     def reset(self) -> None:
         self._ids = self._cache = self._factors = None
@@ -95,6 +110,9 @@ class PatchSession:
         ids = ids.reshape(-1)
         if not 0 <= query < len(ids):
             raise ValueError(f"query {query} is outside the prompt's {len(ids)} positions")
+        if (self._ids is not None and query == len(self._ids) - 1 and self.logits
+                and torch.equal(ids[: query + 1].to(self._ids.device), self._ids)):
+            return self.last_logits  # the last update's own pass: its last row through the unembedding
         past = self.prefix_cache(ids, query) if query > 0 else None
         if past is None:
             return last_logits(self.model, [ids[: query + 1].tolist()])[0]
@@ -132,16 +150,27 @@ class PatchSession:
         # A plain DynamicCache keeps every layer's full history (HF's default cache for
         # sliding-window models drops old keys and then cannot be cropped on edits).
         cache = DynamicCache() if cache is None else cache
-        if self.logits:
+        self._last_logits = self._last_hidden = None
+        if self.logits == "lazy":
+            def keep(x, hook):
+                self._last_hidden = x[0, -1].detach()
+            with activations_captured(self.model, capture.all_hooks() + [("unembed.hook_in", keep)],
+                                      stop_after="unembed.hook_in"):
+                self.model(ids[None, p:], past_key_values=cache, return_type=None, logits_to_keep=1)
+            logits, self._cache = None, cache
+        elif self.logits:
             with activations_captured(self.model, capture.all_hooks()):
                 logits, self._cache = self.model(ids[None, p:], past_key_values=cache,
-                                                 return_type="logits_and_cache")
+                                                 return_type="logits_and_cache", logits_to_keep=1)
         else:
             with activations_captured(self.model, capture.all_hooks(), stop_after=capture.last_site):
                 self.model(ids[None, p:], past_key_values=cache, return_type=None)
             logits, self._cache = None, cache  # the attention layers filled the cache in place
         new = {k: None if v is None else v[:, 0] for k, v in new.items()}
         warn_zero_inputs(new["zero_input"], offset=p)
+        weights = dense_weights(self.model)
+        # the output norms of the new positions only (the spike flags and the strip read them every keystroke)
+        new["u_norm"] = torch.stack([weights.norms(layer, new["delta"][layer]) for layer in range(len(new["delta"]))])
         if self._factors is None:
             self._factors = new
         else:
@@ -149,11 +178,12 @@ class PatchSession:
                              for k, v in new.items()}
         self._tokens = self._tokens[:p] + str_tokens(self.model, ids[p:])
         self._ids = ids
-        self.last_logits = None if logits is None else logits[0, -1]
+        if logits is not None:
+            self._last_logits = logits[0, -1]
         self.last_stats = UpdateStats(n, p, n - p, time.perf_counter() - start)
         f = self._factors
         return TokenPatches(
             model_name=self.model.cfg.model_name,
-            tokens=self._tokens, token_ids=ids.cpu(), delta=f["delta"], weights=dense_weights(self.model), v=f["v"],
-            correction=f["correction"], kept=kept, kept_bos=kept_bos, zero_input=f["zero_input"],
+            tokens=self._tokens, token_ids=ids.cpu(), delta=f["delta"], weights=weights, v=f["v"],
+            correction=f["correction"], kept=kept, kept_bos=kept_bos, zero_input=f["zero_input"], u_norm=f["u_norm"],
         )

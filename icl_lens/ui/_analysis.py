@@ -4,9 +4,10 @@
 library's results (never its own math): token patches of every layer × position
 (``PatchSession``: only positions after the common token prefix with the previous
 prompt are recomputed, docs/design.md §3), spike flags, the implicit trajectory of one query
-(Dherin et al. 2025, arXiv 2507.16003), one layer's attention pattern, and who wrote the query's
-patch (heads × context tokens, docs/design.md §7). Results are
-cached by token ids, so moving a slider recomputes only what that slider shows.
+(Dherin et al. 2025, arXiv 2507.16003; first at a few log-spaced prefix lengths, then in
+full), one layer's attention pattern, and who wrote the query's patch (heads × context tokens,
+docs/design.md §7). Results are cached by token ids, so moving a slider recomputes only what that
+slider shows.
 """
 from __future__ import annotations
 
@@ -28,14 +29,16 @@ from icl_lens.model._block_family import block_family
 from icl_lens.patches._attribution import PatchAttribution, PatchWrites, patch_attribution
 from icl_lens.patches._incremental import PatchSession
 from icl_lens.model._model_check import check_model
-from icl_lens.model._prompts import context_limit, encode_prompt, tokenize
+from icl_lens.model._prompts import bos_id, context_limit, encode_prompt, tokenize
 from icl_lens.model._reading import ForwardAbandoned
 from icl_lens.model._reading import abandoned_when as abandon_forward
 from icl_lens.spikes._detector import spike_detector
 from icl_lens.spikes._thresholds import spike_threshold
+from icl_lens.dynamics._prefix_variants import log_spaced_steps
 from icl_lens.dynamics._trajectory_capture import NoContextError, trajectory
 
 DEFAULT_MAX_TOKENS = 1024
+COARSE_POINTS = 8  # context lengths of the trajectory's first drawing (log-spaced, 1 and n among them)
 DEFAULT_CACHE_BYTES = 512 * 2**20  # the analysis caches together (patches, trajectories, attention)
 
 
@@ -152,7 +155,8 @@ class PromptAnalyzer:
         self.name = model.cfg.model_name
         self.n_ctx = context_limit(model)
         self.limit = self.n_ctx if max_tokens is None else min(self.n_ctx, int(max_tokens))
-        self.session = PatchSession(model, logits=False)  # the dashboard needs no logits
+        # the figures need no logits; the predictions put the last row through the unembedding afterwards
+        self.session = PatchSession(model, logits="lazy")
         self.cache = ByteCappedCache(cache_bytes)
         self._last_attention: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> (ids, pattern), the newest
         self.last_patch_stats = ""
@@ -185,9 +189,25 @@ class PromptAnalyzer:
             self.last_patch_stats = "cached"
         return patches, fresh
 
+    def coarse_steps(self, prompt: EncodedPrompt, query: int) -> tuple[int, ...] | None:
+        """The prefix lengths of the trajectory's first, coarse drawing (:func:`log_spaced_steps`), or None when
+        they would be nearly all of them (a short context: the full trajectory is drawn at once)."""
+        first_context = int(bos_id(self.model) is not None and int(prompt.ids[0]) == bos_id(self.model))
+        n = query - first_context
+        if n < 1:
+            return None
+        steps = log_spaced_steps(n, COARSE_POINTS)
+        return steps if 2 * len(steps) <= n + 1 else None
+
+    def has_trajectory(self, prompt: EncodedPrompt, query: int, order: str = "prefix",
+                       layers: tuple[int, ...] | None = None) -> bool:
+        """Whether the full trajectory is in the cache already."""
+        return ("trajectory", tuple(prompt.ids[: query + 1].tolist()), order, layers, None) in self.cache
+
     def trajectory(self, prompt: EncodedPrompt, query: int, order: str = "prefix",
                    layers: tuple[int, ...] | None = None,
-                   stale: Callable[[], bool] | None = None) -> tuple[Trajectory | str, bool]:
+                   stale: Callable[[], bool] | None = None,
+                   steps: tuple[int, ...] | None = None) -> tuple[Trajectory | str, bool]:
         """``icl_lens.trajectory`` of ``query`` in ``order`` ("prefix" or the paper's "absorb") for
         ``layers`` (None: all), or a message saying why there is none.
 
@@ -196,6 +216,8 @@ class PromptAnalyzer:
         the last), ``R δ`` instead of the d_mlp-sized output factors (``compact=True``: the same
         norms, cosines and fits), and the prompt prefix's keys and values come from the
         PatchSession when it holds them. ``stale()`` true aborts the forward with :class:`Superseded`.
+        ``steps``: the coarse trajectory at these prefix lengths only (:meth:`coarse_steps`; its few
+        output factors are formed directly, no ``R`` needed).
         """
         ids = prompt.ids[: query + 1]
 
@@ -203,10 +225,10 @@ class PromptAnalyzer:
             try:
                 with abandoned_when(self.model, stale):
                     return trajectory(self.model, ids, query=query, order=order, layers=layers, session=self.session,
-                                      compact=True)
+                                      compact=steps is None, steps=steps)
             except NoContextError as exc:
                 return str(exc)
-        return self.cache.get_or(("trajectory", tuple(ids.tolist()), order, layers), make)
+        return self.cache.get_or(("trajectory", tuple(ids.tolist()), order, layers, steps), make)
 
     def attribution(self, prompt: EncodedPrompt, query: int,
                     stale: Callable[[], bool] | None = None) -> tuple[PatchAttribution, bool]:

@@ -18,12 +18,14 @@ browser download.
 Typing is debounced; each keystroke bumps a generation counter and only the newest
 request is computed and drawn (``LatestWins``). Drawing is in phases: the strip, heatmap
 and alignment matrix (from the patches alone) first, then the attention pattern (new rows
-only, from the PatchSession's cached keys), the top-k predictions, who wrote the query's patch (when
+only, from the PatchSession's cached keys), the top-k predictions (the contextual logits are the
+PatchSession pass's own last row put through the unembedding), who wrote the query's patch (when
 that panel is on: the query token alone over the PatchSession's keys and values), then the trajectory
-of the selected query (only the layers shown, the prompt prefix's keys and values taken from the
-PatchSession).
-A later phase is skipped, and a running forward abandoned at the next block, as soon as a
-newer keystroke waits.
+of the selected query: first at a few log-spaced prefix lengths (``W_i`` exactly as the full
+trajectory has them, with the two before each, so the meta-gradient norms and step alignments drawn
+are exact), then refined to every prefix length (only the layers shown, the prompt prefix's keys and
+values taken from the PatchSession). A later phase is skipped, and a running forward abandoned at the
+next block, as soon as a newer keystroke waits.
 
 App mode (Voila, ``make app``; :mod:`icl_lens.ui._app_mode`): the model box loads the embedded
 names only unless the operator allows more (``allow_models=`` or ``ICL_LENS_APP_MODELS``),
@@ -448,6 +450,7 @@ class Dashboard:
 
         if not self.runner.draw(generation, predictions_drawn) or stale():
             return
+        self.timeline[generation]["predictions"] = time.perf_counter()
         if request.attribution:
             try:
                 (attribution, fresh), seconds = timed(a.attribution, prompt, query, stale)
@@ -465,33 +468,50 @@ class Dashboard:
             self.timeline[generation]["attribution"] = time.perf_counter()
         elif self.shown.attribution is not None:
             self.runner.draw(generation, lambda: setattr(self.shown, "attribution", None))
-        try:
-            (trajectory, fresh), seconds = timed(a.trajectory, prompt, query, request.order, request.layers, stale)
-        except Superseded:
-            return
-        if isinstance(trajectory, str):  # no context before the query
-            traj_note, trajectory = trajectory, None
-            parts.append(f"no trajectory for query {query}")
-        else:
-            traj_note = ""
-            parts.append(f"trajectory of query {query}, {request.order} order" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
+        # First a coarse trajectory (a few log-spaced prefix lengths), then the full one, unless it is cached.
+        coarse = a.coarse_steps(prompt, query)
+        if coarse is not None and a.has_trajectory(prompt, query, request.order, request.layers):
+            coarse = None
+        for steps in ([coarse] if coarse is not None else []) + [None]:
+            try:
+                (trajectory, fresh), seconds = timed(a.trajectory, prompt, query, request.order, request.layers, stale,
+                                                     steps)
+            except Superseded:
+                return
+            what = f"trajectory of query {query}, {request.order} order"
+            if isinstance(trajectory, str):  # no context before the query
+                traj_note, trajectory = trajectory, None
+                parts.append(f"no trajectory for query {query}")
+            elif steps is not None:
+                traj_note = (f"coarse: W_i at {len(steps)} of {trajectory.n_context + 1} prefix lengths "
+                             f"(refining…)")
+                parts.append(f"coarse {what}" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
+            else:
+                traj_note = ""
+                parts.append(what + (f" ({_ms(seconds)})" if fresh else " (cached)"))
 
-        def phase2():
-            self.trajectory_panel.show(trajectory, query, patches.tokens, a.n_layers, traj_note)
-            show_layer_range(self.trajectory_panel, self.layer_controls.view(a.n_layers))
-            self.shown.trajectory = trajectory
-            self._set_status(parts, start, error, pending=False)
+            def phase2(trajectory=trajectory, traj_note=traj_note, final=steps is None):
+                self.trajectory_panel.show(trajectory, query, patches.tokens, a.n_layers, traj_note)
+                show_layer_range(self.trajectory_panel, self.layer_controls.view(a.n_layers))
+                self.shown.trajectory = trajectory
+                self._set_status(parts, start, error, pending=not final, next_up="the full trajectory")
 
-        if self.runner.draw(generation, phase2):
-            self.timeline[generation]["phase2"] = time.perf_counter()
+            if not self.runner.draw(generation, phase2):
+                return
+            self.timeline[generation].setdefault("first_paint", time.perf_counter())  # every panel drawn
+            if steps is None:
+                self.timeline[generation]["phase2"] = time.perf_counter()
+            elif stale():
+                return
 
     def _unpin(self) -> None:
         self._query = None
         self.follow_last.value = True  # runs in the worker thread: no new request
 
-    def _set_status(self, parts: list[str], start: float, error: str, pending: bool) -> None:
+    def _set_status(self, parts: list[str], start: float, error: str, pending: bool,
+                    next_up: str = "attention and trajectory") -> None:
         total = time.perf_counter() - start
-        tail = " · attention and trajectory next…" if pending else ""
+        tail = f" · {next_up} next…" if pending else ""
         text = "Recomputed " + " · ".join(parts) + f" — {_ms(total)}{tail}"
         if error:
             text = f"<span style='color:#b00020'>{error}</span><br>{text}"

@@ -281,8 +281,8 @@ class TrajectoryPanel:
                     self.grid.title(name, FigureGrid.TITLES[FigureGrid.PANELS.index(name)])
                 return
             metrics = trajectory.step_metrics()  # one pass over the factors
-            norms = _np(metrics.meta_gradient_norms)  # column k: step i = k + 1
-            align = _np(metrics.consecutive_alignment)  # column k: cos(G_{k+1}, G_{k+2}), i = k + 2
+            norms = _np(metrics.meta_gradient_norms)  # column k: step i = norm_steps[k] (k + 1 unless coarse)
+            align = _np(metrics.consecutive_alignment)  # column k: cos(G_{i−1}, G_i), i = alignment_steps[k]
             fit = metrics.fit
             rows = {layer: row for row, layer in enumerate(trajectory.layers)}
             for layer, (line, step) in enumerate(zip(self.norms, self.steps)):
@@ -290,9 +290,9 @@ class TrajectoryPanel:
                 if row is None:
                     line.x, line.y, step.x, step.y = [], [], [], []
                     continue
-                line.x, line.y = np.arange(1, norms.shape[1] + 1), norms[row]
+                line.x, line.y = np.array(metrics.norm_steps), norms[row]
                 line.name = f"L{layer} (α={float(fit.exponent[row]):.2f}, R²={float(fit.r_squared[row]):.2f})"
-                step.x, step.y = np.arange(2, align.shape[1] + 2), align[row]
+                step.x, step.y = np.array(metrics.alignment_steps), align[row]
             bars = self.exponents
             bars.x, bars.y = list(trajectory.layers), _np(fit.exponent)
             bars.marker.color = list(trajectory.layers)
