@@ -20,8 +20,8 @@
 # for a whole prompt, including the two parts learners forget: the skip-connection **correction** and the **kept
 # BOS**; and you can say which earlier tokens, through which attention heads, wrote a patch.
 #
-# **Time box: 35 minutes** (17 reading and running, 18 for the three exercises; in the 3-hour workshop, section 4
-# is homework).
+# **Time box: 30 minutes** (12 reading and running, 18 for the three exercises); section 4 is homework in the
+# 3-hour workshop (5 more minutes on your own).
 #
 # A transformer reading a prompt behaves *exactly* as if each MLP's first dense weights had received a rank-1
 # update per token, the **token patch** `ΔW = (W δ) aᵀ/‖a‖²` (Dherin et al. 2025, arXiv 2507.16003), **plus a
@@ -253,7 +253,7 @@ check_answer(answer_3, int(frame.groupby("layer").norm.mean().idxmax()), "layer 
                  "and use the identity (not the norm) to say what a patch does.")
 
 # %% [markdown]
-# ## 4 · Who wrote a patch? (5 min)
+# ## 4 · Who wrote a patch? (homework: 5 min on your own)
 #
 # A patch stands out in the heatmap: which earlier tokens, through which heads, wrote it? Before the norms, what
 # attention adds with the context minus without it is a sum over heads `h` and removed tokens `j`,

@@ -349,7 +349,7 @@ def test_quick_run_on_smollm2(tmp_path):
     assert "patch, answer + last prompt token" in entry["aurocs"]
     assert "beats hidden probe?" in text and "Prompt-only features" in text
     assert text.index("never saw (leave one kind out)") < text.index("Within sample")  # the section opens with LOKO
-    assert {"− −log p", "− hidden probe", "− sampling agreement"} <= set(text.split(" | "))
+    assert all(f"| − {b} |" in text for b in ("−log p", "hidden probe", "sampling agreement"))  # the LOKO columns
     assert entry["shipping_rule_winner"] == entry["shipped"]["detector"]["name"]
     assert set(entry["patch_adds"]) == {"beyond −log p", "beyond the hidden state"}
     detector = spike_detector("smollm2-135m", path=detectors)

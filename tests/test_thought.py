@@ -500,7 +500,8 @@ def test_cli_json_on_a_tiny_task(tmp_path, capsys):
     assert set(out) == {"task", "model", "kind", "eta", "ridge", "query_prefix", "answer_tokens", "n_train", "n_test",
                         "accuracy", "correct", "interval95", "locality_kl", "locality_kept", "agreement_with_full",
                         "gain_recovered", "steering_layer", "seconds", "continuations", "preserve", "preserve_strength",
-                        "preserve_set", "split", "distill"}
+                        "preserve_set", "split", "distill", "fit"}
+    assert out["fit"]["kind"] == out["kind"] and out["fit"]["eta"] == out["eta"]  # the settings travel with it
     assert out["split"] == "test" and out["preserve_set"] == "samples+few-shot"
     assert out["task"] == "t" and out["model"] == "tiny-llama" and out["n_train"] == 2 and out["n_test"] == 2
     edited = {"patched", "distilled", "steering", "control"}

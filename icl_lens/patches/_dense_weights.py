@@ -154,10 +154,12 @@ class DenseWeights:
         return delta @ self.r(layer, delta.device).to(delta.dtype).T
 
     def norms(self, layer: int, delta: Float[Tensor, "*rows d_model"]) -> Float[Tensor, "*rows"]:
-        """``‖[W_gate; W_in] δ‖ = ‖R δ‖`` row-wise; from ``U δ`` itself when ``R`` is not computed yet and there
-        are fewer rows than ``d_model`` (cheaper than the QR; the same norms up to rounding)."""
+        """``‖[W_gate; W_in] δ‖ = ‖R δ‖`` row-wise; from ``U δ`` itself when there are fewer rows than ``d_model``
+        (cheaper than the QR; the same norms up to rounding). The path depends on the row count alone, never on
+        whether ``R`` happens to be cached, so the same rows give the same bits in every process (a resumed sweep
+        writes what a clean one writes)."""
         rows = delta[..., 0].numel()
-        if (layer, str(delta.device)) not in self._r and rows < delta.shape[-1]:
+        if rows < delta.shape[-1]:
             return torch.linalg.vector_norm(torch.cat([u for u in self.u(layer, delta) if u is not None], dim=-1),
                                             dim=-1)
         return torch.linalg.vector_norm(self.coordinates(layer, delta), dim=-1)
