@@ -226,10 +226,12 @@ def _thought_rows(root: Path) -> list[dict]:
     """Counted only where a row is scored by the boundary verdict (it keeps whole continuations); rows of
     the earlier starts-with verdict are named apart and never counted. The current default's rows only (keyed by its
     fit, ``experiments.thought.cache.row_key``); the fresh queries (``fresh/…``, scored once by the frozen default) are
-    read where a model has them, else the test queries. *reproduced* needs every task of every model measured and
-    met; *not*: measured and none met; otherwise *partly*."""
+    read where a model has them (their in-range queries: ``experiments.thought.rule.in_range``), else the test
+    queries; every count by the report's one rule, ``experiments.thought.rule.target_rule``. *reproduced* needs every
+    task of every model measured and met; *not*: measured and none met; otherwise *partly*."""
     from experiments.thought.cache import row_key
-    from experiments.thought.settings import default_fit
+    from experiments.thought.rule import in_range, target_rule
+    from experiments.thought.settings import ELIGIBLE, RATIO_LOWER, TARGET, default_fit
 
     claim = "A thought patch fitted from an instruction reproduces its effect on the language models"
     paper = "Mazzawi, Dherin et al. 2025"
@@ -243,17 +245,20 @@ def _thought_rows(root: Path) -> list[dict]:
                 and isinstance(r.get("accuracy"), dict) and {"full", "patched"} <= set(r["accuracy"])]
         tasks += len(rows)
         new = [r for r in rows if "continuations" in r]
-        eligible = [r for r in new if r["accuracy"]["full"] >= 0.5]
-        k = sum(r["accuracy"]["patched"] >= 0.9 * r["accuracy"]["full"] for r in eligible)
+        rules = [target_rule(p) for r in new if (p := in_range(r)) is not None]
+        eligible = [x for x in rules if x.eligible]
+        k = sum(x.met for x in eligible)
         met, total = met + k, total + len(eligible)
-        parts.append(f"{model}: {k} of {len(eligible)} measured on the {'fresh' if split == fresh else 'test'} "
-                     f"queries ({len(rows) - len(new)} of {len(rows)} tasks only under the earlier starts-with "
+        parts.append(f"{model}: {k} of {len(eligible)} measured on the "
+                     f"{'fresh queries in range' if split == fresh else 'test queries'} "
+                     f"({len(rows) - len(new)} of {len(rows)} tasks only under the earlier starts-with "
                      "verdict, not counted)")
     if not total:
         return [_row(claim, paper, NOT_TESTED, "–", "thought")]
     verdict = ("reproduced" if met == total == tasks else "not" if met == 0 else "partly")
-    return [_row(claim, paper, verdict, "patched accuracy ≥ 0.9 × full instruction (boundary verdict, tasks where "
-                 "the full instruction reaches 50%), " + "; ".join(parts), "thought")]
+    return [_row(claim, paper, verdict, f"patched accuracy ≥ {TARGET} × full instruction with the paired bootstrap "
+                 f"95% lower bound ≥ {RATIO_LOWER} (boundary verdict, tasks where the full instruction reaches "
+                 f"{ELIGIBLE:.0%}), " + "; ".join(parts), "thought")]
 
 
 def _spike_rows(spikes: dict | None) -> list[dict]:

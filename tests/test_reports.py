@@ -80,6 +80,7 @@ def _thought_row(n_test: int, correct: dict[str, int]) -> dict:
 
     return {**default_setting(), "n_train": 4, "n_test": n_test, "seconds": 9.0, "steering_layer": 1,
             "accuracy": {c: k / n_test for c, k in correct.items()}, "correct": correct,
+            "outcomes": {c: [1] * k + [0] * (n_test - k) for c, k in correct.items()},
             "locality_kl": {"patched": 0.25, "control": 1.5, "steering": 0.125},
             "locality_accuracy": {"patched": 1.0, "control": 0.5, "steering": 0.75}}
 
@@ -93,12 +94,13 @@ def _table_key(task: str) -> str:
 
 
 def test_thought_report_names_the_runs_and_reads_the_target_from_the_numbers(tmp_path):
-    """The 0.9 × full target is decided by the rule, per row: 18/20 = 0.90 is met, 17/20 missed, full < 50% n/a."""
+    """The target is decided by the rule, per row: 72/80 = 0.90 (lower bound above 0.8) is met, 68/80 missed, full <
+    50% n/a."""
     out = tmp_path / "eval_thought.md"
     base = {"none": 0, "control": 0, "steering": 3}
     cache = {"runs": {"`python -m experiments.thought --models m` on 3 CPU cores": [_table_key("t"), _table_key("u")]},
-             _table_key("t"): _thought_row(24, {**base, "full": 20, "patched": 18}),
-             _table_key("u"): _thought_row(24, {**base, "full": 20, "patched": 17})}
+             _table_key("t"): _thought_row(96, {**base, "full": 80, "patched": 72}),
+             _table_key("u"): _thought_row(96, {**base, "full": 80, "patched": 68})}
     (tmp_path / "eval_thought.m.json").write_text(json.dumps(cache))
     (tmp_path / "eval_thought.n.json").write_text(json.dumps({_table_key("t"): _thought_row(24, {**base, "full": 11,
                                                                                            "patched": 2})}))
@@ -107,7 +109,8 @@ def test_thought_report_names_the_runs_and_reads_the_target_from_the_numbers(tmp
     assert "- n: command and machine not recorded" in text
     rows = {tuple(c.strip().removesuffix(" †") for c in line.split("|")[1:3]): line for line in text.splitlines() if line.startswith("| m |")
             or line.startswith("| n |")}
-    assert "| 0.90 | met |" in rows[("m", "t")] and "| 0.85 | missed |" in rows[("m", "u")]
+    assert "| 0.90 [0.83–0.96] | met |" in rows[("m", "t")] and "| 0.85 [" in rows[("m", "u")]
+    assert "| missed |" in rows[("m", "u")]
     assert "n/a (full < 50%)" in rows[("n", "t")]
     assert "| 0.250 / 1.500 / 0.125 |" in rows[("m", "t")]
     assert "- m: target met on 1 of 2 tasks where full ≥ 50%; missed: u." in text
@@ -207,8 +210,10 @@ def test_summary_counts_thought_rows_only_under_the_boundary_verdict(tmp_path):
     """A row scored by the earlier starts-with verdict ("six" accepted "sixteen") is named, never counted."""
     from experiments.report import NOT_TESTED, claims_summary
 
-    def row(full, patched, new):
-        r = {"accuracy": {"none": 0.0, "full": full, "patched": patched}}
+    def row(full, patched, new):  # on 100 queries, the patch right on the first of the full prompt's right ones
+        k = {"full": round(100 * full), "patched": round(100 * patched)}
+        r = {"accuracy": {"none": 0.0, "full": full, "patched": patched}, "n_test": 100, "correct": k,
+             "outcomes": {c: [1] * x + [0] * (100 - x) for c, x in k.items()}}
         return {**r, "continuations": {"patched": ["x"]}} if new else r
 
     def verdict(cache):

@@ -19,6 +19,7 @@ from experiments.thought.targets import (
     strength_lines,
     targets_lines,
 )
+from experiments.thought.rule import target_rule
 from experiments.thought.sections import (
     acc_ci,
     agreement_lines,
@@ -26,11 +27,9 @@ from experiments.thought.sections import (
     answer_selection_lines,
     diagnosis_lines,
     earlier_lines,
-    fmt_ratio,
     kept_of,
     paper_lines,
     pct,
-    ratio_ci,
     selection_lines,
     to_full,
     total_seconds,
@@ -39,7 +38,7 @@ from experiments.thought.sections import (
 from experiments.thought.settings import (
     COMMAND,
     ELIGIBLE,
-    NOT_ELIGIBLE,
+    RATIO_LOWER,
     QUICK,
     SELECT_ANSWER_GRID,
     SELECT_EXTRA,
@@ -55,7 +54,6 @@ from experiments.thought.settings import (
     PRESERVE_STRENGTHS,
     default_fit,
     paper_fit,
-    target_verdict,
 )
 from icl_lens.model import EMBEDDED_MODELS
 from icl_lens.thought.tasks import SHIPPED_TASKS, load_task
@@ -115,8 +113,9 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
         "instruction + query; *patched*: query alone, thought-patched model; *control*: query alone, random patch "
         "with the same per-layer norms; *steering*: query alone, mean residual difference (instruction+query − "
         "query alone, over the query tokens of the train queries) added after the block chosen by calibration KL "
-        f"(layer in the table). Ratio = patched/full with a paired bootstrap 95% interval; target ≥ {TARGET} "
-        f"where full ≥ {ELIGIBLE:.0%}. Locality: mean next-token KL(unpatched ‖ edited) in nats over "
+        f"(layer in the table). Ratio = patched/full with a paired bootstrap 95% interval; the target rule, one "
+        f"function for every count of the report (`experiments/thought/rule.py`): ratio ≥ {TARGET} and its lower "
+        f"bound ≥ {RATIO_LOWER}, where full ≥ {ELIGIBLE:.0%} on the same queries. Locality: mean next-token KL(unpatched ‖ edited) in nats over "
         f"every position of {len(loc.texts)} fixed unrelated texts, and the share of the {len(loc.other_prompts)} "
         f"queries of a fixed other few-shot task ({loc.other_task}, read with its instruction) on which the edited "
         "model's answer (the first line of its greedy continuation) is the unpatched model's "
@@ -139,15 +138,14 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     for model in models:
         res = caches[model]
         for name, r in table[model].items():
-            ratio, ci = ratio_ci(r)
-            verdict = target_verdict(r, r["correct"]["patched"])
-            if verdict != NOT_ELIGIBLE:
-                verdicts.setdefault(model, []).append((name, verdict == "met"))
+            rule = target_rule(r)
+            if rule.eligible:
+                verdicts.setdefault(model, []).append((name, rule.met))
             kl, kept = r["locality_kl"], kept_of(r)
             lines.append(
                 f"| {model} | {name} | {acc_ci(r, 'none')} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
-                f"{acc_ci(r, 'control')} | {acc_ci(r, 'steering')} ({r['steering_layer']}) | {fmt_ratio(ratio, ci)} | "
-                f"{verdict} | "
+                f"{acc_ci(r, 'control')} | {acc_ci(r, 'steering')} ({r['steering_layer']}) | {rule.text()} | "
+                f"{rule.verdict} | "
                 f"{kl['patched']:.3f} / {kl['control']:.3f} / {kl['steering']:.3f} | "
                 f"{pct(kept['patched'])} / {pct(kept['control'])} / {pct(kept['steering'])} | {total_seconds(r):.0f} |")
             steering_wins.append(r["accuracy"]["patched"] >= r["accuracy"]["steering"])
@@ -186,7 +184,8 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
         missing = [t for t in tasks if t not in table[model]]
         if missing:
             summary.append(f"- **Not evaluated** on {model} with the current default: {', '.join(missing)}.")
-    lines += ["", "Read from the table (rules: target as stated; counts over the rows above):", "", *summary]
+    lines += ["", "Read from the table (counts over the rows above, by the target rule of the method paragraph):", "",
+              *summary]
     lines += agreement_lines(caches, models, tasks)
     lines += answer_length_lines(caches, models, tasks, answer_tokens or {})
     lines += earlier_lines(caches, models, tasks)

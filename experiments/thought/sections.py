@@ -17,10 +17,10 @@ from experiments.thought.settings import (
     STAGE_ONE,
     default_fit,
     setting_name,
-    target_verdict,
 )
 from experiments.thought.cache import fit_of, row_key
-from icl_lens.stats import bootstrap_ratio, wilson_interval
+from experiments.thought.rule import near_tie, target_rule, with_patched
+from icl_lens.stats import wilson_interval
 
 
 def pct(x) -> str:
@@ -45,18 +45,18 @@ def acc_ci(r: dict, cond: str) -> str:
     return f"{pct(r['correct'][cond] / r['n_test'])} [{100 * low:.0f}–{100 * high:.0f}]"
 
 
-def ratio_ci(r: dict) -> tuple[float | None, tuple[float, float] | None]:
-    o = r.get("outcomes", {})
-    if not r["correct"].get("full"):
-        return None, None
-    ratio = r["correct"]["patched"] / r["correct"]["full"]
-    return ratio, bootstrap_ratio(o["patched"], o["full"]) if o else None
+def tie_marks(units: dict, best) -> dict:
+    """Per setting of a selection stage (``units[setting] = {(model, task): score}``, lower is better), whether it is
+    a near tie with ``best`` by :func:`rule.near_tie` (``best`` itself: False)."""
+    return {s: s != best and near_tie(units[best], u) for s, u in units.items()}
 
 
-def fmt_ratio(ratio, ci) -> str:
-    if ratio is None:
-        return "–"
-    return f"{ratio:.2f}" + (f" [{ci[0]:.2f}–{ci[1]:.2f}]" if ci else "")
+def tie_sentence(ties: dict, what: str = "setting") -> str:
+    """The sentence a selection stage's choice carries when other settings tie with it (empty when none does)."""
+    tied = [f"{s:g}" if isinstance(s, float) else str(s) for s, t in ties.items() if t]
+    return (f" Near tie (paired bootstrap 95% interval of the mean difference over the (model, task) units includes "
+            f"0, `experiments/thought/rule.py`) with: {'; '.join(tied)}; the choice among them is within the noise "
+            f"of the {what}s' measurements." if tied else "")
 
 
 AGREE_CONDITIONS = ("patched", "none", "steering", "control")
@@ -84,8 +84,8 @@ def agreement_lines(caches: dict, models, tasks) -> list[str]:
                         + " | ".join(f"{same[c]}/{n}" for c in AGREE_CONDITIONS) + " | "
                         + (" / ".join(f"{repeated[c]}" for c in AGREE_CONDITIONS[:3]) + f" of {len(wrong)}"
                            if wrong else "–") + " |")
-            if target_verdict(r, r["correct"]["patched"]) == "missed":
-                acc, ratio = r["accuracy"], ratio_ci(r)[0]
+            if target_rule(r).verdict == "missed":
+                acc, ratio = r["accuracy"], target_rule(r).ratio
                 note = (f"- {model}, {name} (missed, ratio {ratio:.2f}): the patched model gives the full "
                         f"instruction's answer on {same['patched']} of {n} test queries (no instruction: "
                         f"{same['none']}, steering: {same['steering']}) and repeats {repeated['patched']} of its "
@@ -124,7 +124,7 @@ def answer_length_lines(caches: dict, models, tasks, answer_tokens: dict) -> lis
     for model in models:
         for name in tasks:
             r, n_tok = caches[model].get(row_key("table", default_fit(), name)), answer_tokens.get((model, name))
-            if r is None or n_tok is None or "outcomes" not in r or target_verdict(r, r["correct"]["patched"]) != "missed":
+            if r is None or n_tok is None or "outcomes" not in r or target_rule(r).verdict != "missed":
                 continue
             o = r["outcomes"]
             for label, keep in (("1", lambda n: n == 1), ("≥ 2", lambda n: n > 1)):
@@ -191,7 +191,7 @@ def tuned_lines(caches: dict, models, tasks) -> list[str]:
             rows.append(f"| {model} | {name} | {chosen}{' (= default)' if chosen == default else ''} | "
                         f"{kl[default]:.3f} / {kl[chosen]:.3f} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
                         f"{to_full(r, r['correct']['patched'])} | {acc_ci(res, 'patched')} | "
-                        f"{to_full(r, res['correct']['patched'])} | {target_verdict(r, res['correct']['patched'])} |")
+                        f"{to_full(r, res['correct']['patched'])} | {target_rule(with_patched(r, res)).verdict} |")
     if not rows:
         return []
     return ["", "**Tuned per task** (not the default; reported as such): for each (model, task) where the default "
@@ -206,10 +206,12 @@ def answer_selection_lines(caches: dict, select_tasks, default: dict) -> list[st
     """Second stage of the choice: answer-token rows (and the ridge again), scored at the answer's positions."""
     kl: dict[str, dict[str, list[float]]] = {}
     last: dict[str, list[float]] = {}
+    units: dict[str, dict[tuple, float]] = {}
     for model, res in caches.items():
         for key, v in res.items():
             if key.startswith("answers/") and v["task"] in select_tasks:
                 kl.setdefault(setting_name(v), {}).setdefault(model, []).append(v["validation_kl"])
+                units.setdefault(setting_name(v), {})[(model, v["task"])] = v["validation_kl"]
                 last.setdefault(setting_name(v), []).append(v["validation_last_token_kl"])
     if not kl:
         return []
@@ -218,6 +220,7 @@ def answer_selection_lines(caches: dict, select_tasks, default: dict) -> list[st
     means = {k: float(np.mean([x for xs in per.values() for x in xs])) for k, per in kl.items()
              if sum(len(x) for x in per.values()) == full}
     best = min(means, key=means.get)
+    ties = tie_marks({k: units[k] for k in means}, best)
     lines = ["", f"**Answer-token rows** (second stage of `{COMMAND} --select`): the first stage's lowest setting "
              "fitted with its calibration rows extended by the first k tokens of the model's own greedy answer "
              "under the instruction (teacher forced), and with k = 8 the ridge again (the fit has more rows); the "
@@ -229,9 +232,10 @@ def answer_selection_lines(caches: dict, select_tasks, default: dict) -> list[st
     for k in sorted(kl, key=lambda k: means.get(k, math.inf)):
         cells = [f"{np.mean(kl[k][m]):.3f}" if m in kl[k] else "–" for m in models]
         lines.append(f"| {k} | " + " | ".join(cells) + f" | {means.get(k, float('nan')):.4f} | "
-                     f"{np.mean(last[k]):.4f} | {'lowest' if k == best else ''} |")
+                     f"{np.mean(last[k]):.4f} | {'lowest' if k == best else 'near tie' if ties.get(k) else ''} |")
     lines += ["", f"The defaults in `icl_lens/thought/_fit.py` ({setting_name(default)}) "
-              + ("are the lowest setting." if setting_name(default) == best else f"differ from the lowest ({best}).")]
+              + ("are the lowest setting." if setting_name(default) == best else f"differ from the lowest ({best}).")
+              + tie_sentence(ties)]
     return lines
 
 
@@ -287,6 +291,8 @@ def selection_lines(caches: dict, default: dict, select_tasks) -> list[str]:
     full = max(counts.values())
     means = {s: sum(v) / len(v) for s, v in rows.items() if len(v) == full}
     best = min(means, key=means.get)
+    ties = tie_marks({s: {(m, t): x for (m, s2), per_task in per.items() if s2 == s for t, x in per_task.items()}
+                      for s in means}, best)
     models = sorted({m for m, _ in per})
     lines = ["", f"**Choice of the default** (`{COMMAND} --select`): fit on the first {n_fit} train queries, "
              f"score the next {n_val} train queries (never test) by KL(full ‖ patched) at their last token; mean "
@@ -299,11 +305,13 @@ def selection_lines(caches: dict, default: dict, select_tasks) -> list[str]:
         for m in models:
             vals = list(per.get((m, s), {}).values())
             cells.append(f"{sum(vals) / len(vals):.3f}" if vals else "–")
-        mark = "lowest" if s == best else ("" if s in means else f"{counts[s]} of {full} (model, task) only")
+        mark = ("lowest" if s == best else "near tie" if ties.get(s) else
+                "" if s in means else f"{counts[s]} of {full} (model, task) only")
         lines.append(f"| {s} | " + " | ".join(cells) + f" | {means.get(s, float('nan')):.4f} | {mark} |")
     lines.append("")
     lines.append(f"The second stage starts from `STAGE_ONE` ({setting_name(STAGE_ONE)}), "
-                 + ("the lowest setting." if setting_name(STAGE_ONE) == best else f"not the lowest ({best})."))
+                 + ("the lowest setting." if setting_name(STAGE_ONE) == best else f"not the lowest ({best}).")
+                 + tie_sentence(ties))
     return lines
 
 

@@ -128,8 +128,11 @@ def setting_name(s: dict) -> str:
     return text
 
 
-def target_verdict(r: dict, patched: int) -> str:
-    """The target's verdict for ``patched`` correct test answers against the row's full instruction."""
-    if r["accuracy"]["full"] < ELIGIBLE:
-        return NOT_ELIGIBLE
-    return "met" if patched / r["correct"]["full"] >= TARGET else "missed"
+def target_verdict(r: dict, patched: int | None = None) -> str:
+    """The target's verdict on a row by the one rule, :func:`experiments.thought.rule.target_rule` (kept for the
+    run's choice of the tasks to tune); ``patched``, if given, must be the row's own count."""
+    from experiments.thought.rule import target_rule
+
+    if patched is not None and patched != r["correct"]["patched"]:
+        raise ValueError("target_verdict reads the row's own patched outcomes; use rule.with_patched for another patch")
+    return target_rule(r).verdict

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from experiments.thought.cache import current_row, fit_of, row_key
-from experiments.thought.sections import acc_ci, kept_of, pct, ratio_ci
+from experiments.thought.rule import PARTS, Ratio, fresh_parts, in_range, query_units, ratio_rule, target_rule
+from experiments.thought.sections import acc_ci, kept_of, pct, tie_marks, tie_sentence
 from experiments.thought.settings import (
     COMMAND,
     COMPOSE_GROUPS,
@@ -49,12 +50,6 @@ def new_rows(caches: dict, model: str, tasks, split: str = "test") -> dict[str, 
     """The model's rows on ``split`` scored by issue 22's verdict (they keep whole continuations) with the current
     default (an earlier default's row is not the default's result)."""
     return {t: r for t in tasks if (r := current_row(caches[model], split_key(split, t))) and "continuations" in r}
-
-
-def ratio_met(r: dict) -> tuple[bool, float | None, tuple | None]:
-    """Patched ≥ TARGET × full (point estimate) and the paired bootstrap lower bound ≥ RATIO_LOWER."""
-    ratio, ci = ratio_ci(r)
-    return (ratio is not None and ratio >= TARGET and ci is not None and ci[0] >= RATIO_LOWER), ratio, ci
 
 
 def locality_met(r: dict, cond: str = "patched") -> bool:
@@ -103,9 +98,15 @@ def at_once(group: dict, task: str, method: str, split: str = "test") -> dict | 
     return None if got is None or key not in got else {**got[key][task], "locality": got["locality"]}
 
 
-def compose_share(single: dict, at_once: dict) -> float | None:
-    """The share of its single-patch accuracy a task keeps at once (None where the single patch has none)."""
-    return at_once["accuracy"] / single["accuracy"] if single["accuracy"] else None
+def compose_share(task: str, single: dict, at_once: dict, split: str = "test") -> Ratio:
+    """The share of its single-patch accuracy a task keeps at once, by the one rule (:func:`rule.ratio_rule`): at
+    once over alone on the same queries, point and paired-bootstrap lower bound ≥ COMPOSE_TARGET (``add``'s
+    unordered pairs one unit). Without per-query outcomes: the point share, no interval, never met."""
+    if "outcomes" in single and "outcomes" in at_once:
+        return ratio_rule(at_once["outcomes"], single["outcomes"], point=COMPOSE_TARGET, lower=COMPOSE_TARGET,
+                          units=query_units(task, split, len(single["outcomes"])))
+    share = at_once["correct"] / single["correct"] if single["correct"] else None
+    return Ratio(share, None, False, True, False, single["n_test"], single["n_test"])
 
 
 def targets_lines(caches: dict, models, tasks) -> list[str]:
@@ -119,23 +120,39 @@ def targets_lines(caches: dict, models, tasks) -> list[str]:
             "|---|---|---|---|---|", *rows]
 
 
+def _accuracy_row(rows: dict[str, dict], on: str, part: str, needed: int | None) -> str:
+    """The accuracy target's row over ``rows`` (task → row of the queries the target reads), every count by
+    :func:`rule.target_rule`; ``needed``: tasks to meet for the verdict (None: a row without a verdict)."""
+    met = {t: target_rule(r) for t, r in rows.items()}
+    eligible = {t: m for t, m in met.items() if m.eligible}
+    lows = [m.lower for m in eligible.values() if m.lower is not None]
+    n_met = sum(m.met for m in eligible.values())
+    sel = [t for t in eligible if t in SELECT_TASKS]
+    identical = [t for t, m in eligible.items() if m.identical]
+    verdict = "–" if needed is None else "met" if n_met >= needed else "missed"
+    return (f"| accuracy{part}: patched ≥ {TARGET} × full, 95% lower bound ≥ {RATIO_LOWER}"
+            + ("" if needed is None else f", on ≥ {needed} tasks") + f" | {on} | {n_met} of {len(eligible)} tasks "
+            f"with full ≥ {ELIGIBLE:.0%} ({len(rows)} evaluated; selection tasks among them: "
+            f"{sum(eligible[t].met for t in sel)} of {len(sel)}); median lower bound "
+            f"{np.median(lows) if lows else float('nan'):.2f}"
+            + (f"; identical answers to full, interval without spread: {', '.join(identical)}" if identical else "")
+            + (f"; missed: {', '.join(t for t, m in eligible.items() if not m.met)}" if n_met < len(eligible) else "")
+            + f" | {verdict} |")
+
+
 def _target_rows(caches: dict, model: str, tasks, split: str) -> list[str]:
     rows = []
     got = new_rows(caches, model, tasks, split)
-    eligible = {t: r for t, r in got.items() if r["accuracy"]["full"] >= ELIGIBLE}
     on = f"{model} | {SPLIT_NAMES[split]}"
     if not got:
         return [f"| {name} | {on} | {NOT_MEASURED} (no row with the current default) | – |"
                 for name in ("accuracy", "locality", "against distillation", "two tasks at once")]
-    met = {t: ratio_met(r) for t, r in eligible.items()}
-    lows = [ci[0] for _, _, ci in met.values() if ci is not None]
-    n_met = sum(ok for ok, _, _ in met.values())
-    sel = [t for t in met if t in SELECT_TASKS]
-    rows.append(f"| accuracy: patched ≥ {TARGET} × full, 95% lower bound ≥ {RATIO_LOWER}, on ≥ {TASKS_NEEDED} "
-                f"tasks | {on} | {n_met} of {len(eligible)} tasks with full ≥ {ELIGIBLE:.0%} ({len(got)} "
-                f"evaluated; selection tasks among them: {sum(met[t][0] for t in sel)} of {len(sel)}); median "
-                f"lower bound {np.median(lows) if lows else float('nan'):.2f} | "
-                f"{'met' if n_met >= TASKS_NEEDED else 'missed'} |")
+    rows.append(_accuracy_row({t: p for t, r in got.items() if (p := in_range(r)) is not None}, on,
+                              f" ({'in range' if split == 'fresh' else 'all queries'})", TASKS_NEEDED))
+    if split == "fresh":
+        out = {t: p[PARTS[1]] for t, r in got.items() if PARTS[1] in (p := fresh_parts(r))}
+        if out:
+            rows.append(_accuracy_row(out, on, " (out of range: generalisation, not a target)", None))
     kl = [r["locality_kl"]["patched"] for r in got.values()]
     ctrl = [r["locality_kl"]["control"] for r in got.values()]
     kept = [kept_of(r)["patched"] for r in got.values()]
@@ -157,13 +174,13 @@ def _target_rows(caches: dict, model: str, tasks, split: str) -> list[str]:
         rows.append(f"| against distillation | {on} | {NOT_MEASURED} | – |")
     by_method = {m: pairs for m in COMPOSE_METHODS if (pairs := compose_rows(caches, model, 2, m, split))}
     for method, pairs in by_method.items():
-        shares = [compose_share(r, c) for _, r, c in pairs]
-        ok = [s is not None and s >= COMPOSE_TARGET for s in shares]
+        shares = [compose_share(t, r, c, split) for t, r, c in pairs]
+        ok = [s.met for s in shares]
         loc = pairs[0][2]["locality"]
         single = [r["locality"] for _, r, _ in pairs]
         rows.append(f"| two tasks at once ({COMPOSE_METHODS[method]}): each keeps ≥ {COMPOSE_TARGET} of its "
-                    f"single-patch accuracy | {on} | {sum(ok)} of {len(ok)} tasks ("
-                    + ", ".join(f"{t} {s:.2f}" if s is not None else f"{t} –" for (t, _, _), s in zip(pairs, shares))
+                    f"single-patch accuracy, 95% lower bound ≥ {COMPOSE_TARGET} | {on} | {sum(ok)} of {len(ok)} tasks ("
+                    + ", ".join(f"{t} {s.text()}" for (t, _, _), s in zip(pairs, shares))
                     + f"); locality KL {loc['kl']:.3f} at once (alone: "
                     + ", ".join(f"{x['kl']:.3f}" for x in single) + f"), other task kept {pct(loc['accuracy'])} "
                     "(alone: " + ", ".join(pct(x["accuracy"]) for x in single) + f") | "
@@ -182,11 +199,9 @@ def distill_lines(caches: dict, models, tasks, split: str = "fresh") -> list[str
             if "distilled" not in r["accuracy"]:
                 continue
             ok, gap, speed = distill_met(r)
-            gain = r.get("gain_recovered", {})
             rows.append(f"| {model} | {t}{' (selection)' if t in SELECT_TASKS else ''} | {acc_ci(r, 'none')} | {acc_ci(r, 'full')} | {acc_ci(r, 'patched')} | "
                         f"{acc_ci(r, 'distilled')} | {gap:+.2f} | "
-                        + " / ".join("–" if gain.get(c) is None else f"{gain[c]:.2f}" for c in ("patched", "distilled"))
-                        + f" | {r['locality_kl']['patched']:.3f} / {r['locality_kl']['distilled']:.3f} | "
+                        f"{r['locality_kl']['patched']:.3f} / {r['locality_kl']['distilled']:.3f} | "
                         f"{pct(kept_of(r)['patched'])} / {pct(kept_of(r)['distilled'])} | "
                         f"{r['seconds']['patched']:.0f} / {r['seconds']['distilled']:.0f} | "
                         f"{'–' if speed is None else f'{speed:.1f}×'} |")
@@ -197,12 +212,12 @@ def distill_lines(caches: dict, models, tasks, split: str = "fresh") -> list[str
     return ["", f"**Against context distillation** ({SPLIT_NAMES[split]} queries; `icl_lens.thought.distill_patch`: Adam "
             "on the same parameters — input maps, vectors, down projections — the same calibration rows and answer "
             f"positions, minimising KL(prompted ‖ edited); {DISTILL_STEPS} steps of {DISTILL_BATCH} queries, peak "
-            f"learning rate {DISTILL_LR:g} (chosen by the rule below), warm-up then cosine decay). Gain recovered = "
-            "(c − none) / (full − none). Both methods' seconds are the wall time of the fit alone, in the same run.",
+            f"learning rate {DISTILL_LR:g} (chosen by the rule below), warm-up then cosine decay). Both methods' seconds "
+            "are the wall time of the fit alone, in the same run.",
             "",
-            "| model | task | none | full | patched | distilled | patched − distilled | gain recovered patched / "
-            "distilled | locality KL patched / distilled | other task kept patched / distilled | seconds patched / "
-            "distilled | time ratio |", "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows]
+            "| model | task | none | full | patched | distilled | patched − distilled | "
+            "locality KL patched / distilled | other task kept patched / distilled | seconds patched / "
+            "distilled | time ratio |", "|---|---|---|---|---|---|---|---|---|---|---|", *rows]
 
 
 def compose_lines(caches: dict, models, split: str = "fresh") -> list[str]:
@@ -219,10 +234,10 @@ def compose_lines(caches: dict, models, split: str = "fresh") -> list[str]:
                     r = group[key][t]["single"]
                     cells = []
                     for got in (at_once(group, t, m, split) for m in COMPOSE_METHODS):
-                        share = None if got is None else compose_share(r, got)
                         cells.append(("–", "–", "–", "–") if got is None else (
                             f"{pct(got['accuracy'])} ({got['correct']}/{got['n_test']})",
-                            "–" if share is None else f"{share:.2f}", f"{got['locality']['kl']:.3f}",
+                            (share := compose_share(t, r, got, split)).text() + f" {share.verdict}",
+                            f"{got['locality']['kl']:.3f}",
                             pct(got["locality"]["accuracy"])))
                     (ca, cs, ck, cp), (ja, js, jk, jp) = cells
                     rows.append(f"| {model} | {size} | {t} | {pct(r['accuracy'])} ({r['correct']}/{r['n_test']}) | "
@@ -236,7 +251,8 @@ def compose_lines(caches: dict, models, split: str = "fresh") -> list[str]:
             "`ThoughtPatch.composed`, the default single patches' edits added; *joint*, `thought_patch_joint`, one "
             "fit with the default settings over all the tasks' calibration rows, each task's queries read after its "
             "own instruction):", "",
-            "| model | tasks at once | task | patched alone | added | joint | share of alone added / joint | "
+            f"| model | tasks at once | task | patched alone | added | joint | share of alone added / joint [95% "
+            f"paired bootstrap] and target (≥ {COMPOSE_TARGET}, lower bound ≥ {COMPOSE_TARGET}) | "
             "locality KL alone / added / joint | other task kept alone / added / joint |",
             "|---|---|---|---|---|---|---|---|---|", *rows]
 
@@ -273,6 +289,10 @@ def strength_lines(caches: dict, select_tasks) -> list[str]:
         if not got:
             continue
         scores = rule_scores(got)
+        text_units = {st: {(m, v["task"]): v["text_kl"] for m, res in caches.items() for k, v in res.items()
+                           if k.startswith("strength/") and v["task"] in select_tasks
+                           and v.get("preserve_set") == preserve_set and float(v["preserve_strength"]) == st}
+                      for st in scores}
         lines += ["", f"**Preserve strength** (third stage of `{COMMAND} --select`; preserve texts: {texts}): the "
                   f"default fitted on the first {SELECT_FIT} train queries of each selection task with the preserve "
                   f"penalty at each strength; scored by the answer KL of the next {SELECT_VALIDATE} train queries and "
@@ -287,8 +307,10 @@ def strength_lines(caches: dict, select_tasks) -> list[str]:
             c = got[st]
             lines.append(f"| {st:g} | {np.mean(c['answer']):.4f} | {np.mean(c['text']):.4f} | {len(c['answer'])} |")
         if 0.0 in scores:
-            lines += ["", f"By the rule: strength **{choose_strength(scores):g}** (by the earlier rule: "
-                      f"{earlier_strength_choice(scores):g})."]
+            chosen = choose_strength(scores)
+            allowed = {st: u for st, u in text_units.items() if scores[st][0] <= scores[0.0][0] + PRESERVE_SLACK}
+            lines += ["", f"By the rule: strength **{chosen:g}** (by the earlier rule: "
+                      f"{earlier_strength_choice(scores):g})." + tie_sentence(tie_marks(allowed, chosen), "strength")]
     return lines
 
 
@@ -318,6 +340,8 @@ def distill_lr_lines(caches: dict) -> list[str]:
     scores = {lr: float(np.mean(x)) for lr, x in got.items() if len(x) == full}
     chosen = choose_lr(scores)
     edge = chosen in (min(DISTILL_LRS), max(DISTILL_LRS))
+    units = {lr: {(m, v["task"]): v["validation_kl"] for m, res in caches.items() for k, v in res.items()
+                  if k.startswith("distill/") and v["task"] in DISTILL_TASKS and float(v["lr"]) == lr} for lr in scores}
     return ["", f"**Distillation's learning rate** (`{COMMAND} --select`): on each model and "
             f"{', '.join(DISTILL_TASKS)}, distilled on the first {SELECT_FIT} train queries at each peak learning rate "
             f"and scored on the next {SELECT_VALIDATE} train queries (never test or fresh) by the answer KL at the "
@@ -327,38 +351,55 @@ def distill_lr_lines(caches: dict) -> list[str]:
             "held-out text KL | seconds |", "|---|---|---|---|---|---|---|---|", *rows, "",
             "Mean held-out answer KL: " + ", ".join(f"lr {lr:g}: {k:.3f}" for lr, k in sorted(scores.items()))
             + f". By the rule: **{chosen:g}**"
-            + (" (at the end of the grid: a wider grid could do better)." if edge else ".")]
+            + (" (at the end of the grid: a wider grid could do better)." if edge else ".")
+            + tie_sentence(tie_marks(units, chosen), "learning rate")]
 
 
 def fresh_lines(caches: dict, models, tasks) -> list[str]:
-    """The fresh queries, scored once by the frozen default: every condition, the ratio and its target, the gain
-    recovered, agreement with the full prompt beside the random control's, and locality."""
+    """The fresh queries, scored once by the frozen default, in range and out of range apart (:func:`rule.range_parts`):
+    every condition, the ratio and the rule's verdict (in range: the target; out of range: generalisation, not a
+    target), agreement with the full prompt beside the random control's, and locality."""
     rows = []
     for model in models:
-        for t, r in new_rows(caches, model, tasks, "fresh").items():
-            ratio, ci = ratio_ci(r)
-            ok = ratio_met(r)[0]
-            verdict = "n/a" if r["accuracy"]["full"] < ELIGIBLE else "met" if ok else "missed"
-            gain, agree = r.get("gain_recovered", {}), r.get("agreement_with_full", {})
-            kl, kept = r["locality_kl"], kept_of(r)
-            rows.append(f"| {model} | {t}{' (selection)' if t in SELECT_TASKS else ''} | {r['n_test']} | "
-                        + " | ".join(acc_ci(r, c) for c in ("none", "full", "patched", "distilled", "steering",
-                                                             "control"))
-                        + f" | {'–' if ratio is None else f'{ratio:.2f}'}"
-                        + (f" [{ci[0]:.2f}–{ci[1]:.2f}]" if ci else "") + f" | {verdict} | "
-                        + ("–" if gain.get("patched") is None else f"{gain['patched']:.2f}") + " | "
-                        + " / ".join(pct(agree.get(c)) for c in ("patched", "control")) + " | "
-                        + f"{kl['patched']:.3f} / {kl['control']:.3f} | {pct(kept['patched'])} / {pct(kept['control'])} |")
+        for t, whole in new_rows(caches, model, tasks, "fresh").items():
+            kl, kept = whole["locality_kl"], kept_of(whole)
+            for part, r in fresh_parts(whole).items():
+                rule = target_rule(r)
+                verdict = rule.verdict if part == PARTS[0] or not rule.eligible else f"{rule.verdict} (not a target)"
+                agree = _agreement(r)
+                rows.append(f"| {model} | {t}{' (selection)' if t in SELECT_TASKS else ''} | {part} | {r['n_test']} | "
+                            + " | ".join(acc_ci(r, c) for c in ("none", "full", "patched", "distilled", "steering",
+                                                                 "control"))
+                            + f" | {rule.text()} | {verdict} | "
+                            + " / ".join(pct(agree.get(c)) for c in ("patched", "control")) + " | "
+                            + f"{kl['patched']:.3f} / {kl['control']:.3f} | {pct(kept['patched'])} / {pct(kept['control'])} |")
     if not rows:
         return []
     return ["", "**Fresh queries, scored once** (issue 22: the task builder's `fresh` split, read by no selection "
             "stage, scored by the frozen default in one run beside the test queries, with the same fitted edits). "
-            "Accuracy [95% Wilson interval]; ratio patched/full with a paired bootstrap 95% interval (target: ≥ "
-            f"{TARGET} with the lower bound ≥ {RATIO_LOWER}, where full ≥ {ELIGIBLE:.0%}; n/a below); gain recovered "
-            "(patched − none) / (full − none); agreement: share of queries answered as the full prompt answers "
-            "them, patched beside the random control; locality as in the test table (it does not depend on the "
-            "split).", "",
-            "| model | task | queries | none | full | patched | distilled | steering | control | patched/full | "
-            "target | gain recovered | agreement with full, patched / control | locality KL patched / control | "
+            "How fresh was built (`python -m experiments.build_tasks`): first each task's own pairs that demonstrations, "
+            "train and test left unused, then new pairs from new lists of the same kind (words, translations, "
+            "countries) or, for the three tasks with numbers, from beyond their generators' range: `add` sums with "
+            "an addend of 10–19 (train and test: one-digit addends), `plus_one` from 99 to 998 (train and test: "
+            "10–98), `number_words` 0, the hundreds and the thousands (train and test: 1–99). *In range*: every "
+            "number of the query lies in its generator's range (tasks without numbers: every query); *out of "
+            "range*: the rest, reported apart as generalisation, never counted for the target. Accuracy [95% "
+            "Wilson interval]; ratio patched/full with a paired bootstrap 95% interval (`add`: a + b and b + a "
+            "resampled as one unordered pair; *identical answers*: the patch right on exactly the full prompt's "
+            "queries, where the bootstrap has no spread to show); rule (`experiments/thought/rule.py`): ratio ≥ "
+            f"{TARGET} and lower bound ≥ {RATIO_LOWER} where full ≥ {ELIGIBLE:.0%} on the same queries (n/a "
+            "below); agreement: share of queries answered as the full prompt answers them, patched beside the "
+            "random control; locality as in the test table (it does not depend on the split).", "",
+            "| model | task | range | queries | none | full | patched | distilled | steering | control | "
+            "patched/full | rule | agreement with full, patched / control | locality KL patched / control | "
             "other task kept patched / control |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             *rows]
+
+
+def _agreement(r: dict) -> dict[str, float]:
+    """Share of the row's queries on which each condition gives the full prompt's answer (the row's own
+    ``agreement_with_full`` where it keeps no answers)."""
+    a = r.get("answers")
+    if not a or "full" not in a or not r["n_test"]:
+        return r.get("agreement_with_full", {})
+    return {c: sum(x == y for x, y in zip(v, a["full"])) / r["n_test"] for c, v in a.items()}
