@@ -153,3 +153,24 @@ def test_near_ties_are_read_from_the_paired_differences():
     assert not near_tie({("m", "a"): 0.1}, {("m", "a"): 0.1})  # one unit: nothing to resample
     with pytest.raises(ValueError, match="differ in length"):
         ratio_rule([1, 0], [1])
+
+
+def test_selection_tables_name_near_ties():
+    """The first selection stage's table: a setting within the paired noise of the lowest is marked a near tie and
+    named in the sentence under the table; one clearly above it is not."""
+    from experiments.thought.sections import selection_lines
+    from experiments.thought.settings import SELECT_TASKS
+
+    def rows(ridge, kls):
+        return {f"select/{ridge}/{t}": {"kind": "both+down", "ridge": ridge, "query_prefix": "\n", "task": t,
+                                        "validation_kl": kl, "n_fit": 24, "n_validate": 8}
+                for t, kl in zip(SELECT_TASKS, kls)}
+
+    best = [0.10, 0.20, 0.05, 0.15]
+    caches = {"m": {**rows(8.0, best), **rows(2.0, [0.101, 0.199, 0.052, 0.149]),
+                    **rows(0.5, [x + 0.05 for x in best])}}
+    lines = selection_lines(caches, {}, SELECT_TASKS)
+    marks = {line.split("|")[1].strip(): line.rsplit("|", 2)[1].strip() for line in lines if line.startswith("| both")}
+    assert marks == {"both+down, ridge 8, prefix '\\n'": "lowest", "both+down, ridge 2, prefix '\\n'": "near tie",
+                     "both+down, ridge 0.5, prefix '\\n'": ""}
+    assert "Near tie" in lines[-1] and "ridge 2" in lines[-1] and "ridge 0.5" not in lines[-1]

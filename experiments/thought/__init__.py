@@ -24,7 +24,9 @@ attention to BOS / position 1 on one task, unpatched, paper patch and default pa
 rows, the curves and the preserve rows to some tasks (none with an empty list: each costs
 about a table row). ``--quick``: a tiny model, one task, few calibration queries (for tests).
 
-Modules: :mod:`.settings` (the fixed settings, grids and the target rule), :mod:`.cache` (the
-per-model JSON cache), :mod:`.jobs` (what a run computes), :mod:`.sections` (the report's
+``--report-only``: the report from the cached results, nothing fitted.
+
+Modules: :mod:`.settings` (the fixed settings and grids), :mod:`.rule` (the one counting rule every verdict
+calls, the fresh queries' in-range / out-of-range parts, near ties), :mod:`.cache` (the per-model JSON cache), :mod:`.jobs` (what a run computes), :mod:`.sections` (the report's
 sections), :mod:`.run` (the report and the command line).
 """

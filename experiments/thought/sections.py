@@ -84,9 +84,9 @@ def agreement_lines(caches: dict, models, tasks) -> list[str]:
                         + " | ".join(f"{same[c]}/{n}" for c in AGREE_CONDITIONS) + " | "
                         + (" / ".join(f"{repeated[c]}" for c in AGREE_CONDITIONS[:3]) + f" of {len(wrong)}"
                            if wrong else "–") + " |")
-            if target_rule(r).verdict == "missed":
-                acc, ratio = r["accuracy"], target_rule(r).ratio
-                note = (f"- {model}, {name} (missed, ratio {ratio:.2f}): the patched model gives the full "
+            if (rule := target_rule(r)).verdict == "missed":
+                acc = r["accuracy"]
+                note = (f"- {model}, {name} (missed, ratio {rule.text()}): the patched model gives the full "
                         f"instruction's answer on {same['patched']} of {n} test queries (no instruction: "
                         f"{same['none']}, steering: {same['steering']}) and repeats {repeated['patched']} of its "
                         f"{len(wrong)} wrong answers (no instruction: {repeated['none']})")

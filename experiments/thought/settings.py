@@ -58,7 +58,7 @@ COMPOSE_TARGET = 0.8
 RATIO_LOWER, TASKS_NEEDED = 0.8, 10
 LOCALITY_KEPT, LOCALITY_KL = 0.9, 0.1
 DISTILL_GAP, DISTILL_SPEEDUP = 0.05, 20.0
-TARGET, ELIGIBLE = 0.9, 0.5  # patched ≥ 0.9 × full wherever full ≥ 50%
+TARGET, ELIGIBLE = 0.9, 0.5  # patched ≥ 0.9 × full (and lower bound ≥ RATIO_LOWER) where full ≥ 50%: rule.target_rule
 NOT_ELIGIBLE = f"n/a (full < {ELIGIBLE:.0%})"
 QUICK = {"models": ["tiny-llama"], "tasks": ["capitals"], "n_train": 4, "sizes": (1, 2),
          "select_grid": SELECT_GRID[:2], "select_answer_grid": ({"answer_tokens": 0}, {"answer_tokens": 2}),

@@ -115,8 +115,11 @@ def targets_lines(caches: dict, models, tasks) -> list[str]:
     rows = [row for split in SPLITS for model in models for row in _target_rows(caches, model, tasks, split)]
     return ["", "**Issue 22's targets** (held-out queries of both splits: *fresh*, scored once by the frozen "
             "default, and *test*, which earlier defaults were scored on; a row only counts results scored by the "
-            "boundary verdict: the answer followed by the end or a character that cannot continue a word; verdicts "
-            "computed from the rows below):", "", "| target | model | queries | result | verdict |",
+            "boundary verdict: the answer followed by the end or a character that cannot continue a word; every "
+            "accuracy and composition count by the one rule of `experiments/thought/rule.py` (ratio and its paired "
+            "bootstrap 95% lower bound, full ≥ 50% on the same queries); on the fresh queries the accuracy target "
+            "reads the queries in range of the task's generators, and those out of range have a generalisation row "
+            "of their own, never counted — see the fresh table):", "", "| target | model | queries | result | verdict |",
             "|---|---|---|---|---|", *rows]
 
 
