@@ -210,13 +210,24 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
             pts = {n: c for n in SIZES if (c := caches[model].get(row_key("curve", fit, name, n))) is not None}
             if pts:
                 curves[(model, name)] = pts
+    missing = [f"{m} {t}" for m in models for t in CURVE_TASKS if t in tasks and (m, t) not in curves]
+    if curves or missing:
+        lines += ["", "**Calibration-size curves**: test accuracy of the patched model (the current default) against "
+                  "the number of calibration queries (the first n train queries), the full prompt beside it:", ""]
     if curves:
-        lines += ["", "Test accuracy of the patched model (default settings) against the number of calibration "
-                  "queries (the first n train queries):", "",
-                  "| model | task | " + " | ".join(str(n) for n in SIZES) + " |", "|---|---|" + "---|" * len(SIZES)]
+        lines += ["| model | task | full | " + " | ".join(str(n) for n in SIZES) + " |",
+                  "|---|---|---|" + "---|" * len(SIZES)]
         for (model, name), pts in curves.items():
-            lines.append(f"| {model} | {name} | " + " | ".join(acc_ci(pts[n], "patched") if n in pts else "–"
-                                                               for n in SIZES) + " |")
+            full = acc_ci(table[model][name], "full") if name in table[model] else "–"
+            lines.append(f"| {model} | {name} | {full} | " + " | ".join(acc_ci(pts[n], "patched") if n in pts else "–"
+                                                                          for n in SIZES) + " |")
+    if missing:
+        lines += ["", f"**Not run with the current default**: {', '.join(missing)} (`{COMMAND} --models MODEL --tasks "
+                  f"{' '.join(CURVE_TASKS)} --curve-tasks {' '.join(CURVE_TASKS)} --paper-tasks --compose "
+                  "--tune-tasks` computes only the curves the cache lacks"
+                  + (f"; a point of the curves above took {secs.min() / 60:.1f}–{secs.max() / 60:.1f} min, "
+                     "one thread each" if (secs := np.array([total_seconds(c) for pts in curves.values()
+                                                              for c in pts.values()])).size else "") + ")."]
     lines += selection_lines(caches, default, select_tasks)
     lines += answer_selection_lines(caches, select_tasks, {**default, "answer_tokens": DEFAULT_ANSWER_TOKENS})
     lines += strength_lines(caches, select_tasks)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from experiments.thought.cache import current_row, fit_of, row_key
-from experiments.thought.rule import PARTS, Ratio, fresh_parts, in_range, query_units, ratio_rule, target_rule
+from experiments.thought.rule import (
+    PARTS, Ratio, fresh_parts, in_range, query_units, range_parts, ratio_rule, target_rule,
+)
 from experiments.thought.sections import acc_ci, kept_of, pct, tie_marks, tie_sentence
 from experiments.thought.settings import (
     COMMAND,
@@ -100,11 +102,15 @@ def at_once(group: dict, task: str, method: str, split: str = "test") -> dict | 
 
 def compose_share(task: str, single: dict, at_once: dict, split: str = "test") -> Ratio:
     """The share of its single-patch accuracy a task keeps at once, by the one rule (:func:`rule.ratio_rule`): at
-    once over alone on the same queries, point and paired-bootstrap lower bound ≥ COMPOSE_TARGET (``add``'s
-    unordered pairs one unit). Without per-query outcomes: the point share, no interval, never met."""
+    once over alone on the same queries (fresh: those in range), point and paired-bootstrap lower bound ≥
+    COMPOSE_TARGET (``add``'s unordered pairs one unit). Without per-query outcomes: the point share, no interval, never met."""
     if "outcomes" in single and "outcomes" in at_once:
-        return ratio_rule(at_once["outcomes"], single["outcomes"], point=COMPOSE_TARGET, lower=COMPOSE_TARGET,
-                          units=query_units(task, split, len(single["outcomes"])))
+        n = len(single["outcomes"])
+        units = query_units(task, split, n) or list(range(n))
+        parts = range_parts(task, split) if split == "fresh" else None
+        keep = [i for i in range(n) if parts is None or len(parts) != n or parts[i] == PARTS[0]]  # in range only
+        return ratio_rule([at_once["outcomes"][i] for i in keep], [single["outcomes"][i] for i in keep],
+                          point=COMPOSE_TARGET, lower=COMPOSE_TARGET, units=[units[i] for i in keep])
     share = at_once["correct"] / single["correct"] if single["correct"] else None
     return Ratio(share, None, False, True, False, single["n_test"], single["n_test"])
 
