@@ -23,7 +23,7 @@ task, so each layer's are also kept on disk (:func:`cache_folder`, one file per 
 read back by every later fit with the same weights (:func:`~icl_lens.model._per_model.weights_digest`),
 texts, dtype, device type and torch version: the same tensors bit for bit, without the pass
 over the texts or the ``d_mlp²`` products (the larger part of a default fit's cost beyond
-its own batch, ``BENCHMARKS.md``). About 17 MB per layer for Gemma 3 270M in float32.
+its own batch; time and size on disk: ``BENCHMARKS.md``).
 """
 from __future__ import annotations
 
