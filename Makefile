@@ -71,8 +71,12 @@ preflight:
 	@$(MAKE) --no-print-directory models
 	@$(BIN)/python notebooks/workshop/preflight.py
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist, a test file per worker so each notebook and model loads
+# once per file): one per usable core, at most 4 and one per 5 GB of RAM (each holds both embedded models).
+TEST_WORKERS ?= $(shell $(PY) -c "import os; m = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 5e9; \
+	c = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count(); print(max(1, min(4, c, int(m))))")
 test: models browser
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 bench: models
 	$(BIN)/python benchmarks/bench_patches.py

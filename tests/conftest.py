@@ -13,7 +13,21 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Thought fits keep the preserve texts' covariances on disk (icl_lens.thought._preserved_keys): the suite keeps its
+# own, new each run and shared by its fits, notebook kernels and CLI samples, never the user's.
+if "ICL_LENS_PRESERVE_CACHE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["ICL_LENS_PRESERVE_CACHE"] = tempfile.mkdtemp(prefix="icl_lens_preserve_")
+    atexit.register(shutil.rmtree, os.environ["ICL_LENS_PRESERVE_CACHE"], True)
+# the cores shared by the suite's processes (pytest-xdist workers, `make test`), and by the kernels and CLI runs
+# each starts (OMP_NUM_THREADS): one process per core does not oversubscribe them
+_THREADS = max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+torch.set_num_threads(_THREADS)
 
 TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
 EMBEDDED = ("gemma-3-270m", "smollm2-135m")

@@ -399,6 +399,7 @@ def test_one_pass_over_the_layers_gives_the_fit_from_the_embedding(load, name, c
     import icl_lens.thought._fit as fit_module
     import icl_lens.thought._preserved_keys as pk
 
+    monkeypatch.setenv(pk.CACHE_ENV, "")  # both paths read the texts (the disk cache: the test below)
     model = load(name, dtype)
     kept = ["The quiet river bends past the mill.", "Seven green boxes sat on a shelf by the door."]
     setting = {"preserve": kept, **EQUAL_CASES[case]}
@@ -427,6 +428,63 @@ def test_one_pass_over_the_layers_gives_the_fit_from_the_embedding(load, name, c
         fit = swept.fit
         assert keys.passes == fit.iterations and len(keys._held) <= len(keys.sites)
         assert keys.blocks_run == fit.iterations * (max(fit.layers or [model.cfg.n_layers - 1]) + 1)
+
+
+def test_preserved_covariances_come_back_from_disk_bit_for_bit(load, tmp_path, monkeypatch):
+    """A second fit with the same weights, texts and dtype reads every layer's covariances from the disk cache (no
+    pass over the texts) and makes the same patch bit for bit; other texts, a weight edited in place, or a torn file
+    are computed again, and an empty ``ICL_LENS_PRESERVE_CACHE`` keeps nothing."""
+    import icl_lens.thought._fit as fit_module
+    import icl_lens.thought._preserved_keys as pk
+
+    made = []
+
+    class Watched(pk.PreservedKeys):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(fit_module, "PreservedKeys", Watched)
+    monkeypatch.setenv(pk.CACHE_ENV, str(tmp_path))
+    model = load("tiny-llama", torch.float64)
+    setting = dict(preserve=["The quiet river bends past the mill.", "Two boxes."], preserve_strength=3.0,
+                   answer_tokens=0)
+    parts = ("maps", "vectors", "down_u", "down_v")
+
+    def fit(**extra):
+        got = thought_patch(model, INSTRUCTION, ["q", "ab"], **{**setting, **extra})
+        return got, made[-1]
+
+    cold, keys = fit()
+    n = model.cfg.n_layers
+    assert (keys.loaded, keys.passes) == (0, 1) and len(list(tmp_path.glob("*/layer*.pt"))) == n
+    warm, keys = fit()
+    assert (keys.loaded, keys.passes, keys.blocks_run) == (n, 0, 0)
+    assert all(torch.equal(getattr(cold, p), getattr(warm, p)) for p in parts)
+    folder = keys._folder
+
+    _, keys = fit(preserve=["Another text entirely."])
+    assert (keys.loaded, keys.passes) == (0, 1)
+
+    (folder / "layer1.pt").write_bytes(b"torn")
+    again, keys = fit()
+    assert (keys.loaded, keys.passes) == (n - 1, 1)
+    assert all(torch.equal(getattr(cold, p), getattr(again, p)) for p in parts)
+
+    w = next(model.parameters())
+    kept = w.detach().clone()
+    with torch.no_grad():
+        w.mul_(1.5)
+    try:
+        _, keys = fit()
+        assert keys.loaded == 0, "a weight edited in place must not read the old weights' covariances"
+    finally:
+        with torch.no_grad():
+            w.copy_(kept)
+
+    monkeypatch.setenv(pk.CACHE_ENV, "")
+    _, keys = fit()
+    assert (keys.loaded, keys.passes) == (0, 1)
 
 
 @pytest.mark.parametrize(

@@ -17,19 +17,42 @@ up to ``l`` that it has not run yet, reads layer ``l``'s keys and drops the prev
 layer's covariances. One sweep of the fit costs one unpatched pass over the texts (a
 second sweep starts again from the embedding), and one layer's covariances are held. The
 covariance sums run :data:`TEXTS_PER_PASS` texts at a time, in order.
+
+The covariances depend only on the unpatched model, the texts and the dtype, never on the
+task, so each layer's are also kept on disk (:func:`cache_folder`, one file per layer) and
+read back by every later fit with the same weights (:func:`~icl_lens.model._per_model.weights_digest`),
+texts, dtype, device type and torch version: the same tensors bit for bit, without the pass
+over the texts or the ``d_mlp²`` products (the larger part of a default fit's cost beyond
+its own batch; time and size on disk: ``BENCHMARKS.md``).
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from icl_lens.core._norms import rms_normalize
 from icl_lens.model._block_family import VectorSite, post_norm_eps
+from icl_lens.model._loading import cache_dir
+from icl_lens.model._per_model import weights_digest
 from icl_lens.thought._instruction_batches import batch_steps, chunk_rows, query_batch, read_query_tokens
 
 TEXTS_PER_PASS = 4  # preserve texts per block run (memory only: the sums are the same)
+CACHE_ENV = "ICL_LENS_PRESERVE_CACHE"
+
+
+def cache_folder() -> Path | None:
+    """Where preserved-key covariances are kept: ``$ICL_LENS_PRESERVE_CACHE``, by default ``preserve_keys/`` in the
+    models' cache (``$ICL_LENS_CACHE``, ``~/.cache/icl_lens``); set it to the empty string to keep none."""
+    got = os.environ.get(CACHE_ENV)
+    if got is None:
+        return cache_dir() / "preserve_keys"
+    return Path(got).expanduser() if got.strip() else None
 
 
 class PreservedKeys:
@@ -57,6 +80,8 @@ class PreservedKeys:
         self._at: int | None = None
         self.passes = 0  # passes over the texts from the embedding (a test and the cost figure read it)
         self.blocks_run = 0  # block runs of the texts (per chunk), over all passes
+        self.loaded = 0  # layers whose covariances came from the disk cache
+        self._folder = self._cache_key() if self else None
 
     def __bool__(self) -> bool:
         return bool(self.keep_ids) and bool(self.sites)
@@ -75,8 +100,45 @@ class PreservedKeys:
         return read_query_tokens(self.model, self._batch, names, batch_size=TEXTS_PER_PASS, dtype=self.dtype,
                                  steps=self._steps, advance=True)
 
+    def _cache_key(self) -> Path | None:
+        """This fit's folder in :func:`cache_folder`: a digest of everything the covariances depend on."""
+        root = cache_folder()
+        if root is None:
+            return None
+        cfg = self.model.cfg
+        what = {"weights": weights_digest(self.model), "model": cfg.model_name, "torch": torch.__version__,
+                "dtype": str(self.dtype), "device": torch.device(cfg.device).type, "per_pass": TEXTS_PER_PASS,
+                "sites": {kind: site(0) for kind, site in sorted(self.sites.items())}, "texts": self.keep_ids}
+        return root / hashlib.blake2b(json.dumps(what, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+    def _load(self, layer: int) -> dict[str, Tensor] | None:
+        path = self._folder and self._folder / f"layer{layer}.pt"
+        if not path or not path.exists():
+            return None
+        try:
+            got = torch.load(path, map_location=self.model.cfg.device, weights_only=True)
+        except Exception:  # a torn or foreign file: computed again and written over
+            return None
+        return got if isinstance(got, dict) and set(got) == set(self.sites) else None
+
+    def _save(self, layer: int) -> None:
+        if self._folder is None:
+            return
+        try:
+            self._folder.mkdir(parents=True, exist_ok=True)
+            tmp = self._folder / f".layer{layer}.{os.getpid()}.tmp"
+            torch.save({k: v.cpu() for k, v in self._held.items()}, tmp)
+            os.replace(tmp, self._folder / f"layer{layer}.pt")  # whole or absent, also with several writers
+        except OSError:  # a read-only or full disk costs the next fit the pass, nothing else
+            pass
+
     def _read(self, layer: int) -> None:
         self._held, self._at = {}, None  # the previous layer's go before the next are read
+        cached = self._load(layer)
+        if cached is not None:
+            self._held, self._at = cached, layer
+            self.loaded += 1
+            return
         if self._steps is None:
             self._steps = batch_steps(self.model, self._batch, TEXTS_PER_PASS)
             self.passes += 1
@@ -97,3 +159,4 @@ class PreservedKeys:
                 total = term if total is None else total.add_(term)
             self._held[kind] = total
         self._at = layer
+        self._save(layer)
