@@ -177,23 +177,33 @@ def count_where(values: Sequence[float], predicate) -> str:
     return f"{sum(bool(predicate(v)) for v in values)} of {len(values)}"
 
 
+def thought_rows(split: str = "table", models: Sequence[str] = ("gemma-3-270m", "smollm2-135m"), *,
+                 root: str | Path | None = None) -> list[dict]:
+    """The per-task rows of ``eval_thought.<model>.json`` scored on ``split`` (``"table"``: the test queries,
+    ``"fresh"``: the fresh set scored once) and fitted with the documented default ``ThoughtFit()``, in report
+    order, each with its ``model`` and ``task``; an empty list when no report has them."""
+    from icl_lens.thought import ThoughtFit
+
+    default = ThoughtFit().to_dict()
+    rows = []
+    for model in models:
+        for key, row in (read_report(f"thought.{model}", root) or {}).items():
+            if key.startswith(f"{split}/") and isinstance(row, dict) and row.get("fit") == default:
+                rows.append({**row, "model": model, "task": key.rsplit("/", 1)[1]})
+    return rows
+
+
 def thought_locality(models: Sequence[str] = ("gemma-3-270m", "smollm2-135m"), *, root: str | Path | None = None
                      ) -> dict[tuple[str, str], float] | None:
     """``{(model, task): share}``: on how many of another task's queries the thought-patched model keeps the
     unpatched model's answer (``locality_kept["patched"]``, before issue 22 ``locality_accuracy``, of each
-    ``table/…/<task>`` row of ``eval_thought.<model>.json`` fitted with the documented default ``ThoughtFit()``).
-    None when no report has it."""
-    from icl_lens.thought import ThoughtFit
-
-    default = ThoughtFit().to_dict()
+    :func:`thought_rows` row on the test queries). None when no report has it."""
     shares = {}
-    for model in models:
-        report = read_report(f"thought.{model}", root) or {}
-        for key, row in report.items():
-            share = lookup(row, "locality_kept", "patched")
-            share = lookup(row, "locality_accuracy", "patched") if share is None else share
-            if key.startswith("table/") and isinstance(share, (int, float)) and row.get("fit") == default:
-                shares[(model, key.rsplit("/", 1)[1])] = float(share)
+    for row in thought_rows("table", models, root=root):
+        share = lookup(row, "locality_kept", "patched")
+        share = lookup(row, "locality_accuracy", "patched") if share is None else share
+        if isinstance(share, (int, float)):
+            shares[(row["model"], row["task"])] = float(share)
     return shares or None
 
 
