@@ -26,13 +26,19 @@ def test_marked_figures_are_what_the_reports_hold(path):
                               f"(make reports rewrites it)" for name, was, now in bad)
 
 
-def test_the_guide_marks_every_figure_it_quotes():
-    """The figures the guide needs are marked there, and each one is measured in this checkout."""
-    text = GUIDE.read_text(encoding="utf-8")
-    marked = {m.group(1) for m in figures.MARKER.finditer(text)}
-    assert marked == set(figures.FIGURES), f"unmarked: {set(figures.FIGURES) - marked}; unknown: {marked - set(figures.FIGURES)}"
-    for name in marked:
-        assert figures.render(name) != figures.NOT_MEASURED, f"{name} is not measured in this checkout's reports"
+def test_every_figure_is_marked_somewhere_and_measured():
+    """Each figure is quoted (marked) in the guide or a notebook, and each is measured in this checkout."""
+    marked = {m.group(1) for p in figures.documents() for m in figures.MARKER.finditer(p.read_text(encoding="utf-8"))}
+    assert marked == set(figures.FIGURES), \
+        f"never quoted: {set(figures.FIGURES) - marked}; unknown: {marked - set(figures.FIGURES)}"
+    missing = [name for name in marked if figures.render(name) == figures.NOT_MEASURED]
+    assert not missing, f"not measured in this checkout's reports: {missing}"
+
+
+def test_each_notebook_states_its_peak_memory_at_its_top():
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
+        top = path.read_text(encoding="utf-8").split("\n# %%", 2)[1]  # the header, then the first cell
+        assert f"<!-- report:memory_{path.name[:2]} -->" in top, f"{path.name}: its first cell does not state its peak"
 
 
 def _unmarked(text: str) -> str:
@@ -65,4 +71,4 @@ def test_a_wrong_or_drifted_figure_is_caught(tmp_path):
     (reports / "eval_spikes.json").write_text(json.dumps(spikes))
     assert {name for name, *_ in figures.stale(text, reports)} == {"spike_flag"}
     (reports / "eval_spikes.json").unlink()
-    assert {name for name, *_ in figures.stale(text, reports)} == {"spike_flag", "spike_score"}
+    assert {name for name, *_ in figures.stale(text, reports)} == {"spike_flag", "spike_score", "answers_06_prediction"}

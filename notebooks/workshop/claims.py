@@ -111,11 +111,27 @@ def verdict_above(measured: Mapping[str, float] | None, control: Mapping[str, fl
 
 def read_report(name: str, root: str | Path | None = None) -> dict | None:
     """``reports/eval_<name>.json`` as a dict, or None when this checkout has no such report."""
-    path = Path(root or REPORTS) / f"eval_{name}.json"
+    return _read_json(f"eval_{name}.json", root)
+
+
+def _read_json(name: str, root: str | Path | None = None) -> dict | None:
+    """``reports/<name>`` as a dict, or None when this checkout has no such file (or it is not JSON)."""
     try:
-        return json.loads(path.read_text())
+        return json.loads((Path(root or REPORTS) / name).read_text())
     except (OSError, ValueError):
         return None
+
+
+def answer_sheet(notebook: str, model: str, root: str | Path | None = None) -> dict | None:
+    """The stored reference answers of one notebook's exercises on ``model`` (``reports/workshop_answers.json``,
+    written by ``python notebooks/workshop/answer_sheet.py``), or None when the sheet lacks them."""
+    return lookup(_read_json("workshop_answers.json", root), notebook, model)
+
+
+def notebook_run(stem: str, root: str | Path | None = None) -> dict | None:
+    """One notebook's measured run (``seconds``, ``peak_gb``, ``date``, …) from ``reports/workshop_notebooks.json``,
+    written by the notebook tests with ``ICL_LENS_NOTEBOOK_RUNS=reports/workshop_notebooks.json``; None if absent."""
+    return lookup(_read_json("workshop_notebooks.json", root), "runs", stem)
 
 
 def lookup(data: Any, *keys: str | int) -> Any:

@@ -21,8 +21,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: python notebooks/workshop/figures.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workshop.claims import (NOT_MEASURED, lookup, read_report, spike_shipped, spike_unseen_auroc, summary_verdicts,
-                             thought_locality, thought_rows)
+from workshop.claims import (NOT_MEASURED, answer_sheet, lookup, notebook_run, rate, read_report, spike_shipped, spike_unseen_auroc,
+                             summary_verdicts, thought_locality, thought_rows)
+from workshop.exercise_checks import compare_intervals
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = re.compile(r"<!-- report:(\w+) -->(.*?)<!-- /report -->")
@@ -93,6 +94,96 @@ def summary_figure(claim_start: str) -> Callable[[Path | None], str | None]:
     return render
 
 
+def _sheet_04(root: Path | None):
+    return answer_sheet("04_thought_patches", "smollm2-135m", root)
+
+
+def _interval(correct: int, n: int) -> tuple[float, float, float]:
+    from icl_lens.stats import wilson_interval
+
+    return (correct / n, *wilson_interval(correct, n))
+
+
+def answers_04_section_2(root: Path | None = None) -> str | None:
+    """Notebook 04's four conditions on the answer sheet (``reports/workshop_answers.json``)."""
+    sheet = _sheet_04(root)
+    if sheet is None:
+        return None
+    names = {"none": "none", "full": "full prompt", "patched": "patched", "control": "random control"}
+    return ", ".join(f"{names[c]} {sheet['correct'][c]}/{sheet['n_test']}" for c in names)
+
+
+def answers_04_by_kind(root: Path | None = None) -> str | None:
+    """Notebook 04 exercise 1's expected answer: the verdict of the sheet's two intervals, and the counts."""
+    sheet = _sheet_04(root)
+    if sheet is None:
+        return None
+    n, k = sheet["n_test"], sheet["correct_by_kind"]
+    verdict = compare_intervals(_interval(k["vector"], n), _interval(k["matrix"], n), ("vector", "matrix"))
+    return (f'"{verdict}": vector alone {rate(k["vector"], n)}, matrix alone {rate(k["matrix"], n)}; both together '
+            f'{sheet["correct"]["patched"]}/{n}')
+
+
+def answers_04_one_query(root: Path | None = None) -> str | None:
+    """Notebook 04 exercise 2's expected answer: one calibration query against eight, on the sheet."""
+    sheet = _sheet_04(root)
+    if sheet is None:
+        return None
+    n, one, eight = sheet["n_test"], sheet["correct_one_query"], sheet["correct"]["patched"]
+    verdict = compare_intervals(_interval(one, n), _interval(eight, n), ("higher", "lower"))
+    return f'"{verdict}": {one}/{n} with one query, {eight}/{n} with eight'
+
+
+def answers_06_prediction(root: Path | None = None) -> str | None:
+    """Notebook 06 exercise 2's expected answer: SmolLM2's spike score against −mean log p on unseen kinds."""
+    score, logp = (spike_unseen_auroc("smollm2-135m", d, root=root) for d in (SPIKE_SCORE, LOG_P))
+    if score is None or logp is None:
+        return None
+    iv = lambda r: (r["auroc"], r["low"], r["high"])  # noqa: E731
+    return (f'"{compare_intervals(iv(score), iv(logp))}": spike score {score["auroc"]:.2f} '
+            f'[{score["low"]:.2f}, {score["high"]:.2f}], −mean log p {logp["auroc"]:.2f} [{logp["low"]:.2f}, {logp["high"]:.2f}]')
+
+
+NOTEBOOKS = {p.name[:2]: p.stem for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
+BINDER_GB, SAY_PEAK_ABOVE_GB = 1.0, 1.5
+
+
+def _run(number: str, root: Path | None) -> dict | None:
+    return notebook_run(NOTEBOOKS[number], root)
+
+
+def run_seconds(number: str) -> Callable[[Path | None], str | None]:
+    """The notebook test's wall time for one notebook (solutions on, its checks also run as opened)."""
+    return lambda root: None if (r := _run(number, root)) is None else f"{r['seconds']:.0f} s"
+
+
+def run_peak(number: str) -> Callable[[Path | None], str | None]:
+    """The kernel's peak resident memory in the notebook test."""
+    return lambda root: None if (r := _run(number, root)) is None else f"{r['peak_gb']:.2f} GB"
+
+
+def run_memory(number: str) -> Callable[[Path | None], str | None]:
+    """The peak with what it means on Binder, for a notebook's top."""
+    def render(root: Path | None = None) -> str | None:
+        run = _run(number, root)
+        if run is None:
+            return None
+        peak = run["peak_gb"]
+        binder = "above" if peak > BINDER_GB else "within"
+        laptop = f"; above {SAY_PEAK_ABOVE_GB} GB" if peak > SAY_PEAK_ABOVE_GB else ""
+        return f"{peak:.2f} GB ({binder} the {BINDER_GB:g} GB Binder guarantees{laptop}; measured {run['date']})"
+    return render
+
+
+def peak_range(root: Path | None = None) -> str | None:
+    """The lowest and highest peak over the notebooks measured."""
+    runs = [r for n in NOTEBOOKS if (r := _run(n, root)) is not None]
+    if not runs:
+        return None
+    peaks = [r["peak_gb"] for r in runs]
+    return f"{min(peaks):.2f}–{max(peaks):.2f} GB ({len(runs)} of {len(NOTEBOOKS)} notebooks measured)"
+
+
 FIGURES: dict[str, Callable[[Path | None], str | None]] = {
     "alignment_seeds": _workshop_sentence("finetune_alignment", "alignment"),
     "convergence": _workshop_sentence("lab", "convergence"),
@@ -102,6 +193,14 @@ FIGURES: dict[str, Callable[[Path | None], str | None]] = {
     "spike_flag": spike_flag_figure,
     "spike_score": spike_score_figure,
     "spike_patch_adds": summary_figure("Token patches add to the answer's −log p"),
+    "answers_04_section_2": answers_04_section_2,
+    "answers_04_by_kind": answers_04_by_kind,
+    "answers_04_one_query": answers_04_one_query,
+    "answers_06_prediction": answers_06_prediction,
+    "peak_range": peak_range,
+    **{f"seconds_{n}": run_seconds(n) for n in NOTEBOOKS},
+    **{f"peak_{n}": run_peak(n) for n in NOTEBOOKS},
+    **{f"memory_{n}": run_memory(n) for n in NOTEBOOKS},
 }
 
 
