@@ -38,7 +38,7 @@
 # Notebook 02 did the same on the regression lab (section 4).
 #
 # **Memory.** In the notebook tests (SmolLM2-135M, solutions on) this kernel peaked at
-# <!-- report:memory_04 -->not measured in this checkout<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
+# <!-- report:memory_04 -->1.46 GB (above the 1 GB Binder guarantees; measured 2026-12-04)<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
 
 # %%
 import gc
@@ -184,6 +184,13 @@ else:
     display(shares.unstack(0).style.format("{:.0%}"))
 
 # %% [markdown]
+# Read the shares against the 90% target (EVAL.md's thought section opens with it). Every patch here is fitted with
+# a *preserve term* by default: the least-squares fit also keeps the keys of general text where they were (the
+# model's own samples from BOS and shipped few-shot prompts, `icl_lens/thought/_preserve.py`), as MEMIT does with a
+# covariance of general text. `thought_patch(preserve=())` fits the paper's patch without it; EVAL.md's "Preserve
+# strength" table shows what the term costs the task and buys on held-out texts. The paper did not measure locality.
+
+# %% [markdown]
 # ### Why not just fine-tune? Context distillation beside the patch
 #
 # The evaluation also trained the same parameters by gradient descent (`icl_lens.thought.distill_patch`: Adam on
@@ -206,12 +213,6 @@ else:
     } for r in distilled]).set_index(["model", "task"]).T)
 
 # %% [markdown]
-# Read the shares against the 90% target (EVAL.md's thought section opens with it). Every patch here is fitted with
-# a *preserve term* by default: the least-squares fit also keeps the keys of general text where they were (the
-# model's own samples from BOS and shipped few-shot prompts, `icl_lens/thought/_preserve.py`), as MEMIT does with a
-# covariance of general text. `thought_patch(preserve=())` fits the paper's patch without it; EVAL.md's "Preserve
-# strength" table shows what the term costs the task and buys on held-out texts. The paper did not measure locality.
-#
 # ## Exercise 1 · Predict, then check: vector or matrix? (6 min)
 #
 # **Predict** first: which part of the patch carries the instruction on this model, the thought *vector* or the
