@@ -48,8 +48,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from icl_lens import Task, evaluate_thought, load_model, load_task, thought_patch
-from icl_lens.stats import wilson_interval
-from workshop.claims import answer_sheet, claims_view, rate, summary_claims, thought_locality, thought_rows
+from workshop.claims import (accuracy_ci, answer_sheet, claims_view, rate, summary_claims, thought_locality,
+                             thought_rows)
 from workshop.exercise_checks import check_answer, check_compare, missing, no_answer, solutions_on
 
 torch.set_num_threads(1)
@@ -59,12 +59,6 @@ task = load_task("capitals")  # shipped with icl_lens: icl_lens/thought/tasks/ca
 print(task.instruction)
 print("train:", task.train[:3], "...")
 print("test: ", task.test[:3], "...")
-
-
-def interval(correct: int, n: int) -> tuple[float, float, float]:
-    """An accuracy with its 95% Wilson interval, for the checks."""
-    return (correct / n, *wilson_interval(correct, n))
-
 
 # The exercises are graded against the answer sheet: this notebook's runs measured once on MODEL and stored in
 # reports/workshop_answers.json (`python notebooks/workshop/answer_sheet.py`), not against your own run.
@@ -243,7 +237,7 @@ else:
     for kind in ("vector", "matrix"):
         check_answer(right[kind], graded[kind], f"correct answers with the {kind} alone", abs_tol=1,
                      why="(the answer sheet's count, give or take one query)")
-    check_compare(prediction_1, interval(graded["vector"], 24), interval(graded["matrix"], 24),
+    check_compare(prediction_1, accuracy_ci(graded["vector"], 24), accuracy_ci(graded["matrix"], 24),
                   "the part that carries the instruction", labels=("vector", "matrix"),
                   names=("vector only", "matrix only"),
                   why=f"Both together (section 2): {rate(counts['patched'], result.n_test)}.")
@@ -280,7 +274,7 @@ else:
         check_answer(eight, sheet["correct"]["patched"], "correct answers with eight (section 2)", abs_tol=1,
                      why="(the answer sheet's count, give or take one query)")
         one, eight = sheet["correct_one_query"], sheet["correct"]["patched"]
-    check_compare(prediction_2, interval(one, 24), interval(eight, 24),
+    check_compare(prediction_2, accuracy_ci(one, 24), accuracy_ci(eight, 24),
                   "one calibration query vs eight", labels=("higher", "lower"), names=("1 query", "8 queries"))
 
 # %% [markdown]

@@ -92,6 +92,11 @@ def rate(correct: int, n: int, level: float = 0.95) -> str:
     return f"{correct / n:.2f} [{low:.2f}, {high:.2f}] ({correct}/{n})"
 
 
+def accuracy_ci(correct: int, n: int, level: float = 0.95) -> tuple[float, float, float]:
+    """``(accuracy, low, high)``: an accuracy with its Wilson interval, as the exercise checks compare them."""
+    return (correct / n, *wilson_interval(correct, n, level))
+
+
 def mean_ci(row: Mapping[str, float] | None, digits: int = 3) -> str | None:
     """``"+0.388 [+0.334, +0.440]"`` from a mapping with ``mean``, ``low``, ``high`` (None stays None)."""
     if row is None:

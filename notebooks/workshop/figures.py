@@ -21,7 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: python notebooks/workshop/figures.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workshop.claims import (NOT_MEASURED, answer_sheet, lookup, notebook_run, rate, read_report, spike_shipped, spike_unseen_auroc,
+from workshop.claims import (NOT_MEASURED, accuracy_ci, answer_sheet, lookup, notebook_run, rate, read_report, spike_shipped, spike_unseen_auroc,
                              summary_verdicts, thought_locality, thought_rows)
 from workshop.exercise_checks import compare_intervals
 
@@ -98,12 +98,6 @@ def _sheet_04(root: Path | None):
     return answer_sheet("04_thought_patches", "smollm2-135m", root)
 
 
-def _interval(correct: int, n: int) -> tuple[float, float, float]:
-    from icl_lens.stats import wilson_interval
-
-    return (correct / n, *wilson_interval(correct, n))
-
-
 def answers_04_section_2(root: Path | None = None) -> str | None:
     """Notebook 04's four conditions on the answer sheet (``reports/workshop_answers.json``)."""
     sheet = _sheet_04(root)
@@ -119,7 +113,7 @@ def answers_04_by_kind(root: Path | None = None) -> str | None:
     if sheet is None:
         return None
     n, k = sheet["n_test"], sheet["correct_by_kind"]
-    verdict = compare_intervals(_interval(k["vector"], n), _interval(k["matrix"], n), ("vector", "matrix"))
+    verdict = compare_intervals(accuracy_ci(k["vector"], n), accuracy_ci(k["matrix"], n), ("vector", "matrix"))
     return (f'"{verdict}": vector alone {rate(k["vector"], n)}, matrix alone {rate(k["matrix"], n)}; both together '
             f'{sheet["correct"]["patched"]}/{n}')
 
@@ -130,7 +124,7 @@ def answers_04_one_query(root: Path | None = None) -> str | None:
     if sheet is None:
         return None
     n, one, eight = sheet["n_test"], sheet["correct_one_query"], sheet["correct"]["patched"]
-    verdict = compare_intervals(_interval(one, n), _interval(eight, n), ("higher", "lower"))
+    verdict = compare_intervals(accuracy_ci(one, n), accuracy_ci(eight, n), ("higher", "lower"))
     return f'"{verdict}": {one}/{n} with one query, {eight}/{n} with eight'
 
 
@@ -139,8 +133,7 @@ def answers_06_prediction(root: Path | None = None) -> str | None:
     score, logp = (spike_unseen_auroc("smollm2-135m", d, root=root) for d in (SPIKE_SCORE, LOG_P))
     if score is None or logp is None:
         return None
-    iv = lambda r: (r["auroc"], r["low"], r["high"])  # noqa: E731
-    return (f'"{compare_intervals(iv(score), iv(logp))}": spike score {score["auroc"]:.2f} '
+    return (f'"{compare_intervals(score, logp)}": spike score {score["auroc"]:.2f} '
             f'[{score["low"]:.2f}, {score["high"]:.2f}], −mean log p {logp["auroc"]:.2f} [{logp["low"]:.2f}, {logp["high"]:.2f}]')
 
 
