@@ -88,8 +88,10 @@ HTML_FLAGS ?=
 html: models
 	$(BIN)/python notebooks/workshop/html_copies.py --out $(HTML_DIR) $(HTML_FLAGS)
 
+# EVAL.md and BENCHMARKS.md from the fragments, then the figures the guide and the notebooks quote from the JSON.
 reports:
 	$(BIN)/python -m experiments.assemble_reports
+	$(BIN)/python notebooks/workshop/figures.py --write
 
 # Each notebook is a jupytext pair (jupytext.toml): bring the .ipynb and .py twins back in step after an edit.
 notebooks: setup

@@ -16,11 +16,12 @@
 # # 01 · What a token patch is
 #
 # **Learning objective.** After this notebook you can say what a *token patch* is, compute the patches of every
-# layer and token of a real model, show by hand on one layer and token why a patch is exact, and run the identity
+# layer and token of a real model, show by hand on one layer and token why a patch is exact, build a patch and its correction yourself from an
+# activation cache, and run the identity
 # for a whole prompt, including the two parts learners forget: the skip-connection **correction** and the **kept
 # BOS**; and you can say which earlier tokens, through which attention heads, wrote a patch.
 #
-# **Time box: 30 minutes** (12 reading and running, 18 for the three exercises); section 4 is homework in the
+# **Time box: 30 minutes** (11 reading and running, 19 for the four exercises); section 4 is homework in the
 # 3-hour workshop (5 more minutes on your own).
 #
 # A transformer reading a prompt behaves *exactly* as if each MLP's first dense weights had received a rank-1
@@ -29,8 +30,8 @@
 # means: the token at its original position with the BOS token kept in front of it. You load an embedded
 # model (offline: `icl-lens prepare` has cached it), compute the patches, and check the identity.
 #
-# **Which model.** The notebooks use the embedded **SmolLM2-135M** (a Llama-style block, 30 layers): its kernel
-# peaks near 1.2 GB, inside Binder's 2 GB. The embedded **Gemma 3 270M** (the papers' family) needs about 2.2 GB
+# **Which model.** The notebooks use the embedded **SmolLM2-135M** (a Llama-style block, 30 layers): its kernel's
+# peak is under **Memory** below. The embedded **Gemma 3 270M** (the papers' family) needs about 2.2 GB
 # in float32 (its 262k-token vocabulary alone is 0.7 GB); on a laptop with 4 GB free, set `MODEL = "gemma-3-270m"`
 # and rerun: every cell works on both.
 #
@@ -40,6 +41,9 @@
 #
 # Next notebook (02): the same identity on small models you can hold in your hand, and *why* the implicit steps
 # shrink for attention.
+#
+# **Memory.** In the notebook tests (SmolLM2-135M, solutions on) this kernel peaked at
+# <!-- report:memory_01 -->1.23 GB (above the 1 GB Binder guarantees; measured 2026-12-04)<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
 
 # %%
 import dataclasses
@@ -129,7 +133,7 @@ else:
 frame.groupby("layer")[["norm", "correction_norm"]].median().T.round(2)
 
 # %% [markdown]
-# ## 2 · Where does context change the computation? (4 min)
+# ## 2 · Where does context change the computation? (3 min)
 #
 # Rows are layers, columns are token positions (labelled with the token text; repeated tokens stay separate).
 # With `per_layer = False` one colour scale spans the whole figure, so the few layers with the largest norms set
@@ -190,6 +194,89 @@ with torch.no_grad():
 del cache
 
 # %% [markdown]
+# ### Exercise 2 · Build a token patch yourself (6 min)
+#
+# The cell above took `u` and `v` from the library. Now compute them yourself, and the correction, from an
+# activation cache of the contextual pass alone, as `token_patches` does (docs/design.md §2). For layer `l` and query
+# token `t`, the context-free forward keeps BOS and the query, so the query's attention reads only those two keys:
+#
+# - `attn_C`: attention's output at `t` with the context (`blocks.{l}.hook_attn_out`);
+# - `attn_0`: attention's output at `t` when the query attends only to BOS and itself: each head's cached pattern
+#   restricted to keys `0` and `t` and renormalised to sum to 1, times the cached values of those two keys, through
+#   the output projection;
+# - `A`: the MLP input with the context (`blocks.{l}.ln2.hook_out`); `a`: the same norm applied to
+#   `resid_pre + attn_0` (the residual entering the block stays the contextual one: the earlier layers' patches
+#   make it so);
+# - then `u = W (A − a)` for the up projection `W` (`first_dense_weights(model, l)["in"]`), the **key**
+#   `v = a/‖a‖²`, and the **correction** `attn_C − attn_0`.
+#
+# Write a function `my_patch(cache, layer, t)` that returns `(u, key, correction)` and assign it to `my_patch`. The
+# check runs it at four (layer, token) pairs and compares each part with `token_patches`. (This is SmolLM2's block;
+# on Gemma attention's output passes a norm before the skip, and the check will tell you.) Open the hints one at a
+# time.
+
+# %%
+hooks = ("hook_resid_pre", "hook_attn_out", "ln2.hook_out", "attn.hook_pattern", "attn.hook_v")
+_, cache_2 = model.run_with_cache(prompt, names_filter=lambda name: name.endswith(hooks))
+print({name: tuple(x.shape) for name, x in cache_2.items() if name.startswith(f"blocks.{layer}.")})
+my_patch = None  # def my_patch(cache, layer, t): ...; return u, key, correction
+
+# %% [markdown]
+# <details><summary>Hint 1 · the shapes</summary>
+#
+# `hook_pattern` is (batch, head, query, key) and `hook_v` is (batch, key, key-value head, d_head): SmolLM2's 9 query
+# heads share 3 key-value heads, head `h` reading key-value head `h // 3`, so
+# `v.repeat_interleave(model.cfg.n_heads // v.shape[1], dim=1)` gives one value per query head.
+#
+# </details>
+# <details><summary>Hint 2 · attn_0</summary>
+#
+# `p = cache[f"blocks.{layer}.attn.hook_pattern"][0, :, t]`, then `w = p[:, [0, t]] / p[:, [0, t]].sum(-1, keepdim=True)`
+# and `z0 = torch.einsum("hk,khd->hd", w, v[[0, t]])`. The output projection takes the heads side by side:
+# `model.blocks[layer].attn.o(z0.reshape(1, 1, -1))[0, 0]`.
+#
+# </details>
+# <details><summary>Hint 3 · a, u and the key</summary>
+#
+# `r = cache[f"blocks.{layer}.hook_resid_pre"][0, t]`; `a = model.blocks[layer].ln2((r + attn_0)[None, None])[0, 0]`
+# (the block's own norm module); `u = W @ (A - a)`; `key = a / (a @ a)`.
+#
+# </details>
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+if solutions_on():
+    def my_patch(cache, layer, t):
+        """u, key and correction of one layer and query token, from the contextual pass's cache."""
+        p = cache[f"blocks.{layer}.attn.hook_pattern"][0, :, t]  # (head, key)
+        v = cache[f"blocks.{layer}.attn.hook_v"][0]  # (key, key-value head, d_head)
+        v = v.repeat_interleave(model.cfg.n_heads // v.shape[1], dim=1)  # one value per query head
+        w = p[:, [0, t]] / p[:, [0, t]].sum(-1, keepdim=True)  # the pattern over BOS and the query, renormalised
+        z0 = torch.einsum("hk,khd->hd", w, v[[0, t]])
+        attn_0 = model.blocks[layer].attn.o(z0.reshape(1, 1, -1))[0, 0]
+        attn_C = cache[f"blocks.{layer}.hook_attn_out"][0, t]
+        r = cache[f"blocks.{layer}.hook_resid_pre"][0, t]
+        A = cache[f"blocks.{layer}.ln2.hook_out"][0, t]
+        a = model.blocks[layer].ln2((r + attn_0)[None, None])[0, 0]
+        W = first_dense_weights(model, layer)["in"]
+        return W @ (A - a), a / (a @ a), attn_C - attn_0
+
+# %%
+# Check cell: your function against token_patches at four (layer, token) pairs.
+if missing(my_patch):
+    no_answer("your u, key and correction")
+else:
+    library = {"u": patches.u_in, "key": patches.v, "correction": patches.correction}
+    worst = dict.fromkeys(library, 0.0)
+    with torch.no_grad():
+        for l, s in [(layer, t), (0, 3), (model.cfg.n_layers // 2, 5), (model.cfg.n_layers - 1, 10)]:
+            for name, mine in zip(library, my_patch(cache_2, l, s)):
+                ref = library[name][l, s].double()
+                worst[name] = max(worst[name], float((torch.as_tensor(mine).double() - ref).norm() / ref.norm()))
+    for name, error in worst.items():
+        check_below(error, 1e-4, f"largest relative difference of your {name} from token_patches'",
+                    why="Four (layer, token) pairs; float32 rounding is about 1e-6.")
+
+# %% [markdown]
 # ### Gotcha 3: the kept BOS
 #
 # Most LMs park most of their attention on the BOS token, an *attention sink*. The context-free
@@ -207,7 +294,7 @@ print(f"median patch norm (BOS kept) {float(patches.norms()[:, 1:].median()):.3f
       f"(BOS removed too) {float(no_bos.norms()[:, 1:].median()):.3f}; identity without BOS: {no_bos_error:.1e}")
 
 # %% [markdown]
-# ### Exercise 2 · Remove only the first sentence (6 min)
+# ### Exercise 3 · Remove only the first sentence (4 min)
 #
 # `remove=` chooses which context positions count as removed. Compute `ablated`, the patches that remove only the
 # first sentence (`token_patches(model, prompt, remove=range(1, k))`, with `k` the position after its full stop),
@@ -234,21 +321,28 @@ else:
                 "relative logit error with the first sentence removed")
 
 # %% [markdown]
-# ### Exercise 3 · Which layer? (5 min)
+# ### Exercise 4 · Predict, then check: which layer? (3 min)
 #
-# Which layer has the largest mean patch norm for this prompt? Put the layer index into `answer_3`
-# (`frame.groupby("layer").norm.mean()`). Then read Gotcha 2 again: why is this not "the layer where the
-# context matters most"?
+# **Predict first**, without computing: is the layer with the largest mean patch norm for this prompt in the first
+# third of the layers (`"early"`), the middle third (`"middle"`) or the last third (`"late"`)? Write it into
+# `prediction_4`. Then compute that layer's index into `answer_4` (`frame.groupby("layer").norm.mean()`) and read
+# Gotcha 2 again: why is it not "the layer where the context matters most"?
 
 # %%
-answer_3 = None
+prediction_4 = None  # "early", "middle" or "late"
+answer_4 = None
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 if solutions_on():
-    answer_3 = int(icl_lens.token_patches(model, prompt).to_frame().groupby("layer").norm.mean().idxmax())
+    prediction_4 = "early"
+    answer_4 = int(icl_lens.token_patches(model, prompt).to_frame().groupby("layer").norm.mean().idxmax())
 
 # %%
-check_answer(answer_3, int(frame.groupby("layer").norm.mean().idxmax()), "layer with the largest mean patch norm",
+largest = int(frame.groupby("layer").norm.mean().idxmax())
+thirds = ("early", "middle", "late")
+check_choice(prediction_4, thirds[min(2, 3 * largest // model.cfg.n_layers)], thirds,
+             "where the largest mean patch norm lies", why=f"It is layer {largest} of {model.cfg.n_layers}.")
+check_answer(answer_4, largest, "layer with the largest mean patch norm",
              why="Patch norms carry each layer's own weight and input scale: compare tokens within a layer, "
                  "and use the identity (not the norm) to say what a patch does.")
 
@@ -345,4 +439,4 @@ claims_view([
 # %%
 from workshop.cleanup import free
 
-free(globals(), "model", "patches", "no_bos", "ablated", "without_correction", "found", "shares")
+free(globals(), "model", "patches", "no_bos", "ablated", "without_correction", "cache_2", "found", "shares")

@@ -36,6 +36,9 @@
 # which ones icl_lens reproduces. The trained checkpoints ship with `icl_lens`; nothing is trained here. Each
 # exercise has an answer cell (`None` until you fill it), a collapsed solution cell (it runs only in the notebook
 # tests) and a check cell.
+#
+# **Memory.** In the notebook tests (SmolLM2-135M, solutions on) this kernel peaked at
+# <!-- report:memory_02 -->0.78 GB (within the 1 GB Binder guarantees; measured 2026-12-04)<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
 
 # %%
 
@@ -157,10 +160,10 @@ table
 print(lookup(read_report("finetune_alignment"), "workshop", "alignment") or NOT_MEASURED)
 
 # %% [markdown]
-# **Read it:** on the shipped single block each implicit step lines up with the SGD step on the same pair, far above
-# the control; on the 10-layer Pre-LN model the cosines are as small as the control. The shipped single block is one
-# training seed that attends to context inputs *similar* to the query; the cell above says how the other seeds
-# solved the task and what that does to the sign. Exercise 1 gave one reason: in the
+# **Read it:** on the shipped single block each implicit step lines up with the SGD step on the same pair above the
+# control; on the 10-layer Pre-LN model the cosines are as small as the control. But the shipped single block is
+# **one** training seed, one that attends to context inputs *similar* to the query: the cell above says how the other
+# seeds solved the task, what that does to the sign, and EVAL.md's verdict over the seeds. One seed decides nothing. Exercise 1 gave one reason: in the
 # deep model the context acts mostly through the skip corrections, which no weight update of `W_in` carries. (A
 # second one, for homework: `input_side` in `lab.implicit_vs_explicit("single_block").summary()`; a rank-1 cosine is
 # the product of an input-side and an output-side cosine.)

@@ -29,6 +29,9 @@
 # attention is a running average. Here we ask whether the same holds on a real LM: the embedded SmolLM2-135M (30
 # layers; it fits Binder's 2 GB), or Gemma 3 270M if you set `MODEL = "gemma-3-270m"` on a laptop with 4 GB free.
 # icl_lens computes all n+1 steps for every layer in one batched forward, factored.
+#
+# **Memory.** In the notebook tests (SmolLM2-135M, solutions on) this kernel peaked at
+# <!-- report:memory_03 -->1.15 GB (above the 1 GB Binder guarantees; measured 2026-12-04)<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
 
 # %%
 import pandas as pd
@@ -40,7 +43,8 @@ import icl_lens
 from icl_lens.stats import bootstrap_mean
 from icl_lens.ui import layer_lines
 from workshop.claims import alignment_row, claim, claims_view, count_where, mean_ci, verdict_above
-from workshop.exercise_checks import check_answer, check_below, check_compare, missing, no_answer, solutions_on
+from workshop.exercise_checks import (check_answer, check_below, check_choice, check_compare, missing, no_answer,
+                                      solutions_on)
 
 torch.set_num_threads(1)
 MODEL = "smollm2-135m"  # or "gemma-3-270m" (about 2.2 GB of memory)
@@ -190,20 +194,29 @@ else:
     check_below(free_check.relative_error, 1e-4, "worst relative logit error over the steps")
 
 # %% [markdown]
-# ### Exercise 3 · Read a cosine against its control
+# ### Exercise 3 · Predict, then check: a cosine against its control
 #
-# In how many of the layers is the same-prompt cosine of section 5 larger than the control's? Put the count into
-# `answer_3`. Is the implicit update aligned with this prompt's own SGD update in a way the control is not?
+# **Predict first**: in how many of the layers is the same-prompt cosine of section 5 larger than the control's?
+# In `"most"` (over two thirds), `"about half"` (one to two thirds) or `"few"` (under a third)? Write it into
+# `prediction_3`; then count them into `answer_3`. Is the implicit update aligned with this prompt's own SGD update
+# in a way the control is not?
 
 # %%
+prediction_3 = None  # "most", "about half" or "few"
 answer_3 = None
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 if solutions_on():
+    prediction_3 = "about half"
     answer_3 = int((cosines["same prompt"] > cosines["control"]).sum())
 
 # %%
-check_answer(answer_3, int((fa.cosine() > fa.cosine_with_explicit_of(fa_other)).sum()),
+beats = int((fa.cosine() > fa.cosine_with_explicit_of(fa_other)).sum())
+share = beats / len(cosines)
+check_choice(prediction_3, "most" if share > 2 / 3 else "few" if share < 1 / 3 else "about half",
+             ("most", "about half", "few"), "layers where the same-prompt cosine beats the control",
+             why=f"{beats} of {len(cosines)}: half is what two unrelated cosines give.")
+check_answer(answer_3, beats,
              "layers where the same-prompt cosine beats the control",
              why=f"Of {len(cosines)} layers; all |cos| ≤ {float(cosines.abs().max().max()):.3f}. One prompt and one "
                  "control decide nothing: the 64-prompt evaluation in the table below is the answer that counts.")

@@ -18,6 +18,9 @@
 # Type a prompt: each token's *token patch* (the rank-1 change reading it makes to every layer's first MLP weights,
 # Dherin et al. 2025) colours the strip and the heatmap; click a token to see how its implicit weights evolve as the
 # context is consumed.
+#
+# **Memory.** In the notebook tests (SmolLM2-135M, solutions on) this kernel peaked at
+# <!-- report:memory_05 -->1.22 GB (above the 1 GB Binder guarantees; measured 2026-12-04)<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
 
 # %% [markdown] tags=["lesson"]
 # **Learning objective.** Use what notebooks 01–04 built to explore your own prompts: read the per-token patch

@@ -30,6 +30,9 @@
 # Every token `t` gets a *token patch* per layer, the rank-1 update `ΔW[l,t]` that, with the skip correction, makes its context-free input reproduce its contextual output (Dherin et al. 2025, arXiv 2507.16003). Its norm `‖ΔW[l,t]‖_F` says how much the context changes layer `l` at `t`.
 #
 # A **spike** is a token whose patch norm is unusually large compared with the tokens just before it. `icl_lens.spike_scores` turns each layer's norm series into a robust z-score against a trailing window (median and `1.4826·MAD` of the previous `window` tokens), aggregates the layers (`statistic="mean"`, `"max"`, `"median"` of the per-layer z, or `"norm"`: z of the whole patch's norm), and flags tokens whose score passes `threshold`. Tokens with fewer than `window` predecessors are reported as *not enough context*, never flagged.
+#
+# **Memory.** In the notebook tests (SmolLM2-135M, solutions on) this kernel peaked at
+# <!-- report:memory_06 -->1.14 GB (above the 1 GB Binder guarantees; measured 2026-12-04)<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
 
 # %%
 
@@ -39,7 +42,7 @@ import torch
 import icl_lens
 from workshop.claims import (auroc_ci, claims_view, percent_ci, spike_auroc, spike_scored, spike_shipped,
                              spike_unseen_auroc, spike_without_copied_answers, summary_claims)
-from workshop.exercise_checks import check_answer, missing, no_answer, solutions_on
+from workshop.exercise_checks import check_answer, check_compare, missing, no_answer, solutions_on
 
 torch.set_num_threads(1)
 MODEL = "smollm2-135m"  # or "gemma-3-270m" (about 2.2 GB of memory)
@@ -113,7 +116,8 @@ gen.to_frame()
 # ### Exercise 1 · Predict, then check: the window (5 min)
 #
 # **Predict**: with `window=8` instead of 16, how many positions of `patches` lack enough context? Put the number
-# into `answer_1`, then compare the tokens flagged with `statistic="max"` for both windows.
+# into `answer_1`, then compare the tokens flagged with `statistic="max"` for both windows. (Before you answer 8:
+# which positions have a patch at all? Read "informative positions" in `help(icl_lens.spike_scores)`.)
 
 # %%
 answer_1 = None
@@ -129,17 +133,25 @@ if solutions_on():  # runs only in the notebook tests (ICL_LENS_SOLUTIONS=1); re
 # %%
 check_answer(answer_1, int((~icl_lens.spike_scores(patches, window=8).enough_context).sum()),
              "positions without enough context at window 8",
-             why="A position is scored only once it has `window` predecessors to compare with.")
+             why="A position is scored only once it has `window` informative predecessors to compare with. BOS and "
+                 "the token right after it remove no context, so their patches are zero by definition: they are "
+                 "never scored and never count as history. Hence 2 + 8: positions 0 and 1, then the first 8 "
+                 "informative positions, whose windows are not yet full.")
 
 # %% [markdown]
-# ### Exercise 2 · Are flagged tokens less likely? (10 min, open)
+# ### Exercise 2 · Predict, then check: is a spike a sign of a wrong answer? (10 min, open)
 #
-# Sample three continuations (`greedy=False`, `temperature=1.2`, seeds 0, 1, 2, `statistic="max"`). For each, print
-# the text, the number of flagged tokens and the mean log-prob. Are flagged tokens less likely than the others?
-# Thirty tokens cannot answer that: compare with the evaluation's answer in the table below (its first row says how
-# many questions it scored).
+# **Predict first**: on kinds of question it never saw, does the unsupervised spike score (max over the answer's
+# tokens) rank wrong answers *higher* than the answer's −mean log p does, *lower*, or are the two
+# `"not distinguishable"` with the evaluation's questions? Write it into `prediction_2`; the check grades it on the
+# evaluation's intervals (`reports/eval_spikes.json`).
+#
+# Then sample three continuations (`greedy=False`, `temperature=1.2`, seeds 0, 1, 2, `statistic="max"`). For each,
+# print the text, the number of flagged tokens and the mean log-prob. Are flagged tokens less likely than the others?
+# Thirty tokens cannot answer that: the evaluation below does (its first row says how many questions it scored).
 
 # %%
+prediction_2 = None  # "higher", "lower" or "not distinguishable"
 samples, n_flagged = None, None  # three GenerationPatches, and the number of flagged tokens in each
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -154,8 +166,17 @@ if solutions_on():
         flagged, other = f[f.flagged].logprob.mean(), f[~f.flagged].logprob.mean()
         print(f"seed {seed}: {g.text!r}: {int(f.flagged.sum())} flagged; mean log-prob {f.logprob.mean():.2f} "
               f"(flagged {flagged:.2f}, others {other:.2f})")
+    prediction_2 = "not distinguishable"
 
 # %%
+spike_row = spike_unseen_auroc(MODEL, "spike score (mean, window 16), max over answer")
+logp_row = spike_unseen_auroc(MODEL, "−mean log p, answer")
+if spike_row is None or logp_row is None:
+    print("not measured in this checkout (no reports/eval_spikes.json): the prediction cannot be graded")
+else:
+    check_compare(prediction_2, spike_row, logp_row, "spike score against −mean log p on unseen kinds",
+                  names=("spike score AUROC", "−mean log p AUROC"),
+                  why="AUROC within a kind of question, averaged over the kinds each was never fitted on.")
 check_answer(None if samples is None else len(samples), 3, "number of sampled continuations")
 if missing(samples, n_flagged):
     no_answer("flagged tokens per continuation")

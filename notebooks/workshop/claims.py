@@ -92,6 +92,11 @@ def rate(correct: int, n: int, level: float = 0.95) -> str:
     return f"{correct / n:.2f} [{low:.2f}, {high:.2f}] ({correct}/{n})"
 
 
+def accuracy_ci(correct: int, n: int, level: float = 0.95) -> tuple[float, float, float]:
+    """``(accuracy, low, high)``: an accuracy with its Wilson interval, as the exercise checks compare them."""
+    return (correct / n, *wilson_interval(correct, n, level))
+
+
 def mean_ci(row: Mapping[str, float] | None, digits: int = 3) -> str | None:
     """``"+0.388 [+0.334, +0.440]"`` from a mapping with ``mean``, ``low``, ``high`` (None stays None)."""
     if row is None:
@@ -111,11 +116,27 @@ def verdict_above(measured: Mapping[str, float] | None, control: Mapping[str, fl
 
 def read_report(name: str, root: str | Path | None = None) -> dict | None:
     """``reports/eval_<name>.json`` as a dict, or None when this checkout has no such report."""
-    path = Path(root or REPORTS) / f"eval_{name}.json"
+    return _read_json(f"eval_{name}.json", root)
+
+
+def _read_json(name: str, root: str | Path | None = None) -> dict | None:
+    """``reports/<name>`` as a dict, or None when this checkout has no such file (or it is not JSON)."""
     try:
-        return json.loads(path.read_text())
+        return json.loads((Path(root or REPORTS) / name).read_text())
     except (OSError, ValueError):
         return None
+
+
+def answer_sheet(notebook: str, model: str, root: str | Path | None = None) -> dict | None:
+    """The stored reference answers of one notebook's exercises on ``model`` (``reports/workshop_answers.json``,
+    written by ``python notebooks/workshop/answer_sheet.py``), or None when the sheet lacks them."""
+    return lookup(_read_json("workshop_answers.json", root), notebook, model)
+
+
+def notebook_run(stem: str, root: str | Path | None = None) -> dict | None:
+    """One notebook's measured run (``seconds``, ``peak_gb``, ``date``, …) from ``reports/workshop_notebooks.json``,
+    written by the notebook tests with ``ICL_LENS_NOTEBOOK_RUNS=reports/workshop_notebooks.json``; None if absent."""
+    return lookup(_read_json("workshop_notebooks.json", root), "runs", stem)
 
 
 def lookup(data: Any, *keys: str | int) -> Any:
@@ -177,23 +198,33 @@ def count_where(values: Sequence[float], predicate) -> str:
     return f"{sum(bool(predicate(v)) for v in values)} of {len(values)}"
 
 
+def thought_rows(split: str = "table", models: Sequence[str] = ("gemma-3-270m", "smollm2-135m"), *,
+                 root: str | Path | None = None) -> list[dict]:
+    """The per-task rows of ``eval_thought.<model>.json`` scored on ``split`` (``"table"``: the test queries,
+    ``"fresh"``: the fresh set scored once) and fitted with the documented default ``ThoughtFit()``, in report
+    order, each with its ``model`` and ``task``; an empty list when no report has them."""
+    from icl_lens.thought import ThoughtFit
+
+    default = ThoughtFit().to_dict()
+    rows = []
+    for model in models:
+        for key, row in (read_report(f"thought.{model}", root) or {}).items():
+            if key.startswith(f"{split}/") and isinstance(row, dict) and row.get("fit") == default:
+                rows.append({**row, "model": model, "task": key.rsplit("/", 1)[1]})
+    return rows
+
+
 def thought_locality(models: Sequence[str] = ("gemma-3-270m", "smollm2-135m"), *, root: str | Path | None = None
                      ) -> dict[tuple[str, str], float] | None:
     """``{(model, task): share}``: on how many of another task's queries the thought-patched model keeps the
     unpatched model's answer (``locality_kept["patched"]``, before issue 22 ``locality_accuracy``, of each
-    ``table/…/<task>`` row of ``eval_thought.<model>.json`` fitted with the documented default ``ThoughtFit()``).
-    None when no report has it."""
-    from icl_lens.thought import ThoughtFit
-
-    default = ThoughtFit().to_dict()
+    :func:`thought_rows` row on the test queries). None when no report has it."""
     shares = {}
-    for model in models:
-        report = read_report(f"thought.{model}", root) or {}
-        for key, row in report.items():
-            share = lookup(row, "locality_kept", "patched")
-            share = lookup(row, "locality_accuracy", "patched") if share is None else share
-            if key.startswith("table/") and isinstance(share, (int, float)) and row.get("fit") == default:
-                shares[(model, key.rsplit("/", 1)[1])] = float(share)
+    for row in thought_rows("table", models, root=root):
+        share = lookup(row, "locality_kept", "patched")
+        share = lookup(row, "locality_accuracy", "patched") if share is None else share
+        if isinstance(share, (int, float)):
+            shares[(row["model"], row["task"])] = float(share)
     return shares or None
 
 
