@@ -26,6 +26,8 @@ from experiments.thought.settings import (LOCALITY_KEPT, LOCALITY_KL, PRESERVE_S
 NULL_SPACE_GRID = ({}, {"null_space": 0.1}, {"null_space": 0.01}, {"null_space": 0.001},
                    {"null_space": 0.01, "preserve_strength": 0.0})
 DEFAULT_LABEL = "default (no projection)"
+# --quick: one projection, without the default's own row (its strength is not among --quick's strengths).
+QUICK_NULL_SPACE_GRID = NULL_SPACE_GRID[2:3]
 
 
 def null_space_label(setting: dict) -> str:

@@ -11,7 +11,8 @@ import torch
 from experiments.report import command, machine, write_fragment
 from experiments.thought.cache import cache_path, cached, current_row, fit_of, row_key
 from experiments.thought.jobs import run_model
-from experiments.thought.method import NULL_SPACE_GRID, equal_distill_lines, null_space_lines, untouched_lines
+from experiments.thought.method import (NULL_SPACE_GRID, QUICK_NULL_SPACE_GRID, equal_distill_lines, null_space_lines,
+                                        untouched_lines)
 from experiments.thought.targets import (
     compose_lines,
     distill_lines,
@@ -307,8 +308,8 @@ def main(argv=None) -> int:
                       tune_tasks=q.get("tasks") if args.quick else args.tune_tasks,
                       distill_lrs=q.get("distill_lrs", DISTILL_LRS), distill_steps=q.get("distill_steps"),
                       distill_on=None if args.quick else args.distill_on,
-                      null_space_grid=q.get("null_space_grid", NULL_SPACE_GRID) if args.select or args.select_only
-                      else (),
+                      null_space_grid=(QUICK_NULL_SPACE_GRID if args.quick else NULL_SPACE_GRID)
+                      if args.select or args.select_only else (),
                       method_tasks=() if args.method is None and not args.method_only else
                       (q.get("tasks") or args.method or tasks))
     report_tasks = tasks if args.quick else list(SHIPPED_TASKS)

@@ -62,7 +62,9 @@ from icl_lens.thought._defaults import (
     KIND_PARTS,
     ThoughtFit,
 )
-from icl_lens.thought._instruction_batches import calibration_ids, continuation_ids, with_bos
+from icl_lens.thought._divergence import answer_kl, text_kl
+from icl_lens.thought._instruction_batches import calibration_ids, continuation_ids, text_ids, with_bos
+from icl_lens.thought._preserve import preserve_texts
 from icl_lens.thought._result import ThoughtPatch, thought_edits
 
 def learning_rate(step: int, steps: int, lr: float) -> float:
@@ -132,15 +134,12 @@ def distill_patch(
 
     keep = []  # the preserve texts ([BOS] + ids), for the locality term
     if preserve_weight:
-        from icl_lens.thought._instruction_batches import text_ids
-        from icl_lens.thought._preserve import preserve_texts
-
         texts = fit.preserve if fit.preserve is not None else preserve_texts(model)
         keep = [with_bos(model, text_ids(model, t, what=f"preserve text {i}")) for i, t in enumerate(texts)]
         if not keep:
             raise ValueError("preserve_weight > 0 needs preserve texts")
 
-    def result(values: dict, settings: dict) -> ThoughtPatch:
+    def result(values: dict, record: dict) -> ThoughtPatch:
         with torch.no_grad():
             maps, vecs, down = (values[k].detach().clone() for k in ("maps", "vectors", "down"))
             down_u = eye.expand(n, d, d).clone() if "down" in parts else torch.zeros(n, 0, d, dtype=dtype, device=dev)
@@ -155,11 +154,9 @@ def distill_patch(
             query_prefix=query_prefix, maps=maps, vectors=vecs, down_u=down_u, down_v=down_v,
             matrix_residual=zeros, vector_residual=zeros, down_residual=zeros.clone(),
             n_tokens=sum(len(r) for r in rows), answer_tokens=answer_tokens, model=model, method="distill",
-            settings=settings, fit=fit)
+            settings=record, fit=fit)
 
     def held_out_score(values: dict) -> dict:
-        from icl_lens.thought._divergence import answer_kl, text_kl
-
         edit = result(values, {})
         answer = answer_kl(model, instruction, validation, edit, query_prefix=query_prefix,
                            answer_tokens=answer_tokens)
@@ -219,13 +216,13 @@ def distill_patch(
         for p, flag in frozen:
             p.requires_grad_(flag)
     chosen_values = params if best is None else best[1]
-    settings = {"steps": steps, "lr": lr, "batch": batch, "seed": seed, "warmup": DISTILL_WARMUP,
+    record = {"steps": steps, "lr": lr, "batch": batch, "seed": seed, "warmup": DISTILL_WARMUP,
                 "first_loss": losses[0], "last_loss": losses[-1], "preserve_weight": float(preserve_weight),
                 "steps_run": len(losses)}
     if best is not None:
-        settings.update({"chosen_step": best[0]["step"], "checkpoints": checkpoints, "eval_every": eval_every,
+        record.update({"chosen_step": best[0]["step"], "checkpoints": checkpoints, "eval_every": eval_every,
                          "patience": patience})
-    return result(chosen_values, settings)
+    return result(chosen_values, record)
 
 
 def _preserve_kl(model, texts, edits, dtype) -> torch.Tensor:
