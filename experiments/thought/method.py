@@ -110,8 +110,8 @@ def locality_met(loc: dict) -> bool:
     return min(loc["kept"].values()) >= LOCALITY_KEPT and loc["kl_all"] <= LOCALITY_KL
 
 
-def _spread(values) -> str:
-    return f"{np.mean(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
+def _spread(values, fmt: str = ".3f") -> str:
+    return f"{np.mean(values):{fmt}} [{min(values):{fmt}}, {max(values):{fmt}}]"
 
 
 def untouched_lines(caches: dict, models, tasks) -> list[str]:
@@ -145,8 +145,8 @@ def untouched_lines(caches: dict, models, tasks) -> list[str]:
         met = []
         for task, r in rows[model].items():
             controls = list(r["controls"].values())
-            ctl_kl, ctl_kept = _spread([c["kl_all"] for c in controls]), _spread([min(c["kept"].values())
-                                                                                   for c in controls])
+            ctl_kl = _spread([c["kl_all"] for c in controls])
+            ctl_kept = _spread([min(c["kept"].values()) for c in controls], ".0%")
             anchor = r["anchor"]
             for edit, loc in (("patched", r["patched"]), *((("distilled (equal terms)", distilled[model][task]),)
                                                           if task in distilled[model] else ())):
