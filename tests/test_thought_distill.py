@@ -50,3 +50,54 @@ def test_learning_rate_warms_up_then_decays_to_zero():
     assert all(a <= b for a, b in zip(rates[:warm], rates[1:warm]))
     assert all(a >= b for a, b in zip(rates[warm:], rates[warm + 1:]))
     assert rates[-1] < 0.01 * lr
+
+
+KEPT = ["The river bends.", "Seven boxes.", "A cat sat."]
+
+
+def test_the_preserve_term_keeps_the_preserve_texts(load, one_thread):
+    """Issue 38, equal terms: with the patch's preserve texts as a KL term the distilled edit moves them less than
+    without it (same steps, rate and seed), and it still brings the query alone towards the instruction."""
+    from icl_lens.thought._divergence import text_kl
+    from icl_lens.thought._instruction_batches import text_ids, with_bos
+
+    model = load("tiny-llama")
+    kept = [with_bos(model, text_ids(model, t)) for t in KEPT]
+    score = dict(query_prefix="\n", answer_tokens=3)
+    before = answer_kl(model, INSTRUCTION, QUERIES, None, **score)
+    moved = {}
+    for weight in (0.0, 10.0):
+        patch = distill_patch(model, INSTRUCTION, QUERIES, steps=30, lr=3e-3, answer_tokens=3, progress=False,
+                              preserve=KEPT, preserve_weight=weight)
+        moved[weight] = text_kl(model, kept, patch)
+        assert answer_kl(model, INSTRUCTION, QUERIES, patch, **score) < 0.7 * before
+        assert patch.settings["preserve_weight"] == weight and "chosen_step" not in patch.settings
+    assert moved[10.0] < 0.5 * moved[0.0]
+
+
+def test_early_stopping_returns_the_best_checkpoint_by_the_held_out_objective(load, one_thread):
+    """Checkpoints every ``eval_every`` steps score answer KL on the validation queries + w · text KL on the held-out
+    texts; the run stops after ``patience`` checkpoints without a better one, and the edit returned is the best
+    checkpoint's: its objective, recomputed, is the best one recorded (a too-large rate makes the later ones worse)."""
+    from icl_lens.thought._divergence import text_kl
+    from icl_lens.thought._instruction_batches import text_ids, with_bos
+
+    model = load("tiny-llama")
+    held = [with_bos(model, text_ids(model, t)) for t in ("Blue skies today.", "Two dogs ran.")]
+    val, weight = ["m", "cd"], 1.0
+    patch = distill_patch(model, INSTRUCTION, QUERIES, steps=60, lr=0.3, answer_tokens=3, progress=False,
+                          preserve=KEPT, preserve_weight=weight, validation=val, held_out=held, eval_every=3,
+                          patience=2)
+    s = patch.settings
+    objectives = [c["objective"] for c in s["checkpoints"]]
+    best = min(objectives)
+    assert s["steps_run"] < 60 and s["chosen_step"] < s["steps_run"]
+    assert s["checkpoints"][objectives.index(best)]["step"] == s["chosen_step"]
+    again = answer_kl(model, INSTRUCTION, val, patch, query_prefix="\n", answer_tokens=3) + weight * text_kl(
+        model, held, patch)
+    assert again == pytest.approx(best, rel=1e-5)
+    for kwargs, match in (({"preserve_weight": -1.0}, "preserve_weight"), ({"eval_every": 0}, "eval_every"),
+                          ({"validation": []}, "validation"),
+                          ({"preserve_weight": 1.0, "validation": ["m"], "preserve": KEPT}, "held_out")):
+        with pytest.raises(ValueError, match=match):
+            distill_patch(model, INSTRUCTION, QUERIES, steps=2, progress=False, **kwargs)

@@ -382,6 +382,8 @@ def test_eval_quick_writes_a_report_from_its_cache(tmp_path):
     assert on_train["n_test"] == len(load_task("capitals").train) and set(on_train["accuracy"]) == {"none", "full"}
     third = {v["preserve_strength"]: v for k, v in cache.items() if k.startswith("strength/")}  # third stage
     assert set(third) == {0.0, 1.0} and third[1.0]["text_kl"] < third[0.0]["text_kl"]  # the penalty keeps the samples
+    null = [v for k, v in cache.items() if k.startswith("null_space/")]  # issue 38: the null-space stage, in --select
+    assert [v["null_space"] for v in null] == [0.01] and null[0]["fit"]["null_space"] == 0.01
     assert {v["preserve_set"] for v in third.values()} == {"samples+few-shot"}
     lrs = {v["lr"]: v for k, v in cache.items() if k.startswith("distill/")}  # distillation's learning rate
     assert set(lrs) == {1e-4, 1e-3} and all(v["steps"] == 2 and v["validation_kl"] > 0 for v in lrs.values())

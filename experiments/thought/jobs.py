@@ -48,7 +48,7 @@ class ModelJobs:
                  select_fit: int = SELECT_FIT, select_validate: int = SELECT_VALIDATE,
                  select_grid=SELECT_GRID, select_extra=SELECT_EXTRA, select_answer_grid=SELECT_ANSWER_GRID,
                  tune_tasks: list[str] | None = None, distill_steps: int | None = None,
-                 distill_on: list[str] | None = None):
+                 distill_on: list[str] | None = None, null_space_grid=()):
         from icl_lens.model import load_model
 
         self.cache, self.results = cache_path(out, model_name), cached(out, model_name)
@@ -59,6 +59,7 @@ class ModelJobs:
         self.select_settings = (*select_grid, *select_extra)
         self.select_answer_grid, self.tune_tasks = select_answer_grid, tune_tasks
         self.distill_steps, self.distill_on = distill_steps, distill_on
+        self.null_space_grid = null_space_grid
         self.stage_one = {**STAGE_ONE, "answer_tokens": 0}
         self._probe = None
         self._held_out: list = []
@@ -204,18 +205,29 @@ class ModelJobs:
     def strength(self, task: Task, strength: float) -> None:
         """Third stage: the default at one preserve strength (the shipped preserve texts' fit half), scored by the
         answer KL and by the KL on the held-out preserve texts."""
+        self.preserve_stage("strength", task, self.fit.replace(preserve_strength=strength))
+
+    def null_space(self, task: Task, i: int) -> None:
+        """The null-space stage (issue 38): the default with ``NULL_SPACE_GRID[i]`` (the AlphaEdit projection's
+        share of the preserved keys' trace, with or without the penalty), scored like the strength stage; the rule
+        (:func:`~experiments.thought.method.choose_null_space`) compares it with the default's strength row."""
+        setting = self.null_space_grid[i]  # {}: the default, the strength stage's row
+        self.preserve_stage("null_space" if setting else "strength", task, self.fit.replace(**setting))
+
+    def preserve_stage(self, job: str, task: Task, fit) -> None:
+        """Fit ``fit`` on the selection split, score the held-out train queries' answer KL and the KL on the
+        held-out preserve texts (cached under ``job``)."""
         from icl_lens.thought import PRESERVE_SET, text_kl, thought_patch
 
-        fit = self.fit.replace(preserve_strength=strength)  # scored on the held-out half of the preserve set too
-        if (key := row_key("strength", fit, PRESERVE_SET, task.name)) in self.results:
+        if (key := row_key(job, fit, PRESERVE_SET, task.name)) in self.results:
             return
         queries, val = selection_split(task, self.select_fit, self.select_validate)
         t0 = time.perf_counter()
         patch = thought_patch(self.model, task.instruction, queries, fit)
         seconds = time.perf_counter() - t0
         self.store(key, {
-            **default_setting(fit), "preserve_set": PRESERVE_SET, "task": task.name, "n_fit": len(queries),
-            "n_validate": len(val), "n_texts_scored": len(self.held_out_ids()),
+            **default_setting(fit), "null_space": fit.null_space, "preserve_set": PRESERVE_SET, "task": task.name,
+            "n_fit": len(queries), "n_validate": len(val), "n_texts_scored": len(self.held_out_ids()),
             "validation_kl": self.answer_kl(task, val, patch),
             "text_kl": text_kl(self.model, self.held_out_ids(), patch), "seconds": seconds, "fit": fit.to_dict()})
 
@@ -235,6 +247,80 @@ class ModelJobs:
                          "calibration_kl": self.answer_kl(task, queries, patch),
                          "text_kl": text_kl(self.model, self.held_out_ids(), patch), "seconds": seconds,
                          "fit": self.fit.to_dict()})
+
+    def set_probe(self):
+        """The probe of the locality set nobody tuned on (``experiments.thought.method.untouched_probe``), built once;
+        only the ``untouched`` and ``equal_distill`` jobs read it."""
+        from experiments.thought.method import untouched_probe
+
+        self._set_probe = getattr(self, "_set_probe", None) or untouched_probe(self.model)
+        return self._set_probe
+
+    def untouched(self, task: Task) -> None:
+        """Issue 38's locality rows: the default patch (fitted on the train queries as in the table) on the untouched
+        locality set, beside random controls of the same norms (``CONTROL_SEEDS``) and the instruction itself
+        prepended (the anchor)."""
+        from experiments.thought.method import CONTROL_SEEDS
+        from icl_lens.thought import thought_patch
+
+        if (key := row_key("untouched", self.fit, task.name)) in self.results:
+            return
+        queries = [q for q, _ in task.train[:self.n_train]]
+        t0 = time.perf_counter()
+        patch = thought_patch(self.model, task.instruction, queries, self.fit)
+        seconds = time.perf_counter() - t0
+        probe = self.set_probe()
+        self.store(key, {**self.default, "task": task.name, "n_fit": len(queries), "seconds": seconds,
+                         "patched": probe.measure(patch).to_dict(),
+                         "controls": {str(s): probe.measure(patch.random_control(s)).to_dict() for s in CONTROL_SEEDS},
+                         "anchor": probe.anchor(task.instruction).to_dict(), "fit": self.fit.to_dict()})
+
+    def equal_distill(self, task: Task) -> None:
+        """Distillation on equal terms with the patch (issue 38): the same preserve texts as a KL term in its loss,
+        its weight chosen by the patch's strength rule (``choose_strength``: answer KL within ``PRESERVE_SLACK`` of
+        weight 0's, then the lowest held-out text KL) over ``DISTILL_PRESERVE_WEIGHTS`` on the selection split, each
+        run early-stopped on the held-out objective; then distilled on all train queries at the chosen weight for
+        the chosen number of steps and scored like the patch: accuracy on test and fresh queries, the untouched
+        locality set, wall time."""
+        from experiments.thought.method import DISTILL_PRESERVE_WEIGHTS, EVAL_EVERY
+        from experiments.thought.settings import choose_strength
+        from icl_lens.thought import PRESERVE_SET, distill_patch, evaluate_edit, text_kl
+
+        if (key := row_key("equal_distill", self.fit, PRESERVE_SET, task.name)) in self.results:
+            return
+        queries, val = selection_split(task, self.select_fit, self.select_validate)
+        steps = {} if self.distill_steps is None else {"steps": self.distill_steps}
+        stage = {}
+        for weight in DISTILL_PRESERVE_WEIGHTS:
+            wkey = row_key("equal_distill_weight", self.fit, PRESERVE_SET, f"{weight:g}", task.name)
+            if wkey not in self.results:
+                t0 = time.perf_counter()
+                patch = distill_patch(self.model, task.instruction, queries, self.fit, preserve_weight=weight,
+                                      validation=val, held_out=self.held_out_ids(), eval_every=EVAL_EVERY,
+                                      progress=False, **steps)
+                seconds = time.perf_counter() - t0
+                self.store(wkey, {**patch.settings, "task": task.name, "n_fit": len(queries), "n_validate": len(val),
+                                  "validation_kl": self.answer_kl(task, val, patch),
+                                  "text_kl": text_kl(self.model, self.held_out_ids(), patch), "seconds": seconds,
+                                  "fit": self.fit.to_dict()})
+            stage[weight] = self.results[wkey]
+        weight = choose_strength({w: (r["validation_kl"], r["text_kl"]) for w, r in stage.items()})
+        chosen_steps = stage[weight]["chosen_step"]
+        train = [q for q, _ in task.train[:self.n_train]]
+        t0 = time.perf_counter()
+        patch = distill_patch(self.model, task.instruction, train, self.fit, preserve_weight=weight,
+                              steps=chosen_steps, progress=False)
+        seconds = time.perf_counter() - t0
+        prefix = self.fit.query_prefix
+        self.store(key, {
+            **self.default, "task": task.name, "weight": weight, "steps": chosen_steps, "n_fit": len(train),
+            "seconds": {"distilled": seconds, "selection": sum(r["seconds"] for r in stage.values())},
+            "stage": {f"{w:g}": {k: r[k] for k in ("validation_kl", "text_kl", "chosen_step", "steps_run")}
+                      for w, r in stage.items()},
+            **{per_task_key(split): evaluate_edit(self.model, task, patch, query_prefix=prefix, split=split)
+               for split in SPLITS},
+            "untouched": self.set_probe().measure(patch).to_dict(), "settings": patch.settings,
+            "fit": self.fit.to_dict()})
 
     def tuned(self, task: Task) -> None:
         """Where the default misses (or for the tasks asked for): the second-stage setting with the lowest held-out
@@ -291,7 +377,8 @@ def job_list(tasks: list[str], curve_tasks: list[str], *, paper_tasks: list[str]
              compose_groups=COMPOSE_GROUPS, strengths=PRESERVE_STRENGTHS, sizes=SIZES, select: bool = False,
              select_tasks=SELECT_TASKS, n_select: int = len(SELECT_GRID), n_extra: int = len(SELECT_EXTRA),
              n_answers: int = len(SELECT_ANSWER_GRID), diagnose_task: str | None = None, table: bool = True,
-             distill_tasks=DISTILL_TASKS, distill_lrs=DISTILL_LRS) -> list[tuple[str, str | None, object]]:
+             distill_tasks=DISTILL_TASKS, distill_lrs=DISTILL_LRS, n_null_space: int = 0,
+             method_tasks=()) -> list[tuple[str, str | None, object]]:
     """``(job, task, argument)`` in the order a run takes them: composed patches first (the cheapest), each task's
     table row with its paper row right after, the curves, the tunings; then the selection stages; the diagnosis."""
     jobs: list[tuple[str, str | None, object]] = []
@@ -308,6 +395,10 @@ def job_list(tasks: list[str], curve_tasks: list[str], *, paper_tasks: list[str]
         jobs += [("answers", name, i) for name in select_tasks for i in range(n_answers)]
         jobs += [("strength", name, strength) for name in select_tasks for strength in strengths]
         jobs += [("distill", name, lr) for name in distill_tasks for lr in distill_lrs]
+        jobs += [("null_space", name, i) for name in select_tasks for i in range(n_null_space)]
+    # Issue 38's method rows (--method): the untouched locality set, then distillation on equal terms.
+    jobs += [("untouched", name, None) for name in method_tasks]
+    jobs += [("equal_distill", name, None) for name in method_tasks]
     if diagnose_task:
         jobs += [("diagnose", diagnose_task, None)]
     return jobs
@@ -320,7 +411,7 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
               select_fit: int = SELECT_FIT, select_validate: int = SELECT_VALIDATE,
               diagnose_task: str | None = None, table: bool = True, tune_tasks: list[str] | None = None,
               distill_tasks=DISTILL_TASKS, distill_lrs=DISTILL_LRS, distill_steps: int | None = None,
-              distill_on: list[str] | None = None) -> None:
+              distill_on: list[str] | None = None, null_space_grid=(), method_tasks=()) -> None:
     """Evaluate what the cache lacks; ``run`` (command and machine) is recorded with the keys it computed.
 
     ``distill_on``: the tasks whose table row also runs context distillation (None: every task); the others' rows
@@ -328,10 +419,12 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
     jobs = job_list(tasks, curve_tasks, paper_tasks=paper_tasks, compose_groups=compose_groups, strengths=strengths,
                     sizes=sizes, select=select, select_tasks=select_tasks, n_select=len(select_grid),
                     n_extra=len(select_extra), n_answers=len(select_answer_grid), diagnose_task=diagnose_task,
-                    table=table, distill_tasks=distill_tasks, distill_lrs=distill_lrs)
+                    table=table, distill_tasks=distill_tasks, distill_lrs=distill_lrs,
+                    n_null_space=len(null_space_grid), method_tasks=method_tasks)
     steps = ModelJobs(model_name, out, run, n_train=n_train, select_fit=select_fit, select_validate=select_validate,
                       select_grid=select_grid, select_extra=select_extra, select_answer_grid=select_answer_grid,
-                      tune_tasks=tune_tasks, distill_steps=distill_steps, distill_on=distill_on)
+                      tune_tasks=tune_tasks, distill_steps=distill_steps, distill_on=distill_on,
+                      null_space_grid=null_space_grid)
     start = time.perf_counter()
     for job, name, arg in tqdm(jobs, desc=model_name):
         step = getattr(steps, job)

@@ -11,6 +11,8 @@ import torch
 from experiments.report import command, machine, write_fragment
 from experiments.thought.cache import cache_path, cached, current_row, fit_of, row_key
 from experiments.thought.jobs import run_model
+from experiments.thought.method import (NULL_SPACE_GRID, QUICK_NULL_SPACE_GRID, equal_distill_lines, null_space_lines,
+                                        untouched_lines)
 from experiments.thought.targets import (
     compose_lines,
     distill_lines,
@@ -190,6 +192,8 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     lines += answer_length_lines(caches, models, tasks, answer_tokens or {})
     lines += earlier_lines(caches, models, tasks)
     lines += distill_lines(caches, models, tasks)
+    lines += untouched_lines(caches, models, tasks)
+    lines += equal_distill_lines(caches, models, tasks)
     lines += compose_lines(caches, models)
     lines += tuned_lines(caches, models, tasks)
     lines += paper_lines(caches, default)
@@ -231,6 +235,7 @@ def write_report(out: Path, models: list[str], tasks: list[str], report_command:
     lines += selection_lines(caches, default, select_tasks)
     lines += answer_selection_lines(caches, select_tasks, {**default, "answer_tokens": DEFAULT_ANSWER_TOKENS})
     lines += strength_lines(caches, select_tasks)
+    lines += null_space_lines(caches, select_tasks)
     lines += distill_lr_lines(caches)
     lines += diagnosis_lines(caches)
     timing = []
@@ -282,6 +287,10 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the cores are shared)")
     p.add_argument("--select", action="store_true", help="also run the selection of the default settings")
     p.add_argument("--select-only", action="store_true", help="run only the selection (no table)")
+    p.add_argument("--method", nargs="*", default=None, metavar="TASK",
+                   help="issue 38's method rows on these tasks: the untouched locality set and distillation on equal "
+                        "terms (no task named: every task)")
+    p.add_argument("--method-only", action="store_true", help="run only the --method rows (no table)")
     p.add_argument("--diagnose", metavar="TASK", default=None, help="also run the per-layer diagnosis on TASK")
     p.add_argument("--report-only", action="store_true", help="only assemble the report from cached results")
     p.add_argument("--quick", action="store_true", help="tiny-llama, one task, 4 calibration queries (tests)")
@@ -305,10 +314,14 @@ def main(argv=None) -> int:
                       select_extra=() if args.quick else SELECT_EXTRA,
                       select_answer_grid=q.get("select_answer_grid", SELECT_ANSWER_GRID),
                       select_fit=q.get("select_fit", SELECT_FIT), select_validate=q.get("select_validate", SELECT_VALIDATE),
-                      diagnose_task=args.diagnose, table=not args.select_only,
+                      diagnose_task=args.diagnose, table=not (args.select_only or args.method_only),
                       tune_tasks=q.get("tasks") if args.quick else args.tune_tasks,
                       distill_lrs=q.get("distill_lrs", DISTILL_LRS), distill_steps=q.get("distill_steps"),
-                      distill_on=None if args.quick else args.distill_on)
+                      distill_on=None if args.quick else args.distill_on,
+                      null_space_grid=(QUICK_NULL_SPACE_GRID if args.quick else NULL_SPACE_GRID)
+                      if args.select or args.select_only else (),
+                      method_tasks=() if args.method is None and not args.method_only else
+                      (q.get("tasks") or args.method or tasks))
     report_tasks = tasks if args.quick else list(SHIPPED_TASKS)
     text = write_report(out, models, report_tasks, cmd, select_tasks=q.get("tasks", SELECT_TASKS),
                         answer_tokens=_answer_tokens(out, models, report_tasks))

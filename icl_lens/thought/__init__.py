@@ -4,7 +4,8 @@ Files: ``_fit.py`` (Algorithm 1, layer by layer), ``_result.py`` (the :class:`Th
 applied through the write door), ``_hf_export.py`` (a plain Hugging Face directory with the
 edited weights), ``_evaluate.py`` (accuracy on a task), ``_steering.py`` and ``_distill.py``
 (the steering-vector and context-distillation baselines), ``_preserve.py`` (the texts whose
-keys the fit preserves), ``_locality.py`` (what an edit changes outside its task),
+keys the fit preserves), ``_locality.py`` (what an edit changes outside its task, on one fixed set or a :class:`LocalitySet`),
+``_null_space.py`` (the AlphaEdit-style projection of a fit's key-side updates),
 ``_divergence.py`` (KL to the full instruction), ``_diagnose.py`` (where a patched forward
 departs from it), ``_instruction_batches.py`` (instruction + query token batches), ``_defaults.py``
 (the kinds, the :class:`ThoughtFit` settings and the documented defaults) and :mod:`icl_lens.thought.tasks` (the shipped tasks). The
@@ -26,7 +27,8 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
     from icl_lens.thought._hf_export import VectorNotExportableError
     from icl_lens.thought._instruction_batches import (QueryBatch, continuation_ids, prefix_ids, query_batch, text_ids,
                                                        with_bos)
-    from icl_lens.thought._locality import LocalityProbe, load_locality, locality_probe
+    from icl_lens.thought._locality import (LocalityProbe, LocalitySet, LocalitySetProbe, SetLocality, load_locality,
+                                            load_locality_set, locality_probe, locality_set_probe)
     from icl_lens.thought._preserve import (FEW_SHOT_FILE, N_SAMPLES, PRESERVE_DIR, SAMPLE_SEED, SAMPLE_TOKENS,
                                             bos_samples, few_shot_texts, preserve_file, preserve_texts)
     from icl_lens.thought._result import ThoughtPatch

@@ -94,6 +94,7 @@ class ThoughtFit(Settings):
     preserve: tuple[str, ...] | None = None
     preserve_strength: float = DEFAULT_PRESERVE_STRENGTH
     batch_size: int = 16
+    null_space: float | None = None
     _what = "thought-fit setting"
 
     def __post_init__(self) -> None:
@@ -106,6 +107,11 @@ class ThoughtFit(Settings):
         _positive_int("iterations", self.iterations, 1)
         _positive_int("answer_tokens", self.answer_tokens, 0)
         _positive_int("batch_size", self.batch_size, 1)
+        if self.null_space is not None:
+            eps = _finite("null_space", self.null_space)
+            if eps >= 1:
+                raise ValueError(f"null_space must be None or a share of the trace in [0, 1), got {self.null_space!r}")
+            set_("null_space", eps)
         if not isinstance(self.query_prefix, str) or isinstance(self.preserve, str):
             from icl_lens.model._prompts import PromptError
 
@@ -120,6 +126,11 @@ class ThoughtFit(Settings):
         if self.preserve is not None:
             set_("preserve", tuple(self.preserve))
 
+    @property
+    def reads_preserve(self) -> bool:
+        """Whether the fit reads the preserve texts (the penalty or the null-space projection)."""
+        return bool(self.preserve_strength) or self.null_space is not None
+
     def to_dict(self) -> dict:
         """Plain JSON types: lists for ``layers`` and ``preserve``."""
         d = asdict(self)
@@ -129,9 +140,12 @@ class ThoughtFit(Settings):
 
     def key(self, preserve_set: str = PRESERVE_SET) -> str:
         """A short stable hash of everything the fit depends on: the settings, and for ``preserve=None``
-        the shipped preserve set it reads (texts are unused at ``preserve_strength`` 0)."""
+        the shipped preserve set it reads (texts are unused at ``preserve_strength`` 0 without ``null_space``).
+        ``null_space=None`` is left out, so a fit without the projection keeps the key it had before the field."""
         d = self.to_dict()
-        if not self.preserve_strength:
+        if d["null_space"] is None:
+            del d["null_space"]
+        if not self.reads_preserve:
             d["preserve"] = []
         elif self.preserve is None:
             d["preserve"] = f"shipped: {preserve_set}"

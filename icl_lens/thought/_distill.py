@@ -26,6 +26,18 @@ through the same mechanism (:class:`~icl_lens.thought._result.ThoughtPatch`, i.e
   steps, then cosine-decayed to 0. The model's own weights are frozen
   (``requires_grad`` restored afterwards).
 
+*On equal terms with the patch* (issue 38): ``preserve_weight = w > 0`` adds the patch's
+locality term to the loss, on the same preserve texts (``fit.preserve``; ``None``: the
+shipped :func:`~icl_lens.thought.preserve_texts`, fit half), as the mean next-token
+``KL(unpatched ‖ edited)`` over every position of ``batch`` of them per step (cycled,
+seeded; the unpatched side read in the same step, without the edit):
+``loss = KL_answer + w · KL_preserve``. With ``validation`` queries and ``held_out`` texts
+(token ids, BOS included), every ``eval_every`` steps the edit is scored on held-out data by
+the same objective, ``answer_kl(validation) + w · text_kl(held_out)``, and the best
+checkpoint is returned (early stopping: the run ends after ``patience`` checkpoints without a
+better one); ``settings`` records the checkpoints and the chosen step. ``w`` itself is chosen
+like the patch's preserve strength (``experiments/thought/method.py``).
+
 A tqdm bar shows the steps and the running loss (``progress=False`` hides it).
 """
 from __future__ import annotations
@@ -50,7 +62,9 @@ from icl_lens.thought._defaults import (
     KIND_PARTS,
     ThoughtFit,
 )
-from icl_lens.thought._instruction_batches import calibration_ids, continuation_ids, with_bos
+from icl_lens.thought._divergence import answer_kl, text_kl
+from icl_lens.thought._instruction_batches import calibration_ids, continuation_ids, text_ids, with_bos
+from icl_lens.thought._preserve import preserve_texts
 from icl_lens.thought._result import ThoughtPatch, thought_edits
 
 def learning_rate(step: int, steps: int, lr: float) -> float:
@@ -63,14 +77,18 @@ def learning_rate(step: int, steps: int, lr: float) -> float:
 
 def distill_patch(
     model, instruction: str, queries: Sequence[str], fit: ThoughtFit | None = None, *, steps: int = DISTILL_STEPS,
-    lr: float = DISTILL_LR, batch: int = DISTILL_BATCH, seed: int = 0, progress: bool = True, **settings,
+    lr: float = DISTILL_LR, batch: int = DISTILL_BATCH, seed: int = 0, progress: bool = True,
+    preserve_weight: float = 0.0, validation: Sequence[str] | None = None,
+    held_out: Sequence[Sequence[int]] | None = None, eval_every: int = 10, patience: int = 3, **settings,
 ) -> ThoughtPatch:
     """Context distillation of ``instruction`` into the thought patch's parameters (see the module docstring).
 
     ``fit``, ``settings``: a :class:`~icl_lens.thought.ThoughtFit` and keyword arguments replacing its fields, as
     :func:`~icl_lens.thought.thought_patch` takes them; the distillation reads its ``kind`` (which parameters
     train), ``query_prefix``, ``answer_tokens`` and ``layers`` (the least-squares settings do not apply).
-    ``steps``, ``lr``, ``batch``, ``seed``: the optimiser's (the documented schedule).
+    ``steps``, ``lr``, ``batch``, ``seed``: the optimiser's (the documented schedule). ``preserve_weight``,
+    ``validation``, ``held_out``, ``eval_every``, ``patience``: the locality term and early stopping (the module
+    docstring); without ``validation`` the last step's edit is returned.
     """
     fit = ThoughtFit.of(fit, **settings)
     kind, query_prefix, answer_tokens, layers = fit.kind, fit.query_prefix, fit.answer_tokens, fit.layers
@@ -79,6 +97,15 @@ def distill_patch(
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    if not (isinstance(preserve_weight, (int, float)) and math.isfinite(preserve_weight) and preserve_weight >= 0):
+        raise ValueError(f"preserve_weight must be a finite number >= 0, got {preserve_weight!r}")
+    for name, value in (("eval_every", eval_every), ("patience", patience)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if validation is not None and not list(validation):
+        raise ValueError("validation must hold at least one query")
+    if preserve_weight and validation is not None and not held_out:
+        raise ValueError("early stopping with a preserve term needs held_out texts")
     instr, q_ids, pre = calibration_ids(model, instruction, queries, query_prefix)
     cfg, family, dtype = model.cfg, block_family(model), patch_dtype(model)
     chosen = list(range(cfg.n_layers)) if layers is None else sorted({int(l) for l in layers})
@@ -105,9 +132,42 @@ def distill_patch(
         downs = {l: (eye, params["down"][l]) for l in chosen} if "down" in parts else {}
         return thought_edits(model, maps, vecs, family.vector_site, downs)
 
+    keep = []  # the preserve texts ([BOS] + ids), for the locality term
+    if preserve_weight:
+        texts = fit.preserve if fit.preserve is not None else preserve_texts(model)
+        keep = [with_bos(model, text_ids(model, t, what=f"preserve text {i}")) for i, t in enumerate(texts)]
+        if not keep:
+            raise ValueError("preserve_weight > 0 needs preserve texts")
+
+    def result(values: dict, record: dict) -> ThoughtPatch:
+        with torch.no_grad():
+            maps, vecs, down = (values[k].detach().clone() for k in ("maps", "vectors", "down"))
+            down_u = eye.expand(n, d, d).clone() if "down" in parts else torch.zeros(n, 0, d, dtype=dtype, device=dev)
+            down_v = down if "down" in parts else torch.zeros(n, 0, cfg.d_mlp, dtype=dtype, device=dev)
+            for l in range(n):
+                if l not in chosen and "down" in parts:
+                    down_u[l] = 0
+        zeros = torch.zeros(n, dtype=torch.float64)
+        return ThoughtPatch(
+            model_name=cfg.model_name, family=family.name, vector_site=family.vector_site, instruction=instruction,
+            queries=tuple(queries), kind=kind, eta=1.0, ridge=0.0, iterations=1, layers=tuple(chosen),
+            query_prefix=query_prefix, maps=maps, vectors=vecs, down_u=down_u, down_v=down_v,
+            matrix_residual=zeros, vector_residual=zeros, down_residual=zeros.clone(),
+            n_tokens=sum(len(r) for r in rows), answer_tokens=answer_tokens, model=model, method="distill",
+            settings=record, fit=fit)
+
+    def held_out_score(values: dict) -> dict:
+        edit = result(values, {})
+        answer = answer_kl(model, instruction, validation, edit, query_prefix=query_prefix,
+                           answer_tokens=answer_tokens)
+        text = text_kl(model, held_out, edit) if preserve_weight else 0.0
+        return {"answer_kl": answer, "text_kl": text, "objective": answer + preserve_weight * text}
+
     optimizer = torch.optim.Adam(trained, lr=lr, betas=(0.9, 0.999))
     frozen = [(p, p.requires_grad) for p in model.parameters()]
     rng, order, losses = random.Random(seed), [], []
+    keep_order: list[int] = []
+    checkpoints, best, since_best = [], None, 0
     try:
         for p, _ in frozen:
             p.requires_grad_(False)
@@ -131,28 +191,50 @@ def distill_patch(
                 p_log = teacher[i]
                 loss = loss + (p_log.exp() * (p_log - q)).sum()
             loss = loss / count
+            if keep:
+                if len(keep_order) < batch:
+                    perm = list(range(len(keep)))
+                    rng.shuffle(perm)
+                    keep_order += perm
+                picked, keep_order = [keep[i] for i in keep_order[:batch]], keep_order[batch:]
+                loss = loss + preserve_weight * _preserve_kl(model, picked, edits, dtype)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
             bar.set_postfix(kl=f"{losses[-1]:.3f}")
+            if validation is not None and ((step + 1) % eval_every == 0 or step + 1 == steps):
+                score = {"step": step + 1, **held_out_score(params)}
+                checkpoints.append(score)
+                if best is None or score["objective"] < best[0]["objective"]:
+                    best, since_best = (score, {k: v.detach().clone() for k, v in params.items()}), 0
+                else:
+                    since_best += 1
+                    if since_best >= patience:
+                        break
     finally:
         for p, flag in frozen:
             p.requires_grad_(flag)
+    chosen_values = params if best is None else best[1]
+    record = {"steps": steps, "lr": lr, "batch": batch, "seed": seed, "warmup": DISTILL_WARMUP,
+                "first_loss": losses[0], "last_loss": losses[-1], "preserve_weight": float(preserve_weight),
+                "steps_run": len(losses)}
+    if best is not None:
+        record.update({"chosen_step": best[0]["step"], "checkpoints": checkpoints, "eval_every": eval_every,
+                         "patience": patience})
+    return result(chosen_values, record)
+
+
+def _preserve_kl(model, texts, edits, dtype) -> torch.Tensor:
+    """Mean next-token ``KL(unpatched ‖ edited)`` over every position of ``texts`` (``[BOS] + ids``, right padded):
+    the distillation's locality term, differentiable in the edit."""
+    ids = right_padded(texts, pad_id(model), model.cfg.device)
     with torch.no_grad():
-        maps, vecs, down = (params[k].detach().clone() for k in ("maps", "vectors", "down"))
-        down_u = eye.expand(n, d, d).clone() if "down" in parts else torch.zeros(n, 0, d, dtype=dtype, device=dev)
-        down_v = down if "down" in parts else torch.zeros(n, 0, cfg.d_mlp, dtype=dtype, device=dev)
-        for l in range(n):
-            if l not in chosen and "down" in parts:
-                down_u[l] = 0
-    zeros = torch.zeros(n, dtype=torch.float64)
-    return ThoughtPatch(
-        model_name=cfg.model_name, family=family.name, vector_site=family.vector_site, instruction=instruction,
-        queries=tuple(queries), kind=kind, eta=1.0, ridge=0.0, iterations=1, layers=tuple(chosen),
-        query_prefix=query_prefix, maps=maps, vectors=vecs, down_u=down_u, down_v=down_v,
-        matrix_residual=zeros, vector_residual=zeros, down_residual=zeros.clone(),
-        n_tokens=sum(len(r) for r in rows), answer_tokens=answer_tokens, model=model,
-        method="distill", settings={"steps": steps, "lr": lr, "batch": batch, "seed": seed, "warmup": DISTILL_WARMUP,
-                                    "first_loss": losses[0], "last_loss": losses[-1]}, fit=fit,
-    )
+        ref = model(ids).to(dtype).log_softmax(-1)
+    with edits_applied(model, edits()):
+        new = model(ids).to(dtype).log_softmax(-1)
+    total = 0.0
+    for k, t in enumerate(texts):
+        p_log = ref[k, : len(t)]
+        total = total + (p_log.exp() * (p_log - new[k, : len(t)])).sum()
+    return total / sum(len(t) for t in texts)

@@ -50,6 +50,13 @@ every token alike), with ``w = s · tr(Σ xxᵀ)/tr(Σ k₀k₀ᵀ)`` of each fi
 (:func:`icl_lens.core._least_squares.preserve_weight`). The keys are the unpatched
 model's, as in MEMIT (not re-read after earlier layers are patched).
 
+*Null-space projection* (issue 38; AlphaEdit, Fang et al. 2025, arXiv 2410.02355;
+:mod:`icl_lens.thought._null_space`): with ``null_space = ε``, the matrix fit reads the
+rows ``P_a aᵢ`` and its step is ``M̃ P_a``, the down fit reads ``P_h hᵢ`` and its factors
+are ``v P_h``, where ``P`` removes the top eigenvectors of the same preserved keys'
+covariance (the smallest number holding ``1 − ε`` of its trace): the update does not act
+on those keys. The penalty, if any, is then that of the projected keys, ``w · P K₀K₀ᵀ P``.
+
 *Joint fit* (issue 22, composition; :func:`thought_patch_joint`): several tasks
 ``(I_k, queries_k)`` in one patch. Each task's queries are read after their own
 instruction in the contextual pass (their targets ``Aᵢ``, ``Oᵢ``), the query-only passes
@@ -133,6 +140,7 @@ from icl_lens.model._block_family import VectorSite, block_family, original, pos
 from icl_lens.model._prompts import PromptError, bos_id
 from icl_lens.model._reading import NonFiniteActivationError
 from icl_lens.model._types import patch_dtype
+from icl_lens.thought._null_space import null_space_projector
 from icl_lens.thought._instruction_batches import (batch_steps, calibration_ids, continuation_ids, query_batch,
                                                    read_query_tokens, text_ids)
 from icl_lens.thought._defaults import KIND_PARTS, ThoughtFit
@@ -211,9 +219,9 @@ def _calibration(model, tasks, fit: ThoughtFit) -> _Calibration:
     if preserve is None:
         from icl_lens.thought._preserve import preserve_texts
 
-        preserve = preserve_texts(model) if fit.preserve_strength else ()
+        preserve = preserve_texts(model) if fit.reads_preserve else ()
     keep = ([text_ids(model, t, what=f"preserve text {i}") for i, t in enumerate(preserve)]
-            if fit.preserve_strength else [])
+            if fit.reads_preserve else [])
     return _Calibration(instr_ids, query_ids, pre_ids, chosen, keep)
 
 
@@ -274,6 +282,7 @@ class _Fitter:
     patched_vecs: dict = field(init=False, default_factory=dict)
     downs: dict = field(init=False, default_factory=dict)  # layer -> [(u, v), ...] of every sweep
     steps: list | None = field(init=False, default=None)  # the query-only batch at the block the sweep has reached
+    _projectors: dict = field(init=False, default_factory=dict)  # (key side, layer) -> P, the current layer's
 
     def __post_init__(self) -> None:
         cfg, n = self.model.cfg, self.model.cfg.n_layers
@@ -299,9 +308,33 @@ class _Fitter:
         return out
 
     def penalty(self, name: str, layer: int, rows: Tensor):
-        """The preserve penalty of one fit: ``w · K₀K₀ᵀ`` of the preserved keys (None without preserve texts)."""
+        """The preserve penalty of one fit: ``w · K₀K₀ᵀ`` of the preserved keys (None without preserve texts or
+        strength); with the null-space projection ``P``, of the projected keys, ``w · P K₀K₀ᵀ P`` (``rows``: the
+        projected rows)."""
         cov = self.keys.get(name, layer)
-        return None if cov is None else preserve_weight(rows, cov, self.fit.preserve_strength) * cov
+        if cov is None or not self.fit.preserve_strength:
+            return None
+        proj = self.projector(name, layer)
+        if proj is not None:
+            cov = proj @ cov @ proj
+        return preserve_weight(rows, cov, self.fit.preserve_strength) * cov
+
+    def projector(self, name: str, layer: int) -> Tensor | None:
+        """The null-space projector of a key side (``"a"``, ``"h"``) at ``layer``, or None without ``null_space``
+        (:mod:`icl_lens.thought._null_space`)."""
+        if self.fit.null_space is None or name not in ("a", "h"):
+            return None
+        if (name, layer) not in self._projectors:  # one layer's projectors are held, like its covariances
+            cov = self.keys.get(name, layer)
+            self._projectors = {k: p for k, p in self._projectors.items() if k[1] == layer}
+            self._projectors[(name, layer)] = None if cov is None else null_space_projector(
+                cov, self.fit.null_space, always=self.keys.get(f"{name}_bos", layer))
+        return self._projectors[(name, layer)]
+
+    def projected(self, name: str, layer: int, rows: Tensor) -> Tensor:
+        """``rows`` (keys) through the layer's null-space projector (themselves without one)."""
+        proj = self.projector(name, layer)
+        return rows if proj is None else rows @ proj
 
     def fit_matrix(self, layer: int) -> None:
         """(a) the input map ``M`` of the layer's dense layers that read the MLP input."""
@@ -315,8 +348,9 @@ class _Fitter:
             a0 = got["a_keep"]
             rows_a = torch.cat([a0, a])
             rows_t = torch.cat([t.A_keep[layer] - a0 - a0 @ self.maps[layer].T, target])
+        rows_a = self.projected("a", layer, rows_a)  # null space: Δ̃ fitted on P a, applied as Δ̃ P
         step = input_map(rows_t, rows_a, ridge=relative_ridge(rows_a, ridge), penalty=self.penalty("a", layer, rows_a))
-        self.maps[layer] += eta * step
+        self.maps[layer] += eta * self.projected("a", layer, step)
         self.residuals["matrix"][layer] = relative_residual(t.A[layer] - a, a @ self.maps[layer].T)
         self.patched_maps[layer] = self.maps[layer]
 
@@ -363,7 +397,9 @@ class _Fitter:
                 damp = GAIN_DAMPING * float((scale * scale).mean())
                 r = rms * r * scale / (scale * scale + damp)  # argmin ‖scale⊙Δŷ − r‖² + damp‖Δŷ‖²
             _check(r, "down-projection target", layer)
+            h = self.projected("h", layer, h)
             u, v = factored_least_squares(r, h, ridge=relative_ridge(h, ridge), penalty=self.penalty("h", layer, h))
+            v = self.projected("h", layer, v)
             self.downs.setdefault(layer, []).append((eta * u, v))
             self.residuals["down"][layer] = relative_residual(r, (h @ v.T) @ (eta * u))
 
@@ -434,7 +470,8 @@ def _fit(model: Model, tasks: Sequence[tuple[str, Sequence[str]]], fit: ThoughtF
     family, dtype = block_family(model), patch_dtype(model)
     plain = query_batch(model, [q for qs in cal.queries for q in qs], prefix=cal.prefix)
     targets = _targets(model, family, cal, plain, fit, dtype)
-    keys = PreservedKeys(model, family, cal.keep, cal.layers, KIND_PARTS[fit.kind], dtype)
+    keys = PreservedKeys(model, family, cal.keep, cal.layers, KIND_PARTS[fit.kind], dtype,
+                         bos=fit.null_space is not None)
     fitter = _Fitter(model, family, plain, targets, keys, fit, dtype)
     for _ in range(fit.iterations):
         fitter.sweep(cal.layers)

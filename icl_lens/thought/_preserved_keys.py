@@ -6,7 +6,9 @@ the unpatched model's keys on the preserve texts (every token after BOS):
 
 - ``"a"``: MLP inputs (the matrix fit), ``d_model × d_model``;
 - ``"h"``: MLP hidden activations (the down fit), ``d_mlp × d_mlp``;
-- ``"y"``: the diagonal ``Σ ŷ₀ ⊙ ŷ₀`` of the RMS-normalised MLP outputs (the gain fit).
+- ``"y"``: the diagonal ``Σ ŷ₀ ⊙ ŷ₀`` of the RMS-normalised MLP outputs (the gain fit);
+- with ``bos`` (the null-space projection, :mod:`icl_lens.thought._null_space`), also the
+  BOS position's key ``"a_bos"``, ``"h_bos"`` (one row).
 
 All layers at once would hold ``n_layers · d_mlp²`` floats (a third of a GB for
 SmolLM2-135M and Gemma 3 270M), on top of the model, for the whole fit. The fit visits
@@ -64,8 +66,8 @@ class PreservedKeys:
     """
 
     def __init__(self, model, family, keep_ids: Sequence[Sequence[int]], layers: Sequence[int], parts: Sequence[str],
-                 dtype: torch.dtype):
-        self.model, self.keep_ids, self.dtype = model, list(keep_ids), dtype
+                 dtype: torch.dtype, *, bos: bool = False):
+        self.model, self.keep_ids, self.dtype, self.bos = model, list(keep_ids), dtype, bos
         self.layers = list(layers)
         self.sites: dict[str, object] = {}
         if "matrix" in parts:
@@ -87,18 +89,19 @@ class PreservedKeys:
         return bool(self.keep_ids) and bool(self.sites)
 
     def get(self, kind: str, layer: int) -> Tensor | None:
-        """The covariance (a diagonal for ``"y"``), or None where this fit has no such penalty."""
-        if not self or kind not in self.sites:
+        """The covariance (a diagonal for ``"y"``), or None where this fit has no such penalty; ``kind + "_bos"``
+        (with ``bos``): the BOS position's key, one row (None for ``"y"`` or a model without BOS)."""
+        if not self or kind.removesuffix("_bos") not in self.sites:
             return None
         if layer != self._at:
             self._read(layer)
-        return self._held[kind]
+        return self._held.get(kind)
 
     def _run(self, names: dict[str, str]) -> dict[str, Tensor]:
         """Block ``self._steps[0].layer`` of every chunk (unpatched), reading ``names``; the texts move past it."""
         self.blocks_run += 1
         return read_query_tokens(self.model, self._batch, names, batch_size=TEXTS_PER_PASS, dtype=self.dtype,
-                                 steps=self._steps, advance=True)
+                                 steps=self._steps, advance=True, anchors=self.bos and bool(names))
 
     def _cache_key(self) -> Path | None:
         """This fit's folder in :func:`cache_folder`: a digest of everything the covariances depend on."""
@@ -107,7 +110,7 @@ class PreservedKeys:
             return None
         cfg = self.model.cfg
         what = {"weights": weights_digest(self.model), "model": cfg.model_name, "torch": torch.__version__,
-                "dtype": str(self.dtype), "device": torch.device(cfg.device).type, "per_pass": TEXTS_PER_PASS,
+                "dtype": str(self.dtype), "device": torch.device(cfg.device).type, "per_pass": TEXTS_PER_PASS, "bos": self.bos,
                 "sites": {kind: site(0) for kind, site in sorted(self.sites.items())}, "texts": self.keep_ids}
         return root / hashlib.blake2b(json.dumps(what, sort_keys=True).encode(), digest_size=16).hexdigest()
 
@@ -119,7 +122,7 @@ class PreservedKeys:
             got = torch.load(path, map_location=self.model.cfg.device, weights_only=True)
         except Exception:  # a torn or foreign file: computed again and written over
             return None
-        return got if isinstance(got, dict) and set(got) == set(self.sites) else None
+        return got if isinstance(got, dict) and set(self.sites) <= set(got) else None  # (+ the BOS rows with bos)
 
     def _save(self, layer: int) -> None:
         if self._folder is None:
@@ -151,6 +154,10 @@ class PreservedKeys:
         got = self._run({kind: site(layer) for kind, site in self.sites.items()})
         sizes = [sum(self._batch.query_len[r] for r in rows) for rows in chunk_rows(self._batch, TEXTS_PER_PASS)]
         for kind, x in got.items():
+            if kind.endswith("_anchor"):  # the BOS position of every text (the batch has no prefix): one row
+                if kind != "y_anchor" and x.shape[0]:
+                    self._held[kind.replace("_anchor", "_bos")] = x[:1]
+                continue
             if kind == "y":
                 x = rms_normalize(x, post_norm_eps(self.model, layer)).to(self.dtype)
             total = None

@@ -1,0 +1,52 @@
+"""Issue 38's method rows in the thought evaluation: the null-space stage and its rule, the untouched locality rows
+(controls over five seeds, the anchor) and distillation on equal terms, computed by the jobs the command runs and
+rendered by the report's sections (tiny-llama, a short task: its context is 256 byte tokens)."""
+from __future__ import annotations
+
+import pytest
+
+from experiments.thought.cache import row_key
+from experiments.thought.method import (CONTROL_SEEDS, DEFAULT_LABEL, DISTILL_PRESERVE_WEIGHTS, NULL_SPACE_GRID,
+                                        choose_null_space, null_space_lines, untouched_lines)
+from experiments.thought.settings import choose_strength, default_fit
+from icl_lens.thought import PRESERVE_SET, Task
+
+PAIRS = (("Spain:", "Madrid"), ("Peru:", "Lima"), ("Chad:", "N'Djamena"), ("Cuba:", "Havana"), ("Iran:", "Tehran"),
+         ("Mali:", "Bamako"), ("Oman:", "Muscat"))
+SHORT = Task("short", "Capitals:\nFrance: Paris\n", train=PAIRS[:5], test=PAIRS[5:], fresh=PAIRS[5:6])
+
+
+def test_the_null_space_rule():
+    scores = {DEFAULT_LABEL: (0.20, 0.08), "a": (0.25, 0.05), "b": (0.40, 0.01), "c": (0.30, 0.08)}
+    assert choose_null_space(scores) == "a"  # b's answer KL is past the default's + 0.1
+    assert choose_null_space({DEFAULT_LABEL: (0.2, 0.05), "a": (0.2, 0.05)}) == DEFAULT_LABEL  # a tie keeps it
+    with pytest.raises(ValueError, match="default"):
+        choose_null_space({"a": (0.1, 0.1)})
+
+
+def test_method_jobs_store_and_report_their_rows(tmp_path, one_thread):
+    from experiments.thought.jobs import ModelJobs
+
+    jobs = ModelJobs("tiny-llama", tmp_path / "eval_thought.md", "test", n_train=5, select_fit=3, select_validate=2,
+                     distill_steps=4, null_space_grid=NULL_SPACE_GRID[:2])
+    jobs.null_space(SHORT, 0)  # the default (the strength stage's row)
+    jobs.null_space(SHORT, 1)
+    lines = "\n".join(null_space_lines({"tiny-llama": jobs.results}, ["short"]))
+    assert "**Null-space edit**" in lines and "| tiny-llama | **by the rule** |" in lines
+    ns = jobs.results[row_key("null_space", default_fit().replace(**NULL_SPACE_GRID[1]), PRESERVE_SET, "short")]
+    assert ns["null_space"] == NULL_SPACE_GRID[1]["null_space"] and ns["fit"]["null_space"] == ns["null_space"]
+
+    jobs.untouched(SHORT)
+    row = jobs.results[row_key("untouched", default_fit(), "short")]
+    assert list(row["controls"]) == [str(s) for s in CONTROL_SEEDS]
+    assert len({c["kl_all"] for c in row["controls"].values()}) == len(CONTROL_SEEDS)  # five different draws
+    assert row["patched"]["kl_all"] > 0 and row["anchor"]["kl_all"] > 0
+    jobs.equal_distill(SHORT)
+    d = jobs.results[row_key("equal_distill", default_fit(), PRESERVE_SET, "short")]
+    stage = {float(w): (v["validation_kl"], v["text_kl"]) for w, v in d["stage"].items()}
+    assert set(stage) == set(DISTILL_PRESERVE_WEIGHTS) and d["weight"] == choose_strength(stage)
+    assert d["steps"] == d["stage"][f"{d['weight']:g}"]["chosen_step"] and d["settings"]["steps"] == d["steps"]
+    assert d["per_task"]["n_test"] == 2 and d["per_task_fresh"]["n_test"] == 1 and "kl_all" in d["untouched"]
+    text = "\n".join(untouched_lines({"tiny-llama": jobs.results}, ["tiny-llama"], ["short"]))
+    assert "**Locality nobody tuned on**" in text and "| tiny-llama | short | patched |" in text
+    assert "| tiny-llama | short | distilled (equal terms) |" in text and "target met on" in text
