@@ -110,7 +110,8 @@ class PreservedKeys:
             return None
         cfg = self.model.cfg
         what = {"weights": weights_digest(self.model), "model": cfg.model_name, "torch": torch.__version__,
-                "dtype": str(self.dtype), "device": torch.device(cfg.device).type, "per_pass": TEXTS_PER_PASS, "bos": self.bos,
+                "dtype": str(self.dtype), "device": torch.device(cfg.device).type, "per_pass": TEXTS_PER_PASS,
+                "bos": self.bos,
                 "sites": {kind: site(0) for kind, site in sorted(self.sites.items())}, "texts": self.keep_ids}
         return root / hashlib.blake2b(json.dumps(what, sort_keys=True).encode(), digest_size=16).hexdigest()
 
