@@ -205,11 +205,16 @@ def thought_rows(split: str = "table", models: Sequence[str] = ("gemma-3-270m", 
     order, each with its ``model`` and ``task``; an empty list when no report has them."""
     from icl_lens.thought import ThoughtFit
 
-    default = ThoughtFit().to_dict()
+    def is_default(fit) -> bool:  # through the settings class: a field added since keeps its default
+        try:
+            return isinstance(fit, dict) and ThoughtFit.from_dict(fit) == ThoughtFit()
+        except (TypeError, ValueError):
+            return False
+
     rows = []
     for model in models:
         for key, row in (read_report(f"thought.{model}", root) or {}).items():
-            if key.startswith(f"{split}/") and isinstance(row, dict) and row.get("fit") == default:
+            if key.startswith(f"{split}/") and isinstance(row, dict) and is_default(row.get("fit")):
                 rows.append({**row, "model": model, "task": key.rsplit("/", 1)[1]})
     return rows
 
