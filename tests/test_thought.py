@@ -380,6 +380,22 @@ class _FromTheEmbedding:
         return Keys
 
 
+def _watch_preserved_keys(monkeypatch) -> list:
+    """Every ``PreservedKeys`` the fits make from now on, in order (their cost counters are read after the fit)."""
+    import icl_lens.thought._fit as fit_module
+    import icl_lens.thought._preserved_keys as pk
+
+    made = []
+
+    class Watched(pk.PreservedKeys):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(fit_module, "PreservedKeys", Watched)
+    return made
+
+
 EQUAL_CASES = {  # (model, settings): the default kind with answer rows and preserve texts; a layer subset, two sweeps
     "default": dict(kind="both+down", ridge=1.0, answer_tokens=2, preserve_strength=3.0),
     "subset, two sweeps": dict(kind="both+down", ridge=1.0, eta=0.5, iterations=2, layers=[0, 2], answer_tokens=0,
@@ -404,14 +420,7 @@ def test_one_pass_over_the_layers_gives_the_fit_from_the_embedding(load, name, c
     kept = ["The quiet river bends past the mill.", "Seven green boxes sat on a shelf by the door."]
     setting = {"preserve": kept, **EQUAL_CASES[case]}
     queries = ["q", "ab", "the cat"]
-    made = []
-
-    class Watched(pk.PreservedKeys):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(fit_module, "PreservedKeys", Watched)
+    made = _watch_preserved_keys(monkeypatch)
     swept = thought_patch(model, INSTRUCTION, queries, **setting)
     monkeypatch.setattr(fit_module, "_Fitter", _FromTheEmbedding.fitter(fit_module._Fitter))
     monkeypatch.setattr(fit_module, "PreservedKeys", _FromTheEmbedding.keys(pk.PreservedKeys))
@@ -434,17 +443,9 @@ def test_preserved_covariances_come_back_from_disk_bit_for_bit(load, tmp_path, m
     """A second fit with the same weights, texts and dtype reads every layer's covariances from the disk cache (no
     pass over the texts) and makes the same patch bit for bit; other texts, a weight edited in place, or a torn file
     are computed again, and an empty ``ICL_LENS_PRESERVE_CACHE`` keeps nothing."""
-    import icl_lens.thought._fit as fit_module
     import icl_lens.thought._preserved_keys as pk
 
-    made = []
-
-    class Watched(pk.PreservedKeys):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(fit_module, "PreservedKeys", Watched)
+    made = _watch_preserved_keys(monkeypatch)
     monkeypatch.setenv(pk.CACHE_ENV, str(tmp_path))
     model = load("tiny-llama", torch.float64)
     setting = dict(preserve=["The quiet river bends past the mill.", "Two boxes."], preserve_strength=3.0,
