@@ -2,7 +2,7 @@
 ``reports/workshop_answers.json``.
 
     python notebooks/workshop/answer_sheet.py [--model smollm2-135m] [--notebooks 01 02 03 04 05 06]
-    # 04 takes about 7 minutes on a 2-core laptop, the others about a minute each
+    # on a 2-core laptop, one thread: 04 about 7 minutes; 01 02 03 05 06 together about a minute
 
 Each entry is what that notebook's check cells measure, computed with the same library calls on the same prompts
 (the workshop model SmolLM2-135M; notebook 02 runs the lab's shipped models, stored under ``lab``; one torch
