@@ -51,13 +51,16 @@ import dataclasses
 import torch
 
 import icl_lens
-from workshop.claims import claim, claims_view
-from workshop.exercise_checks import check_answer, check_below, check_choice, missing, no_answer, solutions_on
+from workshop.claims import answer_sheet, claim, claims_view
+from workshop.exercise_checks import (check_answer, check_below, check_choice, check_sheet, missing, no_answer,
+                                      solutions_on)
 
 torch.set_num_threads(1)  # a shared 2-core laptop: one thread per notebook
 MODEL = "smollm2-135m"  # or "gemma-3-270m" (about 2.2 GB of memory; see above)
 model = icl_lens.load_model(MODEL)
 print(model.cfg.n_layers, "layers,", model.cfg.d_model, "model dim,", model.cfg.d_mlp, "MLP dim")
+# the guide's expected answers, measured on MODEL (reports/workshop_answers.json); the checks compare this run with it
+sheet = answer_sheet("01_quickstart", MODEL)
 
 # %% [markdown]
 # ## 1 · Token patches from one forward pass (5 min)
@@ -103,6 +106,9 @@ check_choice(prediction_1, "yes" if all(holds) else "no" if not any(holds) else 
              ("yes", "no", "depends on the prompt"), "does the identity hold without the correction",
              why=f"Without it the relative logit errors are {', '.join(f'{e:.2f}' for e in errors_1)} on the three "
                  "prompts, against about 1e-6 with it (section 3).")
+check_sheet({"errors_without_correction": errors_1,
+             "error_with_correction": icl_lens.verify_equivalence(model, prompt, patches).relative_error},
+            sheet, "the identity with and without the correction")
 if missing(without_correction):
     no_answer("your patches without the correction")
 else:
@@ -317,8 +323,9 @@ else:
     check_answer([patches.tokens[i] for i in ablated.kept[-1].nonzero().flatten().tolist()][:2],
                  [patches.tokens[0], patches.tokens[sentence_end + 1]], "first tokens the last query keeps",
                  why="BOS stays, the first sentence is removed, the rest of the context stays.")
-    check_below(icl_lens.verify_equivalence(model, prompt, ablated).relative_error, 1e-4,
-                "relative logit error with the first sentence removed")
+    error_3 = icl_lens.verify_equivalence(model, prompt, ablated).relative_error
+    check_below(error_3, 1e-4, "relative logit error with the first sentence removed")
+    check_sheet({"error_first_sentence_removed": error_3}, sheet, "the first sentence removed")
 
 # %% [markdown]
 # ### Exercise 4 · Predict, then check: which layer? (3 min)
@@ -342,6 +349,7 @@ largest = int(frame.groupby("layer").norm.mean().idxmax())
 thirds = ("early", "middle", "late")
 check_choice(prediction_4, thirds[min(2, 3 * largest // model.cfg.n_layers)], thirds,
              "where the largest mean patch norm lies", why=f"It is layer {largest} of {model.cfg.n_layers}.")
+check_sheet({"largest_norm_layer": largest, "n_layers": model.cfg.n_layers}, sheet, "the layer with the largest norm")
 check_answer(answer_4, largest, "layer with the largest mean patch norm",
              why="Patch norms carry each layer's own weight and input scale: compare tokens within a layer, "
                  "and use the identity (not the norm) to say what a patch does.")

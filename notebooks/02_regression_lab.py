@@ -51,12 +51,14 @@ from icl_lens import lab
 from icl_lens.core import power_law_fit
 from icl_lens.stats import bootstrap_mean
 from icl_lens.ui import vertical_marker
-from workshop.claims import NOT_MEASURED, claims_view, lookup, read_report, summary_claims
-from workshop.exercise_checks import check_answer, check_compare, solutions_on
+from workshop.claims import NOT_MEASURED, answer_sheet, claims_view, lookup, read_report, summary_claims
+from workshop.exercise_checks import check_answer, check_compare, check_sheet, solutions_on
 
 torch.set_num_threads(1)  # the models are tiny: one thread is fastest
 torch.manual_seed(0)
 models = {arch: lab.load_lab_model(arch) for arch in lab.ARCHITECTURES}  # 10-layer Pre-LN models
+# the guide's expected answers, measured on these models (reports/workshop_answers.json); the checks compare with it
+sheet = answer_sheet("02_regression_lab", "lab")
 {arch: round(lab.training_record(arch)["eval_loss_n_train"], 4) for arch in lab.ARCHITECTURES}
 
 # %% [markdown]
@@ -117,6 +119,7 @@ check_compare(prediction_1, gap["w_in"], gap["correction"], "which part alone le
               why=f"Both together leave {gap['full'].mean:.1g}. In a deep Pre-LN model much of the context effect "
                   "rides the skip connections, so 'context = a weight update of W_in' needs the correction.")
 check_answer(None if parts is None else len(parts.targets), 16, "prompts in your patch_parts run")
+check_sheet({"unexplained": gap}, sheet, "the unexplained shares")
 
 # %% [markdown]
 # ## 2 · Implicit dynamics vs explicit finetuning, the paper's way — 8 min
@@ -213,6 +216,8 @@ per_prompt = bootstrap_mean([float(power_law_fit(row[late], x=pairs[late]).expon
 check_compare(prediction_2, per_prompt, (0.5, 0.5, 0.5), "is the GRU's exponent closer to 0 or to 1",
               labels=("1", "0"), names=("GRU α, per prompt", "midpoint"),
               why="Nothing in a GRU's update divides by the number of pairs seen (the next cell says why).")
+check_sheet({"gru_alpha_beyond_train": float(summary.alpha_beyond_train["gru"]), "gru_alpha_per_prompt": per_prompt},
+            sheet, "the GRU's exponent")
 
 # %% [markdown]
 # **Why attention's steps shrink.** Softmax attention's output for the query is a *weighted average* of the values it
@@ -339,6 +344,7 @@ if solutions_on():
 # %%
 _, reference_cache = models["delta"].run_with_cache(
     lab.sample_prompts(1, 16, 4, generator=torch.Generator().manual_seed(2)).tokens)
+check_sheet({"mean_beta_layer_0": float(reference_cache["blocks.0.mix.hook_beta"].mean())}, sheet, "the mean β")
 check_answer(mean_beta, float(reference_cache["blocks.0.mix.hook_beta"].mean()), "mean β of layer 0", rel_tol=1e-6,
              why="β < 1 keeps part of the old memory at every step: a rate of 1 would overwrite the memory's "
                  "answer for the current key with the current pair alone.")

@@ -42,13 +42,15 @@ import torch
 import icl_lens
 from icl_lens.stats import bootstrap_mean
 from icl_lens.ui import layer_lines
-from workshop.claims import alignment_row, claim, claims_view, count_where, mean_ci, verdict_above
-from workshop.exercise_checks import (check_answer, check_below, check_choice, check_compare, missing, no_answer,
-                                      solutions_on)
+from workshop.claims import alignment_row, answer_sheet, claim, claims_view, count_where, mean_ci, verdict_above
+from workshop.exercise_checks import (check_answer, check_below, check_choice, check_compare, check_sheet, missing,
+                                      no_answer, solutions_on)
 
 torch.set_num_threads(1)
 MODEL = "smollm2-135m"  # or "gemma-3-270m" (about 2.2 GB of memory)
 model = icl_lens.load_model(MODEL)
+# the guide's expected answers, measured on MODEL (reports/workshop_answers.json); the checks compare this run with it
+sheet = answer_sheet("03_implicit_dynamics", MODEL)
 prompt = "France: Paris\nJapan: Tokyo\nItaly: Rome\nSpain: Madrid\nGermany:"
 traj = icl_lens.trajectory(model, prompt)  # query = last token
 print(f"query {traj.query} {traj.tokens[traj.query]!r}, n = {traj.n_context} context tokens, "
@@ -170,6 +172,7 @@ few_ci = bootstrap_mean([mean_exponent[p] for p in few_shot_prompts])
 check_answer(free_exponent, mean_exponent[other_prompt], "mean decay exponent of the free-text prompt", rel_tol=1e-6)
 check_compare(prediction_1, free_ci, few_ci, "free text vs few-shot", names=("free text", "few-shot"),
               why="b > 0 would mean shrinking steps.")
+check_sheet({"mean_exponent_free_text": free_ci, "mean_exponent_few_shot": few_ci}, sheet, "the mean exponents")
 
 # %% [markdown]
 # ### Exercise 2 · Is every step exact on the free-text prompt too?
@@ -192,6 +195,8 @@ if missing(free_check):
 else:
     check_answer(len(free_check.steps), icl_lens.trajectory(model, other_prompt).n_context, "number of steps checked")
     check_below(free_check.relative_error, 1e-4, "worst relative logit error over the steps")
+    check_sheet({"free_text_steps": len(free_check.steps), "free_text_worst_error": free_check.relative_error}, sheet,
+                "every step on the free-text prompt")
 
 # %% [markdown]
 # ### Exercise 3 · Predict, then check: a cosine against its control
@@ -220,6 +225,8 @@ check_answer(answer_3, beats,
              "layers where the same-prompt cosine beats the control",
              why=f"Of {len(cosines)} layers; all |cos| ≤ {float(cosines.abs().max().max()):.3f}. One prompt and one "
                  "control decide nothing: the 64-prompt evaluation in the table below is the answer that counts.")
+check_sheet({"beats_control": beats, "n_layers": len(cosines), "max_abs_cos": float(cosines.abs().max().max())}, sheet,
+            "the cosines against the control")
 
 # %% [markdown]
 # ## Paper says / we measure (2 min)

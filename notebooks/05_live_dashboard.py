@@ -51,14 +51,16 @@ import torch
 
 import icl_lens
 from icl_lens.stats import wilson_interval
-from workshop.claims import claim, claims_view, count_where
-from workshop.exercise_checks import check_answer, check_compare, solutions_on
+from workshop.claims import answer_sheet, claim, claims_view, count_where
+from workshop.exercise_checks import check_answer, check_compare, check_sheet, solutions_on
 
 torch.set_num_threads(1)
 # The workshop model, SmolLM2-135M (what the answer sheet measured). To switch, set MODEL = "gemma-3-270m" here
 # (needs about 2.2 GB free), or start JupyterLab with `ICL_LENS_WORKSHOP_MODEL=gemma-3-270m make lab`.
 MODEL = os.environ.get("ICL_LENS_WORKSHOP_MODEL", "smollm2-135m")
 dash = icl_lens.dashboard(MODEL)
+# the guide's expected answers, measured on MODEL (reports/workshop_answers.json); the checks compare this run with it
+sheet = answer_sheet("05_live_dashboard", MODEL)
 dash
 
 # %% [markdown] tags=["lesson"]
@@ -87,6 +89,8 @@ every = patches.to_frame()
 last_layer = every[every.layer == every.layer.max()]
 check_answer(None if answer_1 is None else str(answer_1).strip(),
              last_layer.loc[last_layer.norm.idxmax(), "token"].strip(), "token with the largest last-layer patch norm")
+check_sheet({"largest_last_layer_token": last_layer.loc[last_layer.norm.idxmax(), "token"].strip()}, sheet,
+            "the token with the largest last-layer norm")
 
 # %% [markdown] tags=["lesson"]
 # ## Exercise 2 · Predict, then check: do the steps shrink? (5 min)
@@ -115,6 +119,7 @@ k, n = sum(e > 0 for e in exponents), len(exponents)
 check_compare(prediction_2, (k / n, *wilson_interval(k, n)), (0.5, 0.5, 0.5), "do most layers' steps shrink",
               labels=("shrink", "grow"), names=("share of layers with α > 0", "half"),
               why=f"α > 0 in {shrinking} (prompt, layer) pairs over three prompts.")
+check_sheet({"shrinking": k, "prompt_layer_pairs": n}, sheet, "the pairs whose steps shrink")
 
 # %% [markdown] tags=["lesson"]
 # ## Paper says / we measure (on the exercise prompts)

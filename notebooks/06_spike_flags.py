@@ -40,14 +40,16 @@ import pandas as pd
 import torch
 
 import icl_lens
-from workshop.claims import (auroc_ci, claims_view, percent_ci, spike_auroc, spike_scored, spike_shipped,
+from workshop.claims import (answer_sheet, auroc_ci, claims_view, percent_ci, spike_auroc, spike_scored, spike_shipped,
                              spike_unseen_auroc, spike_without_copied_answers, summary_claims)
-from workshop.exercise_checks import check_answer, check_compare, missing, no_answer, solutions_on
+from workshop.exercise_checks import check_answer, check_compare, check_sheet, missing, no_answer, solutions_on
 
 torch.set_num_threads(1)
 MODEL = "smollm2-135m"  # or "gemma-3-270m" (about 2.2 GB of memory)
 model = icl_lens.load_model(MODEL)
 print(model.cfg.n_layers, "layers")
+# the guide's expected answers, measured on MODEL (reports/workshop_answers.json); the checks compare this run with it
+sheet = answer_sheet("06_spike_flags", MODEL)
 
 # %% [markdown]
 # ## Scores on a prompt
@@ -137,6 +139,8 @@ check_answer(answer_1, int((~icl_lens.spike_scores(patches, window=8).enough_con
                  "the token right after it remove no context, so their patches are zero by definition: they are "
                  "never scored and never count as history. Hence 2 + 8: positions 0 and 1, then the first 8 "
                  "informative positions, whose windows are not yet full.")
+check_sheet({"without_enough_context_window_8": int((~icl_lens.spike_scores(patches, window=8).enough_context).sum())},
+            sheet, "the positions without enough context")
 
 # %% [markdown]
 # ### Exercise 2 · Predict, then check: is a spike a sign of a wrong answer? (10 min, open)

@@ -21,7 +21,7 @@ from icl_lens.stats._bootstrap import bootstrap_mean
 from workshop.claims import spike_shipped, spike_without_copied_answers, thought_locality
 from workshop.exercise_checks import (
     NO_ANSWER, NOT_DISTINGUISHABLE, RIGHT, WRONG, ExerciseCheckFailed, as_number, check_answer, check_below,
-    check_choice, check_compare, compare_intervals, missing, no_answer, solutions_on,
+    check_choice, check_compare, check_sheet, compare_intervals, missing, no_answer, solutions_on,
 )
 from workshop.cleanup import free
 
@@ -165,6 +165,27 @@ def test_checks_are_strict_with_the_solutions_on(monkeypatch):
     with pytest.raises(ExerciseCheckFailed, match="you answered 2"):
         check_answer(2, 3, "layer")
     assert issubclass(ExerciseCheckFailed, AssertionError)
+
+
+def test_check_sheet_compares_a_run_with_the_answer_sheet(capsys, monkeypatch):
+    """What a check cell measured against the stored answer sheet: agreement is silent (no ✓: the as-opened run of a
+    check cell grades nothing), a drifted number, count or missing entry is a ✗ naming it, strict with solutions on."""
+    monkeypatch.delenv("ICL_LENS_SOLUTIONS", raising=False)
+    ci = bootstrap_mean([0.1, 0.9, 0.5])
+    measured = {"errors": [0.99, np.float32(1.9e-6)], "ci": ci, "count": np.int64(14), "token": "capital"}
+    stored = {"errors": [0.9901, 2.4e-6], "ci": {"mean": ci.mean, "low": ci.low, "high": ci.high, "n": 3},
+              "count": 14, "token": "capital", "command": "python notebooks/workshop/answer_sheet.py"}
+    assert check_sheet(measured, stored, "x") == RIGHT
+    assert check_sheet(measured, None, "x") is None  # no sheet for this model: nothing to compare
+    out = capsys.readouterr().out
+    assert "✓" not in out and "✗" not in out and out.count("\n") == 1 and "expected answer for x" in out
+    for key, wrong in [("count", 15), ("errors", [0.9, 2.4e-6]), ("token", "Paris")]:
+        assert check_sheet(measured, {**stored, key: wrong}, "x") == WRONG
+        assert "✗ x: this run differs from the answer sheet" in (said := capsys.readouterr().out) and key in said
+    assert check_sheet(measured, {k: v for k, v in stored.items() if k != "ci"}, "x") == WRONG  # a stale sheet
+    monkeypatch.setenv("ICL_LENS_SOLUTIONS", "1")
+    with pytest.raises(ExerciseCheckFailed, match=r"count: sheet 15, measured 14"):
+        check_sheet(measured, {**stored, "count": 15}, "x")
 
 
 def test_predictions_are_graded_on_signal(capsys, monkeypatch):

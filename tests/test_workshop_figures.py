@@ -57,6 +57,32 @@ def test_what_the_teacher_says_carries_no_typed_figure():
     assert not typed, f"figures typed by hand in what the teacher says: {typed}"
 
 
+def expected_answers(text: str) -> list[str]:
+    """The "expected answer" column of the guide's exercise table, markers replaced (``\\|``: a pipe in a cell)."""
+    section = text[text.index("## What each exercise teaches"):]
+    section = section[:section.index("\n\n", section.index("\n|"))]
+    rows = [re.split(r"(?<!\\)\|", line) for line in section.splitlines() if re.match(r"^\| \d\d ·", line)]
+    return [_unmarked(row[3]) for row in rows]
+
+
+def test_expected_answers_carry_no_typed_digit():
+    """Every digit in the exercise table's expected answers sits inside a marker: each is rendered from the answer
+    sheet (``reports/workshop_answers.json``), which the notebooks' checks compare with their own run."""
+    answers = expected_answers(GUIDE.read_text(encoding="utf-8"))
+    assert len(answers) >= 15
+    typed = [a.strip() for a in answers if re.search(r"\d", a)]
+    assert not typed, f"digits typed by hand in the guide's expected answers: {typed}"
+
+
+def test_a_typed_digit_in_an_expected_answer_is_caught():
+    """Planted fault: a number typed beside a marker in the exercise table."""
+    text = GUIDE.read_text(encoding="utf-8")
+    planted = text.replace("<!-- /report --> without enough context",
+                           "<!-- /report --> (10 here) without enough context")
+    assert planted != text
+    assert [a for a in expected_answers(planted) if re.search(r"\d", a)]
+
+
 def test_a_wrong_or_drifted_figure_is_caught(tmp_path):
     """Planted faults: a number typed wrong inside a marker, and a report rerun whose number changed."""
     text = GUIDE.read_text(encoding="utf-8")

@@ -27,10 +27,11 @@ solutions stops where a claim no longer holds.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Mapping
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any
 
 SOLUTIONS_ENV = "ICL_LENS_SOLUTIONS"
@@ -179,6 +180,55 @@ def check_compare(answer: Any, a: Any, b: Any, what: str, *, labels: tuple[str, 
     reason = f"{shown}." + (" The intervals overlap." if expected == NOT_DISTINGUISHABLE else "")
     return check_choice(answer, expected, (*labels, NOT_DISTINGUISHABLE), what,
                         why=f"{reason} {why}".strip())
+
+
+def as_record(x: Any) -> Any:
+    """``x`` as JSON data: a dataclass (a ``MeanCI``) as its fields, a tensor or numpy scalar as its number,
+    mappings and sequences item by item; what the answer sheet stores and :func:`check_sheet` compares."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return as_record(dataclasses.asdict(x))
+    if isinstance(x, Mapping):
+        return {str(k): as_record(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [as_record(v) for v in x]
+    if isinstance(x, (str, bool, int)) or x is None:
+        return x
+    if isinstance(x, Integral):  # a numpy integer (a count summed over numpy booleans)
+        return int(x)
+    number = as_number(x)
+    return x if number is None else number
+
+
+def _differences(measured: Any, stored: Any, rel_tol: float, abs_tol: float, where: str = "") -> list[str]:
+    if isinstance(measured, Mapping) and isinstance(stored, Mapping):
+        return [d for k in measured for d in _differences(measured[k], stored.get(k), rel_tol, abs_tol, f"{where}.{k}")]
+    if isinstance(measured, list) and isinstance(stored, list) and len(measured) == len(stored):
+        return [d for i, (m, s) in enumerate(zip(measured, stored))
+                for d in _differences(m, s, rel_tol, abs_tol, f"{where}[{i}]")]
+    both_numbers = all(isinstance(v, Real) and not isinstance(v, bool) for v in (measured, stored))
+    if both_numbers and not (isinstance(measured, int) and isinstance(stored, int)):
+        same = math.isclose(measured, stored, rel_tol=rel_tol, abs_tol=abs_tol)
+    else:
+        same = measured == stored
+    return [] if same else [f"{where.lstrip('.')}: sheet {stored!r}, measured {measured!r}"]
+
+
+def check_sheet(measured: Mapping[str, Any], sheet: Mapping[str, Any] | None, what: str, *, rel_tol: float = 1e-3,
+                abs_tol: float = 1e-5) -> str | None:
+    """The answer sheet (``reports/workshop_answers.json``, from which docs/workshop.md's expected answers are
+    rendered) holds what this check cell measured: each entry of ``measured`` (numbers within ``rel_tol``, or
+    ``abs_tol`` for errors at float32 noise level; counts and words exactly).
+
+    Silent where they agree and where there is no sheet (another model); a ``✗`` where they differ (raised when
+    solutions are on, so the notebook tests fail when the sheet drifts from the notebook)."""
+    if sheet is None:
+        return None
+    bad = _differences(as_record(measured), sheet, rel_tol, abs_tol)
+    if not bad:
+        print(f"(the guide's expected answer for {what} is this run's: reports/workshop_answers.json)")
+        return RIGHT
+    return _verdict(False, "", f"✗ {what}: this run differs from the answer sheet (reports/workshop_answers.json; "
+                               f"rerun python notebooks/workshop/answer_sheet.py): {'; '.join(bad)}")
 
 
 def _norm(x: Any) -> Any:

@@ -21,8 +21,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: python notebooks/workshop/figures.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workshop.claims import (NOT_MEASURED, accuracy_ci, answer_sheet, lookup, notebook_run, rate, read_report, spike_shipped, spike_unseen_auroc,
-                             summary_verdicts, thought_locality, thought_rows)
+from icl_lens.stats import wilson_interval
+from workshop.claims import (NOT_MEASURED, accuracy_ci, answer_sheet, lookup, mean_ci, notebook_run, rate, read_report,
+                             spike_shipped, spike_unseen_auroc, summary_verdicts, thought_locality, thought_rows)
 from workshop.exercise_checks import compare_intervals
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,8 +95,74 @@ def summary_figure(claim_start: str) -> Callable[[Path | None], str | None]:
     return render
 
 
+WORKSHOP_MODEL = "smollm2-135m"
+
+
 def _sheet_04(root: Path | None):
-    return answer_sheet("04_thought_patches", "smollm2-135m", root)
+    return answer_sheet("04_thought_patches", WORKSHOP_MODEL, root)
+
+
+def _sci(x: float, digits: int = 1) -> str:
+    """``1.9e-6`` (an identity's error, as the guide writes it)."""
+    mantissa, exponent = f"{x:.{digits}e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _ci(row: dict) -> str:
+    """``0.49 [0.12, 1.1]``: a stored mean with its interval, two significant digits."""
+    return f"{row['mean']:.2g} [{row['low']:.2g}, {row['high']:.2g}]"
+
+
+def sheet_answer(notebook: str, render: Callable[[dict], str], model: str = WORKSHOP_MODEL
+                 ) -> Callable[[Path | None], str | None]:
+    """An expected answer of ``notebook``'s exercises, rendered from its entry on the answer sheet (written by
+    ``python notebooks/workshop/answer_sheet.py``; the notebook's check cells compare their run with it)."""
+    return lambda root: None if (s := answer_sheet(notebook, model, root)) is None else render(s)
+
+
+def _correction(s: dict) -> str:
+    errors = s["errors_without_correction"]
+    holds = [e < 1e-4 for e in errors]  # the check's rule: the identity holds below 1e-4
+    verdict = "yes" if all(holds) else "no" if not any(holds) else "depends on the prompt"
+    shown = ", ".join(f"{e:.2f}" for e in errors[:-1]) + f" and {errors[-1]:.2f}"
+    return (f'"{verdict}": without it the relative logit error is {shown} on the three prompts '
+            f'({_sci(s["error_with_correction"], 0)} with it)')
+
+
+def _largest_layer(s: dict) -> str:
+    thirds = ("early", "middle", "late")
+    return f'"{thirds[min(2, 3 * s["largest_norm_layer"] // s["n_layers"])]}": layer {s["largest_norm_layer"]}'
+
+
+def _patch_parts(s: dict) -> str:
+    gap = s["unexplained"]
+    return (f'"{compare_intervals(gap["w_in"], gap["correction"], ("w_in", "correction"))}": W_in patches alone leave '
+            f'{_ci(gap["w_in"])} unexplained, corrections alone {_ci(gap["correction"])}')
+
+
+def _gru(s: dict) -> str:
+    per_prompt = s["gru_alpha_per_prompt"]
+    return (f'exponent {s["gru_alpha_beyond_train"]:+.2f} (per prompt {mean_ci(per_prompt, 2)}) → '
+            f'"{compare_intervals(per_prompt, (0.5, 0.5, 0.5), ("1", "0"))}"')
+
+
+def _free_vs_few(s: dict) -> str:
+    free, few = s["mean_exponent_free_text"], s["mean_exponent_few_shot"]
+    both = " (both negative: the steps grow)" if max(free["high"], few["high"]) < 0 else ""
+    return f'"{compare_intervals(free, few)}": free text {mean_ci(free, 2)}, few-shot {mean_ci(few, 2)}{both}'
+
+
+def _control(s: dict) -> str:
+    share = s["beats_control"] / s["n_layers"]
+    verdict = "most" if share > 2 / 3 else "few" if share < 1 / 3 else "about half"
+    return f'"{verdict}": {s["beats_control"]} of {s["n_layers"]} layers; every \\|cos\\| ≤ {s["max_abs_cos"]:.3f}'
+
+
+def _shrink(s: dict) -> str:
+    k, n = s["shrinking"], s["prompt_layer_pairs"]
+    low, high = wilson_interval(k, n)
+    verdict = compare_intervals((k / n, low, high), (0.5, 0.5, 0.5), ("shrink", "grow"))
+    return f'"{verdict}": α > 0 in {k} of {n} (prompt, layer) pairs, {k / n:.2f} [{low:.2f}, {high:.2f}]'
 
 
 def answers_04_section_2(root: Path | None = None) -> str | None:
@@ -190,6 +257,21 @@ FIGURES: dict[str, Callable[[Path | None], str | None]] = {
     "answers_04_by_kind": answers_04_by_kind,
     "answers_04_one_query": answers_04_one_query,
     "answers_06_prediction": answers_06_prediction,
+    "answers_01_correction": sheet_answer("01_quickstart", _correction),
+    "answers_01_remove": sheet_answer("01_quickstart",
+                                      lambda s: f"error {_sci(s['error_first_sentence_removed'])} ≤ 1e-4"),
+    "answers_01_layer": sheet_answer("01_quickstart", _largest_layer),
+    "answers_02_parts": sheet_answer("02_regression_lab", _patch_parts, "lab"),
+    "answers_02_gru": sheet_answer("02_regression_lab", _gru, "lab"),
+    "answers_02_beta": sheet_answer("02_regression_lab", lambda s: f"mean β of layer 0 = {s['mean_beta_layer_0']:.2f}",
+                                    "lab"),
+    "answers_03_free_vs_few": sheet_answer("03_implicit_dynamics", _free_vs_few),
+    "answers_03_steps": sheet_answer("03_implicit_dynamics", lambda s: f"{s['free_text_steps']} steps, worst error "
+                                                                     f"{_sci(s['free_text_worst_error'])}"),
+    "answers_03_control": sheet_answer("03_implicit_dynamics", _control),
+    "answers_05_token": sheet_answer("05_live_dashboard", lambda s: f'"{s["largest_last_layer_token"]}"'),
+    "answers_05_shrink": sheet_answer("05_live_dashboard", _shrink),
+    "answers_06_window": sheet_answer("06_spike_flags", lambda s: f"{s['without_enough_context_window_8']} positions"),
     "peak_range": peak_range,
     **{f"seconds_{n}": run_seconds(n) for n in NOTEBOOKS},
     **{f"peak_{n}": run_peak(n) for n in NOTEBOOKS},
