@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from experiments.thought.cache import row_key
+from experiments.thought.rule import in_range, locality_rule, target_rule
 from experiments.thought.settings import (LOCALITY_KEPT, LOCALITY_KL, PRESERVE_SLACK, SELECT_FIT, SELECT_VALIDATE,
                                          default_fit)
 
@@ -105,9 +106,21 @@ def untouched_probe(model):
 
 
 def locality_met(loc: dict) -> bool:
-    """Issue 38's locality target on one measure: every other task keeps ≥ ``LOCALITY_KEPT`` of its answers and the
-    pooled text KL is ≤ ``LOCALITY_KL`` nats."""
-    return min(loc["kept"].values()) >= LOCALITY_KEPT and loc["kl_all"] <= LOCALITY_KL
+    """:func:`~experiments.thought.rule.locality_rule` on one measure of the untouched set: the lowest share of a
+    task's answers kept and the pooled text KL."""
+    return locality_rule(min(loc["kept"].values()), loc["kl_all"])
+
+
+def accuracy_held(caches: dict, model: str, task: str) -> bool | None:
+    """Whether the default patch meets :func:`~experiments.thought.rule.target_rule` on the task's fresh in-range
+    queries (the verdict's split: the untouched job fits the same patch as that row); None where that row is not
+    cached or holds no in-range query."""
+    from experiments.thought.cache import current_row
+    from experiments.thought.targets import split_key
+
+    row = current_row(caches[model], split_key("fresh", task))
+    part = in_range(row) if row is not None else None
+    return None if part is None else target_rule(part).met
 
 
 def _spread(values, fmt: str = ".3f") -> str:
@@ -137,10 +150,13 @@ def untouched_lines(caches: dict, models, tasks) -> list[str]:
              "format and pooled; kept: the lowest share of a task's answers (its first line) the edited model keeps. "
              f"Controls: random patches of the same per-layer norms, seeds {', '.join(map(str, CONTROL_SEEDS))}, "
              "mean [range] (seeds are few). Anchor: the instruction itself prepended to the same inputs, unedited. "
-             f"Target: kept ≥ {LOCALITY_KEPT:.0%} on every task and pooled KL ≤ {LOCALITY_KL:g}.", "",
+             f"Locality: kept ≥ {LOCALITY_KEPT:.0%} on every task and pooled KL ≤ {LOCALITY_KL:g} (the report's one "
+             "locality rule). Target: locality *and* accuracy held (the target rule on the task's fresh in-range "
+             "queries; – where that row is not cached).", "",
              "| model | task | edit | pooled KL | " + " | ".join(f"KL {f}" for f in data.formats) +
-             " | kept (lowest task) | control pooled KL | control kept | anchor pooled KL | anchor kept | target |",
-             "|---|---|---|---|" + "---|" * len(data.formats) + "---|---|---|---|---|---|"]
+             " | kept (lowest task) | control pooled KL | control kept | anchor pooled KL | anchor kept | locality "
+             "| accuracy held | target |",
+             "|---|---|---|---|" + "---|" * len(data.formats) + "---|---|---|---|---|---|---|---|"]
     for model in models:
         met = []
         for task, r in rows[model].items():
@@ -148,19 +164,22 @@ def untouched_lines(caches: dict, models, tasks) -> list[str]:
             ctl_kl = _spread([c["kl_all"] for c in controls])
             ctl_kept = _spread([min(c["kept"].values()) for c in controls], ".0%")
             anchor = r["anchor"]
+            held = accuracy_held(caches, model, task)
             for edit, loc in (("patched", r["patched"]), *((("distilled (equal terms)", distilled[model][task]),)
                                                           if task in distilled[model] else ())):
                 ok = locality_met(loc)
                 if edit == "patched":
-                    met.append(ok)
+                    met.append(ok and bool(held))
                 lines.append(f"| {model} | {task} | {edit} | {loc['kl_all']:.3f} | "
                              + " | ".join(f"{loc['kl'][f]:.3f}" for f in data.formats)
                              + f" | {min(loc['kept'].values()):.0%} | {ctl_kl} | {ctl_kept} | "
                              f"{anchor['kl_all']:.3f} | {min(anchor['kept'].values()):.0%} | "
-                             f"{'met' if ok else 'missed'} |")
+                             f"{'met' if ok else 'missed'} | "
+                             f"{'–' if held is None or edit != 'patched' else 'yes' if held else 'no'} | "
+                             f"{'met' if ok and held else 'missed' if edit == 'patched' else '–'} |")
         if met:
             lines.append(f"| {model} | **patched: target met on {sum(met)} of {len(met)} tasks** |" +
-                         " |" * (len(data.formats) + 8))
+                         " |" * (len(data.formats) + 10))
     return lines
 
 

@@ -24,6 +24,13 @@ translations, lookups) are in range throughout: their fresh pairs are new words 
 (``experiments/build_tasks.py``). The verdict reads the in-range part; the out-of-range part is a generalisation row
 of its own.
 
+**Locality rule** (:func:`locality_rule`): an edit keeps locality when the other task(s) keep at least
+``LOCALITY_KEPT`` (90%) of their answers (the lowest share where there are several), the text KL is at most
+``LOCALITY_KL`` (0.1 nats) and, where a random control of the same norms was measured beside it, below the control's.
+The targets table and the untouched locality set (``experiments/thought/method.py``) both call it; on the untouched
+set an edit meets issue 38's locality target when the rule holds *and* its accuracy is held (:func:`target_rule` on
+the task's fresh in-range queries).
+
 **Near ties** (:func:`near_tie`): a selection stage's lowest setting and another are tied when the paired bootstrap
 95% interval of their mean difference over the (model, task) units both were measured on includes 0.
 """
@@ -35,7 +42,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from experiments.thought.settings import ELIGIBLE, NOT_ELIGIBLE, RATIO_LOWER, TARGET
+from experiments.thought.settings import ELIGIBLE, LOCALITY_KEPT, LOCALITY_KL, NOT_ELIGIBLE, RATIO_LOWER, TARGET
 from icl_lens.stats import bootstrap_mean, bootstrap_ratio
 
 UNORDERED = frozenset({"add"})  # tasks whose query's numbers commute: a + b and b + a are one sampling unit
@@ -126,6 +133,12 @@ def with_patched(r: dict, other: dict) -> dict:
     else:
         out.pop("outcomes", None)
     return out
+
+
+def locality_rule(kept: float, kl: float, control_kl: float | None = None) -> bool:
+    """The one locality rule (module docstring): ``kept`` (the lowest share of another task's answers kept)
+    ``≥ LOCALITY_KEPT``, ``kl ≤ LOCALITY_KL`` nats and, given a random control's KL, ``kl`` below it."""
+    return kept >= LOCALITY_KEPT and kl <= LOCALITY_KL and (control_kl is None or kl < control_kl)
 
 
 @lru_cache(maxsize=None)

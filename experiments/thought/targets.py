@@ -6,7 +6,7 @@ import numpy as np
 
 from experiments.thought.cache import current_row, fit_of, row_key
 from experiments.thought.rule import (
-    PARTS, Ratio, fresh_parts, in_range, query_units, range_parts, ratio_rule, target_rule,
+    PARTS, Ratio, fresh_parts, in_range, locality_rule, query_units, range_parts, ratio_rule, target_rule,
 )
 from experiments.thought.sections import acc_ci, kept_of, pct, tie_marks, tie_sentence
 from experiments.thought.settings import (
@@ -55,8 +55,10 @@ def new_rows(caches: dict, model: str, tasks, split: str = "test") -> dict[str, 
 
 
 def locality_met(r: dict, cond: str = "patched") -> bool:
-    kl, kept = r["locality_kl"], kept_of(r)
-    return kept[cond] >= LOCALITY_KEPT and kl[cond] <= LOCALITY_KL and kl[cond] < kl["control"]
+    """:func:`~experiments.thought.rule.locality_rule` on a table row's ``cond`` (its other task, its text KL
+    against the row's random control)."""
+    kl = r["locality_kl"]
+    return locality_rule(kept_of(r)[cond], kl[cond], kl["control"])
 
 
 def distill_met(r: dict) -> tuple[bool, float, float | None]:
