@@ -32,6 +32,12 @@ def test_penalised_least_squares_is_the_augmented_system():
         delta = torch.randn(5, 8, generator=gen, dtype=torch.float64)
         u2, v2 = factored_least_squares(delta, x, ridge=lam, penalty=w * k0.T @ k0)
         assert torch.allclose(input_map(delta, x, ridge=lam, penalty=w * k0.T @ k0), u2.T @ v2)
+    # a gram that is not positive definite (here an indefinite penalty) is solved by LU, not left to Cholesky's failure
+    bad = -3.0 * torch.eye(8, dtype=torch.float64)
+    _, v = factored_least_squares(t, x, ridge=0.3, penalty=bad)
+    gram = x.T @ x + bad + 0.3 * torch.eye(8, dtype=torch.float64)
+    assert torch.linalg.cholesky_ex(gram).info > 0
+    assert torch.allclose(v, torch.linalg.solve(gram, x.T).T, atol=1e-10)
     rho = torch.randn(4, 3, generator=gen, dtype=torch.float64)
     assert torch.allclose(mean_vector(rho, penalty=4.0), rho.sum(0) / 8)
     y = torch.randn(4, 3, generator=gen, dtype=torch.float64)

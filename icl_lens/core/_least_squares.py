@@ -118,10 +118,12 @@ def factored_least_squares(
     n = inputs.shape[0]
     if penalty is not None:  # the d_in × d_in form: v = X (XᵀX + P + λI)⁻¹ (the system is symmetric)
         _check_finite(penalty, "preserve penalty")
-        gram = inputs.T @ inputs + penalty.to(inputs.dtype) + ridge * torch.eye(inputs.shape[1], dtype=inputs.dtype,
-                                                                                device=inputs.device)
-        if ridge > 0:
-            u, v = targets, torch.linalg.solve(gram, inputs.T).T
+        gram = inputs.T @ inputs + penalty.to(inputs.dtype)
+        if ridge > 0:  # positive definite: Cholesky (half LU's work), LU where rounding made it indefinite
+            gram.diagonal().add_(ridge)
+            chol, info = torch.linalg.cholesky_ex(gram)
+            v = (torch.cholesky_solve(inputs.T, chol) if int(info) == 0 else torch.linalg.solve(gram, inputs.T)).T
+            u = targets
         else:
             u, v = targets, inputs @ torch.linalg.pinv(gram, rtol=pinv_rtol(*gram.shape, gram.dtype), hermitian=True)
     elif ridge > 0:
