@@ -111,7 +111,7 @@ KEYS = ("phase1", "attention", "first_paint", "phase2")
 def _appends(d, base: str, trials: int, model=None, ids=None) -> dict[str, list[float]]:
     """``trials`` appends of one token to ``base``; with ``model`` and ``ids``, a plain forward (with logits) of
     ``ids`` (the base prompt) after each, interleaved so that both see the same load."""
-    out: dict[str, list[float]] = {k: [] for k in KEYS + ("forward",)}
+    out: dict[str, list[float]] = {k: [] for k in KEYS + ("forward", "pass")}
     for k in range(trials):
         _latency(d, base)  # back to the base prompt (cached, not timed)
         t = _latency(d, base + WORDS[k % len(WORDS)] + ("" if k < len(WORDS) else f" {k}"))
@@ -122,6 +122,11 @@ def _appends(d, base: str, trials: int, model=None, ids=None) -> dict[str, list[
                 start = time.perf_counter()
                 model(ids[None])
                 out["forward"].append(time.perf_counter() - start)
+                # one pass: the base prompt's last token over the session's keys and values, its logits (every
+                # weight read once, the unembedding of one row): what each of the keystroke's passes costs at least
+                start = time.perf_counter()
+                d.analyzer.session.logits_at(ids, ids.numel() - 1)
+                out["pass"].append(time.perf_counter() - start)
     return out
 
 
@@ -157,7 +162,9 @@ def bench_model(name: str, trials: int, full_trials: int, baseline_trials: int, 
         _latency(b, base)
         baseline = _appends(b, base, baseline_trials)
         b.close()
-    return dict(name=name, n=n_base, appends=appends, full={k: [f[k] for f in full] for k in full[0]},
+    weights_gb = sum(w.numel() * w.element_size() for w in model.parameters()) / 1e9
+    unembed_gb = model.W_U.numel() * model.W_U.element_size() / 1e9
+    return dict(name=name, n=n_base, appends=appends, weights_gb=weights_gb, unembed_gb=unembed_gb, full={k: [f[k] for f in full] for k in full[0]},
                 forward=forward, baseline=baseline, recomputed=stats.recomputed if stats else None)
 
 
@@ -289,7 +296,7 @@ def main() -> None:
         "| refined p50 (× forward) | first keystroke (figures / first paint / refined) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    readings = []
+    readings, floors = [], []
     verdict = lambda ok: "met" if ok else "missed"  # noqa: E731
     for r in results:
         for size, a in r["appends"].items():
@@ -306,6 +313,14 @@ def main() -> None:
                     f"{size} tokens: figures {x('phase1'):.2f}× ({verdict(x('phase1') <= FIGURES_X)}), first paint "
                     f"{x('first_paint'):.2f}× ({verdict(x('first_paint') <= FIRST_PAINT_X)}), refined "
                     f"{x('phase2'):.2f}× ({verdict(x('phase2') <= REFINED_X)})")
+            if a.get("pass"):
+                one = p50(a["pass"])
+                floors.append(
+                    f"{r['name']}, {size} tokens: one pass {ms(one)} ms = {one / fwd:.2f}× the forward; first paint = "
+                    f"{p50(a['first_paint']) / one:.1f} passes, figures {p50(a['phase1']) / one:.1f}; first paint "
+                    f"≥ 2 passes = {2 * one / fwd:.2f}× the forward"
+                    + (f", above the {FIRST_PAINT_X}× target: it cannot be met at this size without fusing passes"
+                       if 2 * one / fwd > FIRST_PAINT_X else ""))
     lines += ["", "| model | tokens | full p50 (figures) | forward p50 | full / forward | full p50 (all panels) "
                   "| append p50 (figures / refined) | baseline append p50 (figures / all panels) |",
               "|---|---|---|---|---|---|---|---|"]
@@ -321,6 +336,14 @@ def main() -> None:
               f"of the prompt in the same run): figures ≤ {FIGURES_X}×, all panels at first paint ≤ {FIRST_PAINT_X}×, "
               f"the refined trajectory ≤ {REFINED_X}× (issue 4: full recompute ≤ {FULL_TARGET_RATIO}× a plain "
               f"forward). Measured, on this machine at this load: " + "; ".join(readings) + ".",
+              *([f"**The floor of a keystroke.** Each pass over the model reads every weight ("
+                 + ", ".join(f"{r['name']} {r['weights_gb']:.2f} GB, {r['unembed_gb']:.2f} GB of it the unembedding"
+                             for r in results if "weights_gb" in r)
+                 + "), however few tokens run: *one pass* = the prompt's "
+                 "last token over the session's keys and values with its logits, timed after each append. First "
+                 "paint needs at least two: phase 1's update (its last row through the unembedding gives the "
+                 "contextual logits) and the predictions' kept-only forward (the query with and without its patch); "
+                 "the coarse trajectory is a third. " + "; ".join(floors) + ".", ""] if floors else []),
               f"Trials: {args.trials} appends at the first size, a third (at least 3) at the others; "
               f"{args.full_trials} full recomputes, {args.baseline_trials} baseline appends per model.", ""]
     if memory:
