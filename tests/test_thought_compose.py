@@ -195,3 +195,20 @@ def test_joint_fit_solves_the_normal_equations_over_every_tasks_rows(load):
     rho = torch.cat(o_ctx) - torch.cat(o_plain)  # what the patched block 0 leaves, every query row of both tasks
     assert float(torch.linalg.norm(rho.sum(0))) <= 1e-9 * float(torch.linalg.norm(rho))
     assert float(torch.linalg.norm(rho)) > 1e-3
+
+
+def test_the_least_squares_refuses_non_finite_inputs_and_keeps_huge_finite_ones():
+    """A NaN or inf anywhere (targets, inputs, penalty) raises; finite entries whose sum overflows do not."""
+    from icl_lens.core import SingularFitError
+
+    x, t = torch.ones(3, 4), torch.ones(3, 2)
+    for where in ("targets", "inputs", "penalty"):
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            args = {"targets": t.clone(), "inputs": x.clone(), "penalty": torch.eye(4)}
+            args[where][1, 1] = bad
+            with pytest.raises(SingularFitError, match=where if where != "penalty" else "preserve penalty"):
+                factored_least_squares(args["targets"], args["inputs"], ridge=0.1, penalty=args["penalty"])
+    huge = torch.diag(torch.full((4,), 3e38))  # finite, but the float32 sum of its entries overflows to inf
+    assert not torch.isfinite(huge.sum())
+    u, v = factored_least_squares(t, x, ridge=0.1, penalty=huge)
+    assert torch.isfinite(u).all() and torch.isfinite(v).all()
