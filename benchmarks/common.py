@@ -53,6 +53,27 @@ def time_it(fn, *, device: str = "cpu", repeats: int = 3, warmup: int = 1, clock
     return statistics.median(times)
 
 
+def time_rounds(fns: dict, *, device: str = "cpu", repeats: int = 3, warmup: int = 1,
+                clock: str = "wall") -> dict[str, float]:
+    """Median time of each of ``fns`` (name -> callable), called in rounds (one call of each per round, the same
+    order every round) so that a load that drifts during the run falls on all of them alike."""
+    if clock == "cpu" and device.startswith("cuda"):
+        raise ValueError("clock='cpu' measures CPU work; time a GPU with clock='wall'")
+    now = CLOCKS[clock]
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            sync(device)
+            start = now()
+            fn()
+            sync(device)
+            times[name].append(now() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def _libc():
     try:
         return ctypes.CDLL("libc.so.6")
