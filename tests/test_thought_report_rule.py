@@ -179,21 +179,20 @@ def test_selection_tables_name_near_ties():
 def test_one_locality_rule_and_the_untouched_target_needs_accuracy_held():
     """The table's locality and the untouched set's call the same rule; on the untouched set the target also needs
     the task's fresh in-range row to meet the target rule (a locality-clean patch that lost its answers fails)."""
-    from experiments.build_locality import LOCALITY_SET
+    from collections import defaultdict
+
     from experiments.thought.cache import row_key
     from experiments.thought.method import CONTROL_SEEDS, untouched_lines
     from experiments.thought.rule import locality_rule
     from experiments.thought.settings import default_fit
     from experiments.thought.targets import locality_met, split_key
-    from icl_lens.thought import load_locality_set
 
     assert locality_rule(0.95, 0.05) and not locality_rule(0.85, 0.05) and not locality_rule(0.95, 0.2)
     assert not locality_rule(0.95, 0.05, control_kl=0.04) and locality_rule(0.95, 0.05, control_kl=0.06)
     assert locality_met(_row(96, 80, 76)) and not locality_met(_row(96, 80, 76, locality_kl={
         "patched": 0.01, "control": 0.005}))
 
-    loc = {"kl_all": 0.02, "kl": {f: 0.02 for f in load_locality_set(LOCALITY_SET).formats},
-           "kept": {"a": 1.0, "b": 0.95}}
+    loc = {"kl_all": 0.02, "kl": defaultdict(lambda: 0.02), "kept": {"a": 1.0, "b": 0.95}}  # every format's KL
     untouched = {"controls": {str(s): loc for s in CONTROL_SEEDS}, "anchor": loc, "patched": loc}
     key = row_key("untouched", default_fit(), "capitals")
     for fresh, count in ((_row(96, 80, 76, task="capitals", split="fresh"), "met on 1 of 1"),
