@@ -38,19 +38,7 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 def time_it(fn, *, device: str = "cpu", repeats: int = 3, warmup: int = 1, clock: str = "wall") -> float:
     """Median time of ``fn()`` in seconds: wall time, or (``clock="cpu"``) this process's CPU time over all
     its threads, which other jobs on a shared machine inflate far less than wall time (CPU devices only)."""
-    if clock == "cpu" and device.startswith("cuda"):
-        raise ValueError("clock='cpu' measures CPU work; time a GPU with clock='wall'")
-    now = CLOCKS[clock]
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        start = now()
-        fn()
-        sync(device)
-        times.append(now() - start)
-    return statistics.median(times)
+    return time_rounds({"fn": fn}, device=device, repeats=repeats, warmup=warmup, clock=clock)["fn"]
 
 
 def time_rounds(fns: dict, *, device: str = "cpu", repeats: int = 3, warmup: int = 1,
