@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
-from common import CLOCKS, flops, measure, prompt_ids, time_it, time_rounds, write_json  # noqa: E402
+from common import CLOCKS, flops, measure, peak_memory, prompt_ids, time_it, time_rounds, write_json  # noqa: E402
 
 from experiments.report import command, load_average, machine, write_fragment  # noqa: E402
 from icl_lens import load_model, patch_norms, token_patches  # noqa: E402
@@ -95,7 +95,14 @@ def main() -> None:
                     stopped, pieces = floor_calls(model, ids)
                     t = time_rounds({"forward": lambda: model(ids[None]), "stopped": stopped, "pieces": pieces,
                                      "patches": lambda: token_patches(model, ids)}, **rep)
+                    with peak_memory(args.device) as mem_stopped:
+                        stopped()
+                    held = token_patches(model, ids)
+                    factors_mib = sum(x.numel() * x.element_size() for x in (held.delta, held.v, held.correction))
+                    del held
                     floor = {"rounds_forward_s": t["forward"], "rounds_patches_s": t["patches"],
+                             "peak_mib_stopped": mem_stopped["mb"], "factors_mib": factors_mib / 2**20,
+                             "memory_over_floor": m_patch / (mem_stopped["mb"] + factors_mib / 2**20),
                              "stopped_s": t["stopped"], "pieces_s": t["pieces"],
                              "floor_ratio": (t["stopped"] + t["pieces"]) / t["forward"],
                              "rounds_patches_ratio": t["patches"] / t["forward"],
@@ -175,13 +182,19 @@ def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: 
                   "(stopped + pieces) / forward, the ratio no capture can go below on this implementation of "
                   "attention (the bridge's eager attention: its mask, scaling and softmax over n² scores are "
                   "element-wise work the forward does too, which the arithmetic ratio does not count). The target "
-                  "`≤ 1.05 × arithmetic ratio` is out of reach where the floor is above it.", "",
+                  "`≤ 1.05 × arithmetic ratio` is out of reach where the floor is above it. Memory the same way: "
+                  "*peak stopped* = the stopped pass's growth (measured like the others), *factors* = the bytes of "
+                  "what the result keeps (δ, v and the correction of every layer and position); no capture can grow "
+                  "less than their sum.", "",
                   "| model | tokens | forward ms | stopped ms | pieces ms | floor | 1.05 × arithmetic | patches ratio "
-                  "| patches / (stopped + pieces) |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| patches / (stopped + pieces) | peak MiB stopped | factors MiB | peak MiB patches / (stopped + "
+                  "factors) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {r['model']} | {r['tokens']} | {r['rounds_forward_s']*1e3:.1f} | {r['stopped_s']*1e3:.1f} | "
                   f"{r['pieces_s']*1e3:.1f} | {r['floor_ratio']:.3f} | {1.05 * r['flops_ratio']:.3f} | "
-                  f"{r['rounds_patches_ratio']:.3f} | {r['over_floor']:.3f} |" for r in floors]
+                  f"{r['rounds_patches_ratio']:.3f} | {r['over_floor']:.3f} | "
+                  + (f"{r['peak_mib_stopped']:.0f} | {r['factors_mib']:.0f} | {r['memory_over_floor']:.3f} |"
+                     if "factors_mib" in r else " |  |  |") for r in floors]
     lines += ["", "Norms = `patch_norms` (norms only, no factors kept: `‖ΔW‖ = ‖Rδ‖/‖a‖` with `R` from the QR of "
               "the stacked dense weights, see `icl_lens/patches/_batches.py`; `TokenPatches.norms` uses the same `R`)."]
     if batched_rows:

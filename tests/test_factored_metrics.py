@@ -47,3 +47,26 @@ def test_zero_input_gets_zero_patch_and_is_flagged():
     v, zero = input_pseudo_inverse(a)
     assert zero.tolist() == [True, False]
     assert torch.isfinite(v).all() and v[0].abs().max() == 0
+
+
+def test_bos_and_self_output_is_the_kept_set_softmax_for_grouped_heads():
+    """The default kept set's two-way form equals the general kept-set softmax, head h reading kv head h // group
+    (grouped-query attention), with a per-row keep_bos and in the cached (offset) form."""
+    from icl_lens.core._kept_attention import bos_and_self_output, default_kept_mask, kept_set_output
+
+    batch, n_heads, n_kv, n, d = 2, 6, 2, 7, 5
+    scores, values = _rand(batch, n_heads, n, n), _rand(batch, n, n_kv, d)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
+    keep = torch.tensor([True, False])
+    got = bos_and_self_output(scores, values, keep_bos=keep)
+    for b in range(batch):
+        kept = default_kept_mask(n, keep_bos=bool(keep[b]))
+        want = kept_set_output(scores[b], values[b], kept)
+        torch.testing.assert_close(got[b], want, rtol=1e-12, atol=1e-12)
+    # cached decoding: queries 4.. of the same prompt, key 0's value passed in
+    off = 4
+    tail = bos_and_self_output(scores[:, :, off:], values[:, off:], keep_bos=True, offset=off,
+                               bos_value=values[:, 0])
+    torch.testing.assert_close(tail[0], kept_set_output(scores[0], values[0], default_kept_mask(n, keep_bos=True))[off:],
+                               rtol=1e-12, atol=1e-12)

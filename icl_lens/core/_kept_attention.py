@@ -43,12 +43,10 @@ def bos_and_self_output(
     decoding. Leading batch dimensions are allowed; ``keep_bos`` may then differ per row
     (a boolean tensor over the batch).
     """
-    n_heads = scores.shape[-3]
-    self_vals = head_values(values, n_heads)  # *batch query head d
+    n_heads, n_kv = scores.shape[-3], values.shape[-2]
     if keep_bos is False:
-        return self_vals.clone()
-    first = values[..., 0, :, :] if bos_value is None else bos_value
-    first_val = head_values(first[..., None, :, :], n_heads)[..., 0, :, :]  # *batch head d
+        return head_values(values, n_heads).clone()
+    first = values[..., 0, :, :] if bos_value is None else bos_value  # *batch kv_head d
     diag = torch.diagonal(scores, offset=offset, dim1=-2, dim2=-1)  # *batch head query
     first_score = scores[..., 0]
     w_bos = torch.sigmoid(first_score - diag)
@@ -60,8 +58,14 @@ def bos_and_self_output(
         keep = keep_bos.to(w_bos.device)[..., None, None]
         w_bos = torch.where(keep, w_bos, torch.zeros_like(w_bos))
         w_self = torch.where(keep, w_self, torch.ones_like(w_self))
-    return (w_bos.transpose(-1, -2)[..., None] * first_val[..., None, :, :]
-            + w_self.transpose(-1, -2)[..., None] * self_vals)
+    # Heads grouped as (kv head, group), query head h reading kv head h // group: no copy of the values per head,
+    # and one output buffer (the self term, then the BOS term added in place).
+    def grouped(w: Tensor) -> Tensor:  # *batch head query -> *batch query kv_head group 1
+        return w.transpose(-1, -2).unflatten(-1, (n_kv, n_heads // n_kv))[..., None]
+
+    out = values[..., None, :] * grouped(w_self)
+    out.addcmul_(first[..., None, :, None, :], grouped(w_bos))
+    return out.flatten(-3, -2)
 
 
 def kept_set_output(
