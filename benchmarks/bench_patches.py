@@ -192,9 +192,8 @@ def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: 
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {r['model']} | {r['tokens']} | {r['rounds_forward_s']*1e3:.1f} | {r['stopped_s']*1e3:.1f} | "
                   f"{r['pieces_s']*1e3:.1f} | {r['floor_ratio']:.3f} | {1.05 * r['flops_ratio']:.3f} | "
-                  f"{r['rounds_patches_ratio']:.3f} | {r['over_floor']:.3f} | "
-                  + (f"{r['peak_mib_stopped']:.0f} | {r['factors_mib']:.0f} | {r['memory_over_floor']:.3f} |"
-                     if "factors_mib" in r else " |  |  |") for r in floors]
+                  f"{r['rounds_patches_ratio']:.3f} | {r['over_floor']:.3f} | {r['peak_mib_stopped']:.0f} | "
+                  f"{r['factors_mib']:.0f} | {r['memory_over_floor']:.3f} |" for r in floors]
     lines += ["", "Norms = `patch_norms` (norms only, no factors kept: `‖ΔW‖ = ‖Rδ‖/‖a‖` with `R` from the QR of "
               "the stacked dense weights, see `icl_lens/patches/_batches.py`; `TokenPatches.norms` uses the same `R`)."]
     if batched_rows:

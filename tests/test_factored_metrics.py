@@ -2,6 +2,7 @@
 import torch
 
 from icl_lens.core._factored import diff_norm, gram_cosine, patch_cosine, patch_inner, patch_norm, sum_norm
+from icl_lens.core._kept_attention import bos_and_self_output, default_kept_mask, kept_set_output
 from icl_lens.core._token_patch import input_pseudo_inverse, token_patch
 
 
@@ -52,8 +53,6 @@ def test_zero_input_gets_zero_patch_and_is_flagged():
 def test_bos_and_self_output_is_the_kept_set_softmax_for_grouped_heads():
     """The default kept set's two-way form equals the general kept-set softmax, head h reading kv head h // group
     (grouped-query attention), with a per-row keep_bos and in the cached (offset) form."""
-    from icl_lens.core._kept_attention import bos_and_self_output, default_kept_mask, kept_set_output
-
     batch, n_heads, n_kv, n, d = 2, 6, 2, 7, 5
     scores, values = _rand(batch, n_heads, n, n), _rand(batch, n, n_kv, d)
     causal = torch.ones(n, n, dtype=torch.bool).tril()
