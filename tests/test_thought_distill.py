@@ -101,3 +101,32 @@ def test_early_stopping_returns_the_best_checkpoint_by_the_held_out_objective(lo
                           ({"preserve_weight": 1.0, "validation": ["m"], "preserve": KEPT}, "held_out")):
         with pytest.raises(ValueError, match=match):
             distill_patch(model, INSTRUCTION, QUERIES, steps=2, progress=False, **kwargs)
+
+
+def test_a_kept_reference_scores_each_edit_as_a_fresh_call_does(load, one_thread):
+    """Distillation's checkpoints score against references computed once (``KLReference``): for two different edits
+    and no edit, the kept reference gives what ``answer_kl`` and ``text_kl`` give when called afresh, and
+    ``text_kl`` is the position-weighted mean KL computed here from the model's own forwards (float64)."""
+    from icl_lens.thought._divergence import answer_reference, text_kl, text_reference
+    from icl_lens.thought._instruction_batches import text_ids, with_bos
+
+    model = load("tiny-llama", torch.float64)
+    texts = [with_bos(model, text_ids(model, t)) for t in KEPT]
+    score = dict(query_prefix="\n", answer_tokens=3)
+    edits = [None] + [distill_patch(model, INSTRUCTION, QUERIES, steps=s, lr=3e-3, answer_tokens=3, progress=False)
+                      for s in (2, 6)]
+    answers, kept = answer_reference(model, INSTRUCTION, QUERIES, **score), text_reference(model, texts)
+    for edit in edits:
+        assert answers.kl(edit) == answer_kl(model, INSTRUCTION, QUERIES, edit, **score)
+        assert kept.kl(edit) == pytest.approx(text_kl(model, texts, edit), rel=1e-12, abs=1e-15)
+    by_hand, n = 0.0, 0
+    for ids in texts:
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            p = model(x)[0].log_softmax(-1)
+            with edits[2].applied(model):
+                q = model(x)[0].log_softmax(-1)
+        by_hand += float((p.exp() * (p - q)).sum())
+        n += len(ids)
+    assert text_kl(model, texts, edits[2]) == pytest.approx(by_hand / n, rel=1e-10)
+    assert kept.kl(edits[2]) > 0 and kept.kl(None) == 0

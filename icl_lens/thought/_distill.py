@@ -35,7 +35,10 @@ seeded; the unpatched side read in the same step, without the edit):
 (token ids, BOS included), every ``eval_every`` steps the edit is scored on held-out data by
 the same objective, ``answer_kl(validation) + w · text_kl(held_out)``, and the best
 checkpoint is returned (early stopping: the run ends after ``patience`` checkpoints without a
-better one); ``settings`` records the checkpoints and the chosen step. ``w`` itself is chosen
+better one); ``settings`` records the checkpoints and the chosen step. What does not depend on
+the edit is computed once: the teacher, the unpatched side of the preserve term (each text's
+log-probabilities, on first use) and the reference side of the held-out scores
+(:class:`~icl_lens.thought._divergence.KLReference`). ``w`` itself is chosen
 like the patch's preserve strength (``experiments/thought/method.py``).
 
 A tqdm bar shows the steps and the running loss (``progress=False`` hides it).
@@ -62,7 +65,7 @@ from icl_lens.thought._defaults import (
     KIND_PARTS,
     ThoughtFit,
 )
-from icl_lens.thought._divergence import answer_kl, text_kl
+from icl_lens.thought._divergence import answer_reference, text_reference
 from icl_lens.thought._instruction_batches import calibration_ids, continuation_ids, text_ids, with_bos
 from icl_lens.thought._preserve import preserve_texts
 from icl_lens.thought._result import ThoughtPatch, thought_edits
@@ -138,6 +141,11 @@ def distill_patch(
         keep = [with_bos(model, text_ids(model, t, what=f"preserve text {i}")) for i, t in enumerate(texts)]
         if not keep:
             raise ValueError("preserve_weight > 0 needs preserve texts")
+    keep_logp: dict[int, torch.Tensor] = {}  # text index -> the unpatched model's log-probabilities (on first use)
+    if validation is not None:  # the reference side of the held-out objective, computed once
+        answer_ref = answer_reference(model, instruction, validation, query_prefix=query_prefix,
+                                      answer_tokens=answer_tokens)
+        text_ref = text_reference(model, held_out) if preserve_weight else None
 
     def result(values: dict, record: dict) -> ThoughtPatch:
         with torch.no_grad():
@@ -158,9 +166,8 @@ def distill_patch(
 
     def held_out_score(values: dict) -> dict:
         edit = result(values, {})
-        answer = answer_kl(model, instruction, validation, edit, query_prefix=query_prefix,
-                           answer_tokens=answer_tokens)
-        text = text_kl(model, held_out, edit) if preserve_weight else 0.0
+        answer = answer_ref.kl(edit)
+        text = text_ref.kl(edit) if text_ref is not None else 0.0
         return {"answer_kl": answer, "text_kl": text, "objective": answer + preserve_weight * text}
 
     optimizer = torch.optim.Adam(trained, lr=lr, betas=(0.9, 0.999))
@@ -196,8 +203,13 @@ def distill_patch(
                     perm = list(range(len(keep)))
                     rng.shuffle(perm)
                     keep_order += perm
-                picked, keep_order = [keep[i] for i in keep_order[:batch]], keep_order[batch:]
-                loss = loss + preserve_weight * _preserve_kl(model, picked, edits, dtype)
+                picked, keep_order = keep_order[:batch], keep_order[batch:]
+                for i in picked:
+                    if i not in keep_logp:
+                        with torch.no_grad():
+                            keep_logp[i] = model(torch.tensor([keep[i]], device=dev))[0].to(dtype).log_softmax(-1)
+                loss = loss + preserve_weight * _preserve_kl(model, [keep[i] for i in picked],
+                                                             [keep_logp[i] for i in picked], edits, dtype)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -225,16 +237,14 @@ def distill_patch(
     return result(chosen_values, record)
 
 
-def _preserve_kl(model, texts, edits, dtype) -> torch.Tensor:
-    """Mean next-token ``KL(unpatched ‖ edited)`` over every position of ``texts`` (``[BOS] + ids``, right padded):
-    the distillation's locality term, differentiable in the edit."""
+def _preserve_kl(model, texts, references, edits, dtype) -> torch.Tensor:
+    """Mean next-token ``KL(unpatched ‖ edited)`` over every position of ``texts`` (``[BOS] + ids``, right padded;
+    ``references``: the unpatched log-probabilities of each): the distillation's locality term, differentiable in
+    the edit."""
     ids = right_padded(texts, pad_id(model), model.cfg.device)
-    with torch.no_grad():
-        ref = model(ids).to(dtype).log_softmax(-1)
     with edits_applied(model, edits()):
         new = model(ids).to(dtype).log_softmax(-1)
     total = 0.0
-    for k, t in enumerate(texts):
-        p_log = ref[k, : len(t)]
+    for k, (t, p_log) in enumerate(zip(texts, references)):
         total = total + (p_log.exp() * (p_log - new[k, : len(t)])).sum()
     return total / sum(len(t) for t in texts)
