@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from experiments.thought.cache import row_key
-from experiments.thought.method import (CONTROL_SEEDS, DEFAULT_LABEL, DISTILL_PRESERVE_WEIGHTS, NULL_SPACE_GRID,
-                                        choose_null_space, null_space_lines, untouched_lines)
+from experiments.thought.method import (CONTROL_SEEDS, DEFAULT_LABEL, DISTILL_MET, DISTILL_MIN_TASKS,
+                                        DISTILL_PRESERVE_WEIGHTS, NULL_SPACE_GRID, accuracy_verdict,
+                                        choose_null_space, equal_distill_lines, equal_distill_plan, null_space_lines,
+                                        untouched_lines)
 from experiments.thought.settings import choose_strength, default_fit
 from icl_lens.thought import PRESERVE_SET, Task
 
@@ -50,3 +52,38 @@ def test_method_jobs_store_and_report_their_rows(tmp_path, one_thread):
     text = "\n".join(untouched_lines({"tiny-llama": jobs.results}, ["tiny-llama"], ["short"]))
     assert "**Locality nobody tuned on**" in text and "| tiny-llama | short | patched |" in text
     assert "| tiny-llama | short | distilled (equal terms) |" in text and "target met on" in text
+    selection = "\n".join(equal_distill_lines({"tiny-llama": jobs.results}, ["tiny-llama"], ["short"]))
+    for w in DISTILL_PRESERVE_WEIGHTS:
+        r = d["stage"][f"{w:g}"]
+        assert (f"| tiny-llama | short | {w:g} | {r['validation_kl']:.4f} | {r['text_kl']:.4f} | "
+                f"{r['chosen_step']} / {r['steps_run']} |") in selection
+
+
+@pytest.mark.parametrize("model", ["gemma-3-270m", "smollm2-135m"])
+def test_the_distillation_plan_follows_the_issues_rule(model):
+    """On the shipped rows: every task the default patch misses (fresh, in range), in task order, then tasks it
+    meets, at least DISTILL_MET and as many as make DISTILL_MIN_TASKS; no task it cannot be judged on."""
+    import json
+    from pathlib import Path
+
+    from icl_lens.thought import SHIPPED_TASKS
+
+    caches = {model: json.loads(Path(f"reports/eval_thought.{model}.json").read_text())}
+    tasks = list(SHIPPED_TASKS)
+    verdicts = {t: accuracy_verdict(caches, model, t) for t in tasks}
+    missed = [t for t in tasks if verdicts[t] == "missed"]
+    met = [t for t in tasks if verdicts[t] == "met"]
+    plan = equal_distill_plan(caches, model, tasks)
+    assert missed and plan[:len(missed)] == missed
+    assert plan[len(missed):] == met[:len(plan) - len(missed)]
+    assert len(plan) == len(missed) + min(len(met), max(DISTILL_MET, DISTILL_MIN_TASKS - len(missed)))
+
+
+def test_equal_distillation_runs_where_it_is_told():
+    """``--method`` without tasks: the untouched set on every task, distillation on the plan's tasks only."""
+    from experiments.thought.jobs import job_list
+
+    jobs = job_list(["a", "b", "c"], [], table=False, method_tasks=["a", "b", "c"], equal_distill_tasks=["c", "a"])
+    assert [t for j, t, _ in jobs if j == "untouched"] == ["a", "b", "c"]
+    assert [t for j, t, _ in jobs if j == "equal_distill"] == ["c", "a"]
+    assert [t for j, t, _ in job_list(["a"], [], table=False, method_tasks=["a"]) if j == "equal_distill"] == ["a"]

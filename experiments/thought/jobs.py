@@ -10,6 +10,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from experiments.thought.cache import cache_path, cached, current_row, row_key
+from experiments.thought.method import equal_distill_plan
 from experiments.thought.settings import (
     COMPOSE_GROUPS,
     DISTILL_LRS,
@@ -378,9 +379,10 @@ def job_list(tasks: list[str], curve_tasks: list[str], *, paper_tasks: list[str]
              select_tasks=SELECT_TASKS, n_select: int = len(SELECT_GRID), n_extra: int = len(SELECT_EXTRA),
              n_answers: int = len(SELECT_ANSWER_GRID), diagnose_task: str | None = None, table: bool = True,
              distill_tasks=DISTILL_TASKS, distill_lrs=DISTILL_LRS, n_null_space: int = 0,
-             method_tasks=()) -> list[tuple[str, str | None, object]]:
+             method_tasks=(), equal_distill_tasks=None) -> list[tuple[str, str | None, object]]:
     """``(job, task, argument)`` in the order a run takes them: composed patches first (the cheapest), each task's
-    table row with its paper row right after, the curves, the tunings; then the selection stages; the diagnosis."""
+    table row with its paper row right after, the curves, the tunings; then the selection stages; the diagnosis.
+    ``equal_distill_tasks``: where distillation on equal terms runs (None: ``method_tasks``)."""
     jobs: list[tuple[str, str | None, object]] = []
     if table:
         jobs += [("compose", None, group) for group in compose_groups]
@@ -398,7 +400,8 @@ def job_list(tasks: list[str], curve_tasks: list[str], *, paper_tasks: list[str]
         jobs += [("null_space", name, i) for name in select_tasks for i in range(n_null_space)]
     # Issue 38's method rows (--method): the untouched locality set, then distillation on equal terms.
     jobs += [("untouched", name, None) for name in method_tasks]
-    jobs += [("equal_distill", name, None) for name in method_tasks]
+    jobs += [("equal_distill", name, None)
+             for name in (method_tasks if equal_distill_tasks is None else equal_distill_tasks)]
     if diagnose_task:
         jobs += [("diagnose", diagnose_task, None)]
     return jobs
@@ -411,8 +414,13 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
               select_fit: int = SELECT_FIT, select_validate: int = SELECT_VALIDATE,
               diagnose_task: str | None = None, table: bool = True, tune_tasks: list[str] | None = None,
               distill_tasks=DISTILL_TASKS, distill_lrs=DISTILL_LRS, distill_steps: int | None = None,
-              distill_on: list[str] | None = None, null_space_grid=(), method_tasks=()) -> None:
+              distill_on: list[str] | None = None, null_space_grid=(), method_tasks=(),
+              plan_distill: bool = False) -> None:
     """Evaluate what the cache lacks; ``run`` (command and machine) is recorded with the keys it computed.
+
+    ``plan_distill``: distillation on equal terms runs on the tasks of ``method_tasks`` that
+    :func:`~experiments.thought.method.equal_distill_plan` picks from the cached rows, in its order (else on every
+    one of ``method_tasks``).
 
     ``distill_on``: the tasks whose table row also runs context distillation (None: every task); the others' rows
     have every condition but ``distilled`` (the report shows them as not measured)."""
@@ -420,7 +428,9 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
                     sizes=sizes, select=select, select_tasks=select_tasks, n_select=len(select_grid),
                     n_extra=len(select_extra), n_answers=len(select_answer_grid), diagnose_task=diagnose_task,
                     table=table, distill_tasks=distill_tasks, distill_lrs=distill_lrs,
-                    n_null_space=len(null_space_grid), method_tasks=method_tasks)
+                    n_null_space=len(null_space_grid), method_tasks=method_tasks,
+                    equal_distill_tasks=equal_distill_plan({model_name: cached(out, model_name)}, model_name,
+                                                           list(method_tasks)) if plan_distill else None)
     steps = ModelJobs(model_name, out, run, n_train=n_train, select_fit=select_fit, select_validate=select_validate,
                       select_grid=select_grid, select_extra=select_extra, select_answer_grid=select_answer_grid,
                       tune_tasks=tune_tasks, distill_steps=distill_steps, distill_on=distill_on,

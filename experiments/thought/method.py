@@ -91,6 +91,9 @@ def null_space_lines(caches: dict, select_tasks) -> list[str]:
 # from (weight 0 is its reference), and how often the held-out objective is read for early stopping (at most
 # DISTILL_STEPS steps, the documented learning rate; patience 3 checkpoints).
 DISTILL_PRESERVE_WEIGHTS, EVAL_EVERY = (0.0, 1.0, 10.0), 10
+# The tasks it runs on (issue 38, :func:`equal_distill_plan`): every task the default patch misses, then tasks it
+# meets, at least DISTILL_MET of them and DISTILL_MIN_TASKS tasks in all.
+DISTILL_MET, DISTILL_MIN_TASKS = 2, 6
 
 # ---- Locality nobody tuned on (issue 38): experiments/data/locality_untouched.json, written by
 # `python -m experiments.build_locality`, read here only (never by a selection stage or the preserve texts).
@@ -111,16 +114,32 @@ def locality_met(loc: dict) -> bool:
     return locality_rule(min(loc["kept"].values()), loc["kl_all"])
 
 
-def accuracy_held(caches: dict, model: str, task: str) -> bool | None:
-    """Whether the default patch meets :func:`~experiments.thought.rule.target_rule` on the task's fresh in-range
-    queries (the verdict's split: the untouched job fits the same patch as that row); None where that row is not
-    cached or holds no in-range query."""
+def accuracy_verdict(caches: dict, model: str, task: str) -> str | None:
+    """:func:`~experiments.thought.rule.target_rule`'s verdict on the default patch's fresh in-range queries of the
+    task (met, missed or not eligible; the verdict's split: the untouched job fits the same patch as that row); None
+    where that row is not cached or holds no in-range query."""
     from experiments.thought.cache import current_row
     from experiments.thought.targets import split_key
 
     row = current_row(caches[model], split_key("fresh", task))
     part = in_range(row) if row is not None else None
-    return None if part is None else target_rule(part).met
+    return None if part is None else target_rule(part).verdict
+
+
+def accuracy_held(caches: dict, model: str, task: str) -> bool | None:
+    """Whether :func:`accuracy_verdict` is met; None where it is unknown."""
+    verdict = accuracy_verdict(caches, model, task)
+    return None if verdict is None else verdict == "met"
+
+
+def equal_distill_plan(caches: dict, model: str, tasks) -> list[str]:
+    """The tasks distillation on equal terms runs on, in order (issue 38): every task in ``tasks`` where the default
+    patch misses the accuracy target (:func:`accuracy_verdict`), then tasks where it meets it, in ``tasks`` order, at
+    least ``DISTILL_MET`` of them and as many as make ``DISTILL_MIN_TASKS`` in all."""
+    verdicts = {t: accuracy_verdict(caches, model, t) for t in tasks}
+    missed = [t for t in tasks if verdicts[t] == "missed"]
+    met = [t for t in tasks if verdicts[t] == "met"]
+    return missed + met[:max(DISTILL_MET, DISTILL_MIN_TASKS - len(missed))]
 
 
 def _spread(values, fmt: str = ".3f") -> str:
@@ -190,25 +209,47 @@ def equal_distill_lines(caches: dict, models, tasks) -> list[str]:
     from icl_lens.thought import PRESERVE_SET
 
     fit = default_fit()
-    pairs = []
+    pairs, stages, coverage = [], [], []
     for model in models:
+        plan, done = equal_distill_plan(caches, model, tasks), []
         for task in tasks:
             d = caches[model].get(row_key("equal_distill", fit, PRESERVE_SET, task))
             p = current_row(caches[model], row_key("table", fit, task))
             u = caches[model].get(row_key("untouched", fit, task))
             if d is not None and p is not None and u is not None:
                 pairs.append((model, task, d, p, u))
-    if not pairs:
+                done.append(task)
+            for w in DISTILL_PRESERVE_WEIGHTS:
+                if (r := caches[model].get(row_key("equal_distill_weight", fit, PRESERVE_SET, f"{w:g}", task))):
+                    stages.append((model, task, w, r))
+        if plan:
+            started = sorted({t for m, t, _, _ in stages if m == model} - set(done), key=tasks.index)
+            coverage.append(f"{model}: {len(done)} of the {len(plan)} tasks the rule picks "
+                            f"({', '.join(plan)}; those the patch misses first) have their row"
+                            + (f" ({', '.join(done)})" if done else "")
+                            + (f"; selection runs only: {', '.join(started)}" if started else "") + ".")
+    if not stages:
         return []
     lines = ["", "**Against distillation on equal terms** (issue 38): context distillation with the patch's preserve "
              "texts as a KL term in its loss (weight chosen by the patch's strength rule over "
              f"{', '.join(f'{w:g}' for w in DISTILL_PRESERVE_WEIGHTS)} on the selection split, each run early-stopped "
              f"on the held-out objective read every {EVAL_EVERY} steps), then distilled on the train queries for the "
-             "chosen steps. Accuracy on the test and fresh queries; locality on the untouched set (pooled KL, lowest "
-             "task kept); seconds: the final fit (the distillation's selection runs in brackets).", "",
-             "| model | task | weight, steps | test patched / distilled | fresh patched / distilled | "
-             "KL patched / distilled | kept patched / distilled | seconds patched / distilled |",
-             "|---|---|---|---|---|---|---|---|"]
+             "chosen steps. The tasks (fixed before the run, `equal_distill_plan`): every task where the default patch "
+             f"misses the accuracy target, then those where it meets it, at least {DISTILL_MET} and {DISTILL_MIN_TASKS} "
+             "tasks in all. Coverage: " + " ".join(coverage), "",
+             "Selection runs (first "
+             f"{SELECT_FIT} train queries fitted, the next {SELECT_VALIDATE} scored; held-out preserve texts):", "",
+             "| model | task | preserve weight | answer KL | text KL | chosen step / steps run | seconds |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {m} | {t} | {w:g} | {r['validation_kl']:.4f} | {r['text_kl']:.4f} | {r['chosen_step']} / "
+              f"{r['steps_run']} | {r['seconds']:.0f} |" for m, t, w, r in stages]
+    if not pairs:
+        return lines
+    lines += ["", "Accuracy on the test and fresh queries; locality on the untouched set (pooled KL, lowest task "
+              "kept); seconds: the final fit (the distillation's selection runs in brackets).", "",
+              "| model | task | weight, steps | test patched / distilled | fresh patched / distilled | "
+              "KL patched / distilled | kept patched / distilled | seconds patched / distilled |",
+              "|---|---|---|---|---|---|---|---|"]
     better = {"accuracy": 0, "locality": 0, "time": 0}
     for model, task, d, p, u in pairs:
         fresh = caches[model].get(row_key("fresh", fit, task))

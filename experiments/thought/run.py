@@ -289,7 +289,8 @@ def main(argv=None) -> int:
     p.add_argument("--select-only", action="store_true", help="run only the selection (no table)")
     p.add_argument("--method", nargs="*", default=None, metavar="TASK",
                    help="issue 38's method rows on these tasks: the untouched locality set and distillation on equal "
-                        "terms (no task named: every task)")
+                        "terms (no task named: the untouched set on every task, distillation on the tasks "
+                        "equal_distill_plan picks from the cached rows)")
     p.add_argument("--method-only", action="store_true", help="run only the --method rows (no table)")
     p.add_argument("--diagnose", metavar="TASK", default=None, help="also run the per-layer diagnosis on TASK")
     p.add_argument("--report-only", action="store_true", help="only assemble the report from cached results")
@@ -321,7 +322,7 @@ def main(argv=None) -> int:
                       null_space_grid=(QUICK_NULL_SPACE_GRID if args.quick else NULL_SPACE_GRID)
                       if args.select or args.select_only else (),
                       method_tasks=() if args.method is None and not args.method_only else
-                      (q.get("tasks") or args.method or tasks))
+                      (q.get("tasks") or args.method or tasks), plan_distill=not (q or args.method))
     report_tasks = tasks if args.quick else list(SHIPPED_TASKS)
     text = write_report(out, models, report_tasks, cmd, select_tasks=q.get("tasks", SELECT_TASKS),
                         answer_tokens=_answer_tokens(out, models, report_tasks))
