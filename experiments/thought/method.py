@@ -224,8 +224,11 @@ def equal_distill_lines(caches: dict, models, tasks) -> list[str]:
                     stages.append((model, task, w, r))
         if plan:
             started = sorted({t for m, t, _, _ in stages if m == model} - set(done), key=tasks.index)
-            coverage.append(f"{model}: {len(done)} of the {len(plan)} tasks the rule picks "
-                            f"({', '.join(plan)}; those the patch misses first) have their row"
+            met = [t for t in tasks if accuracy_verdict(caches, model, t) == "met"]
+            picked = [t for t in plan if t in met]
+            coverage.append(f"{model}: the rule picks {', '.join(t for t in plan if t not in met) or 'none'} (missed) "
+                            f"and {', '.join(picked) or 'none'} (met{(', the only task met' if len(met) == 1 else ', the only tasks met') if picked == met else ''});"
+                            f" {len([t for t in plan if t in done])} of these {len(plan)} have their row"
                             + (f" ({', '.join(done)})" if done else "")
                             + (f"; selection runs only: {', '.join(started)}" if started else "") + ".")
     if not stages:
