@@ -58,7 +58,7 @@ class LabFamily(BlockFamily):
 # Where the shared weight-edit mechanism (icl_lens.model._weight_edits) and the lab read and edit a lab block.
 LAB_FAMILY = LabFamily(name="lab", gated=False, mlp_input_hook="blocks.{layer}.hook_mlp_in",
                        dense_in_hook="blocks.{layer}.mlp.hook_pre", mlp_out_hook="blocks.{layer}.hook_mlp_out",
-                       attn_out_hook="blocks.{layer}.hook_mix_out")
+                       attn_out_hook="blocks.{layer}.hook_mix_out", dense_in_input_hook=None)
 
 
 @dataclass(frozen=True)

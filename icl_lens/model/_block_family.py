@@ -101,6 +101,10 @@ class BlockFamily:
     dense_gate_hook: str = "blocks.{layer}.mlp.gate.hook_out"
     mlp_out_hook: str = "blocks.{layer}.mlp.hook_out"
     dense_out_in_hook: str = "blocks.{layer}.mlp.out.hook_in"
+    # The inputs of W_in and W_gate (read by nothing else); None: a block whose first dense layer's input is not
+    # hooked apart from other readers (weight edits then take their factored form).
+    dense_in_input_hook: str | None = "blocks.{layer}.mlp.in.hook_in"
+    dense_gate_input_hook: str | None = "blocks.{layer}.mlp.gate.hook_in"
     dense_out_out_hook: str = "blocks.{layer}.mlp.out.hook_out"
     attn_out_hook: str = "blocks.{layer}.hook_attn_out"
 
@@ -145,6 +149,13 @@ class BlockFamily:
 
     def dense_gate_out(self, layer: int) -> str:
         return self.dense_gate_hook.format(layer=layer)
+
+    def dense_inputs(self, layer: int) -> list[str] | None:
+        """The inputs of ``W_in`` and (gated MLPs) ``W_gate``, where each is hooked on its own; else None."""
+        if self.dense_in_input_hook is None or (self.gated and self.dense_gate_input_hook is None):
+            return None
+        return [h.format(layer=layer) for h in (self.dense_in_input_hook,
+                                                *((self.dense_gate_input_hook,) if self.gated else ()))]
 
     def dense_out_input(self, layer: int) -> str:
         """Input of the down projection ``W_out`` (the MLP's hidden activation)."""

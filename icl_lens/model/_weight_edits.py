@@ -20,8 +20,11 @@ that layer: one mechanism for both.
 A weight edit acts on whatever input arrives, so the hooks add ``Σ_k u_d[k] (v[k]·x)``
 to each dense output for the actual MLP input ``x`` (and ``Σ_k out_u[k] (out_v[k]·h)``
 to the down projection's output for its actual input ``h``); no ``d_mlp × d_model``
-matrix is formed per token. A static matrix ``Δ = W M`` (a thought matrix) is the sum with
-``v[k] = M[k, :]`` and ``u_d[k] = W_d[:, k]``.
+matrix is formed per token. A static input map ``Δ_d = W_d M`` of every first dense layer (a
+thought matrix, :attr:`MLPEdit.m`) is applied to their input instead, ``W_d (x + M x)``: one
+``d_model × d_model`` product per token rather than a ``d_mlp``-sized one per dense layer. (It is
+the factored sum with ``v[k] = M[k, :]``, ``u_d[k] = W_d[:, k]``, the form a block whose dense
+inputs are not hooked apart, :meth:`BlockFamily.dense_inputs`, is given: the regression lab's.)
 
 An :class:`MLPEdit` has leading dimensions ``()`` (one edit for every position) or
 ``(batch, pos)`` (one edit per position of the input, e.g. each query's own token
@@ -45,8 +48,8 @@ from icl_lens.model._block_family import BlockFamily, block_family, post_norm_ep
 
 @dataclass(frozen=True, eq=False)
 class MLPEdit:
-    """One layer's edit: ``ΔW_d = Σ_k u_d[k] v[k]ᵀ`` (d = in, gate), ``ΔW_out``, a branch bias, a post-norm gain,
-    and biases ``in_bias``/``gate_bias`` on the first dense layers' outputs.
+    """One layer's edit: ``ΔW_d = W_d M + Σ_k u_d[k] v[k]ᵀ`` (d = in, gate; ``m`` = M), ``ΔW_out``, a branch bias,
+    a post-norm gain, and biases ``in_bias``/``gate_bias`` on the first dense layers' outputs.
 
     ``v``/``u_in``/``u_gate`` are ``[*lead, k, d]``, ``bias`` is ``[*lead, d_model]`` and
     ``in_bias``/``gate_bias`` are ``[*lead, d_mlp]`` with
@@ -64,6 +67,7 @@ class MLPEdit:
     out_v: Float[Tensor, "j d_mlp"] | None = None
     in_bias: Float[Tensor, "*lead d_mlp"] | None = None
     gate_bias: Float[Tensor, "*lead d_mlp"] | None = None
+    m: Float[Tensor, "d_model d_model"] | None = None  # the static input map: ΔW_d = W_d M for every first dense layer
 
     def __post_init__(self) -> None:
         if (self.out_u is None) != (self.out_v is None):
@@ -74,11 +78,10 @@ class MLPEdit:
                              f"{tuple(self.out_u.shape)} and {tuple(self.out_v.shape)}")
 
     @staticmethod
-    def input_map(m: Float[Tensor, "d_model d_model"], weights: dict[str, Tensor], *,
-                  bias: Tensor | None = None, gain: Tensor | None = None) -> "MLPEdit":
-        """The static edit ``Δ_d = W_d M`` of every dense layer in ``weights`` (``{"in": W_in, ...}``)."""
-        return MLPEdit(v=m, u_in=weights["in"].T, u_gate=weights["gate"].T if "gate" in weights else None,
-                       bias=bias, gain=gain)
+    def input_map(m: Float[Tensor, "d_model d_model"], *, bias: Tensor | None = None,
+                  gain: Tensor | None = None) -> "MLPEdit":
+        """The static edit ``Δ_d = W_d M`` of every first dense layer (with a branch bias or a gain)."""
+        return MLPEdit(m=m, bias=bias, gain=gain)
 
 
 def _coefficients(x: Tensor, v: Tensor) -> Tensor:
@@ -102,6 +105,11 @@ def _edit_hooks(model, edits: dict[int, MLPEdit], family: BlockFamily | None = N
         if not 0 <= layer < n_layers:
             raise IndexError(f"layer {layer} is outside the model (0..{n_layers - 1})")
         state: dict[str, Tensor] = {}
+        if edit.m is not None:  # W_d (x + M x) for every first dense layer d
+            if (inputs := family.dense_inputs(layer)) is None:
+                raise ValueError(f"the {family.name} block's dense inputs are not hooked apart: give the input map in "
+                                 "factored form, MLPEdit(v=M, u_in=W_inᵀ)")
+            hooks += [(name, lambda x, hook, m=edit.m: x + _coefficients(x, m).to(x.dtype)) for name in inputs]
         if edit.v is not None:
             def read_input(x, hook, v=edit.v, state=state):
                 state["coef"] = _coefficients(x, v)

@@ -130,10 +130,12 @@ def distill_patch(
     eye = torch.eye(d, dtype=dtype, device=dev)
 
     def edits():
-        maps = {l: params["maps"][l] for l in chosen} if "matrix" in parts else {}
-        vecs = {l: params["vectors"][l] for l in chosen} if "vector" in parts else {}
-        downs = {l: (eye, params["down"][l]) for l in chosen} if "down" in parts else {}
-        return thought_edits(model, maps, vecs, family.vector_site, downs)
+        # unbind, not params[k][l]: one backward stacks the layers' gradients, where indexing would fill and add a
+        # zero gradient of the whole stack per layer
+        maps, vecs, down = (params[k].unbind(0) for k in ("maps", "vectors", "down"))
+        return thought_edits(model, {l: maps[l] for l in chosen} if "matrix" in parts else {},
+                             {l: vecs[l] for l in chosen} if "vector" in parts else {}, family.vector_site,
+                             {l: (eye, down[l]) for l in chosen} if "down" in parts else {})
 
     keep = []  # the preserve texts ([BOS] + ids), for the locality term
     if preserve_weight:

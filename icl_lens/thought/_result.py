@@ -37,12 +37,8 @@ def thought_edits(model, maps: dict[int, Tensor], vectors: dict[int, Tensor], si
     downs = downs or {}
     edits = {}
     for layer in sorted(set(maps) | set(vectors) | set(downs)):
-        m, vec = maps.get(layer), vectors.get(layer)
         out_u, out_v = downs.get(layer, (None, None))
-        weights = first_dense_weights(model, layer) if m is not None else {}
-        edits[layer] = MLPEdit(v=m, u_in=weights["in"].T if m is not None else None,
-                               u_gate=weights["gate"].T if "gate" in weights else None,
-                               out_u=out_u, out_v=out_v, **VectorSite(site).edit(vec))
+        edits[layer] = MLPEdit(m=maps.get(layer), out_u=out_u, out_v=out_v, **VectorSite(site).edit(vectors.get(layer)))
     return edits
 
 

@@ -54,11 +54,11 @@ def fit_thought_patch(model: RegressionModel, prompt: Float[Tensor, "n d_token"]
         _, got = _run(model, alone, edits, [LAB_FAMILY.mlp_input(l)])
         a = got[LAB_FAMILY.mlp_input(l)]
         m = input_map(ctx[LAB_FAMILY.mlp_input(l)] - a, a, ridge=relative_ridge(a, ridge))  # Δ = W_in M
-        weights = {"in": model.blocks[l].mlp.W_in.weight}
-        edits[l] = MLPEdit.input_map(m, weights)
+        u_in = model.blocks[l].mlp.W_in.weight.T  # the lab block's W_in input is not hooked apart: factored form
+        edits[l] = MLPEdit(v=m, u_in=u_in)
         _, got = _run(model, alone, edits, [LAB_FAMILY.resid_post(l)])
         bias = (ctx[LAB_FAMILY.resid_post(l)] - got[LAB_FAMILY.resid_post(l)]).mean(0)
-        edits[l] = MLPEdit.input_map(m, weights, bias=bias)
+        edits[l] = MLPEdit(v=m, u_in=u_in, bias=bias)
     return edits
 
 
