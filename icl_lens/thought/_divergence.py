@@ -40,17 +40,20 @@ class KLReference:
 
     rows: tuple[tuple[int, ...], ...]  # what the edited side reads (BOS included)
     counts: tuple[int, ...]  # the scored positions: the last counts[i] of rows[i]
-    logits: Float[Tensor, "positions vocab"]  # the reference's logits there, rows in order
+    logits: tuple[Float[Tensor, "count vocab"], ...]  # the reference's logits there, one per row
     batch_size: int
     model: object = field(repr=False)
 
     @torch.no_grad()
     def kl(self, edit=None) -> float:
         """Mean ``KL(reference ‖ edited)`` over the scored positions; ``edit``: anything with ``.applied(model)``,
-        or None (the unedited model)."""
+        or None (the unedited model). ``batch_size`` rows at a time (a 262k vocabulary's logits add up)."""
+        total, b = 0.0, self.batch_size
         with (nullcontext() if edit is None else edit.applied(self.model)):
-            other = tail_logits(self.model, self.rows, self.counts, batch_size=self.batch_size)
-        return mean_kl(self.logits, torch.cat(other))
+            for i in range(0, len(self.rows), b):
+                other = tail_logits(self.model, self.rows[i:i + b], self.counts[i:i + b], batch_size=b)
+                total += sum(mean_kl(r, o) * len(r) for r, o in zip(self.logits[i:i + b], other))
+        return total / sum(self.counts)
 
 
 @torch.no_grad()
@@ -64,8 +67,7 @@ def answer_reference(model, instruction: str, queries: Sequence[str], *, query_p
     read = [q + a[:-1] for q, a in zip(q_ids, answers)]
     counts = tuple(max(len(a), 1) for a in answers)
     full = tail_logits(model, [with_bos(model, instr + r) for r in read], counts, batch_size=batch_size)
-    return KLReference(tuple(tuple(with_bos(model, pre + r)) for r in read), counts, torch.cat(full), batch_size,
-                       model)
+    return KLReference(tuple(tuple(with_bos(model, pre + r)) for r in read), counts, tuple(full), batch_size, model)
 
 
 def answer_kl(model, instruction: str, queries: Sequence[str], edit=None, *, query_prefix: str = "\n",
@@ -92,7 +94,7 @@ def text_reference(model, texts: Sequence[Sequence[int]]) -> KLReference:
         raise ValueError("text_kl needs at least one text")
     rows = tuple(tuple(ids) for ids in texts)
     counts = tuple(len(ids) for ids in rows)
-    return KLReference(rows, counts, torch.cat(tail_logits(model, rows, counts, batch_size=1)), 1, model)
+    return KLReference(rows, counts, tuple(tail_logits(model, rows, counts, batch_size=1)), 1, model)
 
 
 def text_kl(model, texts: Sequence[Sequence[int]], edit=None) -> float:
