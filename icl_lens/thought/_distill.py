@@ -30,7 +30,7 @@ through the same mechanism (:class:`~icl_lens.thought._result.ThoughtPatch`, i.e
 locality term to the loss, on the same preserve texts (``fit.preserve``; ``None``: the
 shipped :func:`~icl_lens.thought.preserve_texts`, fit half), as the mean next-token
 ``KL(unpatched ‖ edited)`` over every position of ``batch`` of them per step (cycled,
-seeded; the unpatched side read in the same step, without the edit):
+seeded; the unpatched side computed once per text, without the edit):
 ``loss = KL_answer + w · KL_preserve``. With ``validation`` queries and ``held_out`` texts
 (token ids, BOS included), every ``eval_every`` steps the edit is scored on held-out data by
 the same objective, ``answer_kl(validation) + w · text_kl(held_out)``, and the best
@@ -240,13 +240,12 @@ def distill_patch(
 
 
 def _preserve_kl(model, texts, references, edits, dtype) -> torch.Tensor:
-    """Mean next-token ``KL(unpatched ‖ edited)`` over every position of ``texts`` (``[BOS] + ids``, right padded;
-    ``references``: the unpatched log-probabilities of each): the distillation's locality term, differentiable in
-    the edit."""
-    ids = right_padded(texts, pad_id(model), model.cfg.device)
-    with edits_applied(model, edits()):
-        new = model(ids).to(dtype).log_softmax(-1)
+    """Mean next-token ``KL(unpatched ‖ edited)`` over every position of ``texts`` (``[BOS] + ids``; ``references``:
+    the unpatched log-probabilities of each): the distillation's locality term, differentiable in the edit. One
+    text per forward: the preserve texts' lengths vary about twofold, and padding would run the difference."""
     total = 0.0
-    for k, (t, p_log) in enumerate(zip(texts, references)):
-        total = total + (p_log.exp() * (p_log - new[k, : len(t)])).sum()
+    with edits_applied(model, edits()):
+        for t, p_log in zip(texts, references):
+            new = model(torch.tensor([t], device=model.cfg.device))[0].to(dtype).log_softmax(-1)
+            total = total + (p_log.exp() * (p_log - new)).sum()
     return total / sum(len(t) for t in texts)
