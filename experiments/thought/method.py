@@ -228,7 +228,8 @@ def equal_distill_lines(caches: dict, models, tasks) -> list[str]:
             picked = [t for t in plan if t in met]
             coverage.append(f"{model}: the rule picks {', '.join(t for t in plan if t not in met) or 'none'} (missed) "
                             f"and {', '.join(picked) or 'none'} (met{(', the only task met' if len(met) == 1 else ', the only tasks met') if picked == met else ''});"
-                            f" {len([t for t in plan if t in done])} of these {len(plan)} have their row"
+                            f" {(k := len([t for t in plan if t in done]))} of these {len(plan)} "
+                            f"{'has its' if k == 1 else 'have their'} row"
                             + (f" ({', '.join(done)})" if done else "")
                             + (f"; selection runs only: {', '.join(started)}" if started else "") + ".")
     if not stages:
