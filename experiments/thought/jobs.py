@@ -424,17 +424,17 @@ def run_model(model_name: str, tasks: list[str], curve_tasks: list[str], out: Pa
 
     ``distill_on``: the tasks whose table row also runs context distillation (None: every task); the others' rows
     have every condition but ``distilled`` (the report shows them as not measured)."""
+    steps = ModelJobs(model_name, out, run, n_train=n_train, select_fit=select_fit, select_validate=select_validate,
+                      select_grid=select_grid, select_extra=select_extra, select_answer_grid=select_answer_grid,
+                      tune_tasks=tune_tasks, distill_steps=distill_steps, distill_on=distill_on,
+                      null_space_grid=null_space_grid)
     jobs = job_list(tasks, curve_tasks, paper_tasks=paper_tasks, compose_groups=compose_groups, strengths=strengths,
                     sizes=sizes, select=select, select_tasks=select_tasks, n_select=len(select_grid),
                     n_extra=len(select_extra), n_answers=len(select_answer_grid), diagnose_task=diagnose_task,
                     table=table, distill_tasks=distill_tasks, distill_lrs=distill_lrs,
                     n_null_space=len(null_space_grid), method_tasks=method_tasks,
-                    equal_distill_tasks=equal_distill_plan({model_name: cached(out, model_name)}, model_name,
+                    equal_distill_tasks=equal_distill_plan({model_name: steps.results}, model_name,
                                                            list(method_tasks)) if plan_distill else None)
-    steps = ModelJobs(model_name, out, run, n_train=n_train, select_fit=select_fit, select_validate=select_validate,
-                      select_grid=select_grid, select_extra=select_extra, select_answer_grid=select_answer_grid,
-                      tune_tasks=tune_tasks, distill_steps=distill_steps, distill_on=distill_on,
-                      null_space_grid=null_space_grid)
     start = time.perf_counter()
     for job, name, arg in tqdm(jobs, desc=model_name):
         step = getattr(steps, job)

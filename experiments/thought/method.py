@@ -225,11 +225,12 @@ def equal_distill_lines(caches: dict, models, tasks) -> list[str]:
         if plan:
             started = sorted({t for m, t, _, _ in stages if m == model} - set(done), key=tasks.index)
             met = [t for t in tasks if accuracy_verdict(caches, model, t) == "met"]
-            picked = [t for t in plan if t in met]
-            coverage.append(f"{model}: the rule picks {', '.join(t for t in plan if t not in met) or 'none'} (missed) "
-                            f"and {', '.join(picked) or 'none'} (met{(', the only task met' if len(met) == 1 else ', the only tasks met') if picked == met else ''});"
-                            f" {(k := len([t for t in plan if t in done]))} of these {len(plan)} "
-                            f"{'has its' if k == 1 else 'have their'} row"
+            missed, picked = [t for t in plan if t not in met], [t for t in plan if t in met]
+            only = "" if picked != met else ", the only task met" if len(met) == 1 else ", the only tasks met"
+            n_done = sum(t in done for t in plan)
+            coverage.append(f"{model}: the rule picks {', '.join(missed) or 'none'} (missed) and "
+                            f"{', '.join(picked) or 'none'} (met{only}); {n_done} of these {len(plan)} "
+                            f"{'has its' if n_done == 1 else 'have their'} row"
                             + (f" ({', '.join(done)})" if done else "")
                             + (f"; selection runs only: {', '.join(started)}" if started else "") + ".")
     if not stages:

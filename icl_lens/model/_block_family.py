@@ -99,12 +99,12 @@ class BlockFamily:
     mlp_input_hook: str = "blocks.{layer}.ln2.hook_out"
     dense_in_hook: str = "blocks.{layer}.mlp.in.hook_out"
     dense_gate_hook: str = "blocks.{layer}.mlp.gate.hook_out"
-    mlp_out_hook: str = "blocks.{layer}.mlp.hook_out"
-    dense_out_in_hook: str = "blocks.{layer}.mlp.out.hook_in"
     # The inputs of W_in and W_gate (read by nothing else); None: a block whose first dense layer's input is not
-    # hooked apart from other readers (weight edits then take their factored form).
+    # hooked apart from other readers (its input maps take the factored form, MLPEdit(v=M, u_in=W_inᵀ)).
     dense_in_input_hook: str | None = "blocks.{layer}.mlp.in.hook_in"
     dense_gate_input_hook: str | None = "blocks.{layer}.mlp.gate.hook_in"
+    mlp_out_hook: str = "blocks.{layer}.mlp.hook_out"
+    dense_out_in_hook: str = "blocks.{layer}.mlp.out.hook_in"
     dense_out_out_hook: str = "blocks.{layer}.mlp.out.hook_out"
     attn_out_hook: str = "blocks.{layer}.hook_attn_out"
 

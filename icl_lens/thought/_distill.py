@@ -36,9 +36,8 @@ seeded; the unpatched side computed once per text, without the edit):
 the same objective, ``answer_kl(validation) + w · text_kl(held_out)``, and the best
 checkpoint is returned (early stopping: the run ends after ``patience`` checkpoints without a
 better one); ``settings`` records the checkpoints and the chosen step. What does not depend on
-the edit is computed once: the teacher, the unpatched side of the preserve term (each text's
-log-probabilities, on first use) and the reference side of the held-out scores
-(:class:`~icl_lens.thought._divergence.KLReference`). ``w`` itself is chosen
+the edit is computed once: the teacher, and the reference sides of the preserve term and of the
+held-out scores (:class:`~icl_lens.thought._divergence.KLReference`). ``w`` itself is chosen
 like the patch's preserve strength (``experiments/thought/method.py``).
 
 A tqdm bar shows the steps and the running loss (``progress=False`` hides it).
@@ -133,7 +132,7 @@ def distill_patch(
         # unbind, not params[k][l]: one backward stacks the layers' gradients, where indexing would fill and add a
         # zero gradient of the whole stack per layer
         maps, vecs, down = (params[k].unbind(0) for k in ("maps", "vectors", "down"))
-        return thought_edits(model, {l: maps[l] for l in chosen} if "matrix" in parts else {},
+        return thought_edits({l: maps[l] for l in chosen} if "matrix" in parts else {},
                              {l: vecs[l] for l in chosen} if "vector" in parts else {}, family.vector_site,
                              {l: (eye, down[l]) for l in chosen} if "down" in parts else {})
 
@@ -143,7 +142,7 @@ def distill_patch(
         keep = [with_bos(model, text_ids(model, t, what=f"preserve text {i}")) for i, t in enumerate(texts)]
         if not keep:
             raise ValueError("preserve_weight > 0 needs preserve texts")
-    keep_logp: dict[int, torch.Tensor] = {}  # text index -> the unpatched model's log-probabilities (on first use)
+    keep_ref = text_reference(model, keep) if keep else None  # the unedited side of the preserve term, once
     if validation is not None:  # the reference side of the held-out objective, computed once
         answer_ref = answer_reference(model, instruction, validation, query_prefix=query_prefix,
                                       answer_tokens=answer_tokens)
@@ -206,12 +205,8 @@ def distill_patch(
                     rng.shuffle(perm)
                     keep_order += perm
                 picked, keep_order = keep_order[:batch], keep_order[batch:]
-                for i in picked:
-                    if i not in keep_logp:
-                        with torch.no_grad():
-                            keep_logp[i] = model(torch.tensor([keep[i]], device=dev))[0].to(dtype).log_softmax(-1)
                 loss = loss + preserve_weight * _preserve_kl(model, [keep[i] for i in picked],
-                                                             [keep_logp[i] for i in picked], edits, dtype)
+                                                             [keep_ref.logits[i] for i in picked], edits, dtype)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -241,11 +236,12 @@ def distill_patch(
 
 def _preserve_kl(model, texts, references, edits, dtype) -> torch.Tensor:
     """Mean next-token ``KL(unpatched ‖ edited)`` over every position of ``texts`` (``[BOS] + ids``; ``references``:
-    the unpatched log-probabilities of each): the distillation's locality term, differentiable in the edit. One
-    text per forward: the preserve texts' lengths vary about twofold, and padding would run the difference."""
+    the unpatched logits of each): the distillation's locality term, differentiable in the edit. One text per
+    forward: the preserve texts' lengths vary about twofold, and padding would run the difference."""
     total = 0.0
     with edits_applied(model, edits()):
-        for t, p_log in zip(texts, references):
+        for t, ref in zip(texts, references):
+            p_log = ref.to(dtype).log_softmax(-1)
             new = model(torch.tensor([t], device=model.cfg.device))[0].to(dtype).log_softmax(-1)
             total = total + (p_log.exp() * (p_log - new)).sum()
     return total / sum(len(t) for t in texts)

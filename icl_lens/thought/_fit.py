@@ -294,7 +294,7 @@ class _Fitter:
 
     def edits(self):
         joined = {l: (torch.cat([u for u, _ in f]), torch.cat([v for _, v in f])) for l, f in self.downs.items()}
-        return thought_edits(self.model, self.patched_maps, self.patched_vecs, self.site, joined)
+        return thought_edits(self.patched_maps, self.patched_vecs, self.site, joined)
 
     def read(self, names: dict[str, str], stop: str) -> dict[str, Tensor]:
         """Query rows under the current patch, and the anchor rows as ``key_keep``: the block the sweep has reached

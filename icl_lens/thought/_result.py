@@ -31,7 +31,7 @@ from icl_lens.model._weight_edits import MLPEdit, edits_applied
 from icl_lens.thought._defaults import FIT_FILE, ThoughtFit
 
 
-def thought_edits(model, maps: dict[int, Tensor], vectors: dict[int, Tensor], site: VectorSite,
+def thought_edits(maps: dict[int, Tensor], vectors: dict[int, Tensor], site: VectorSite,
                   downs: dict[int, tuple[Tensor, Tensor]] | None = None) -> dict[int, MLPEdit]:
     """Per layer: ``Δ_d = W_d M`` of every first dense layer, the vector at its ``site``, ``ΔW_out = uᵀ v``."""
     downs = downs or {}
@@ -148,16 +148,16 @@ class ThoughtPatch:
             for l in range(self.maps.shape[0])
         ])
 
-    def edits(self, model=None) -> dict[int, MLPEdit]:
-        """This patch as weight edits of ``model`` (default: the one it was fitted on)."""
+    def edits(self) -> dict[int, MLPEdit]:
+        """This patch as weight edits (of any model of its shape: an input map does not read the weights)."""
         maps, vecs, downs = self._parts()
-        return thought_edits(self._model(model), maps, vecs, self.vector_site, downs)
+        return thought_edits(maps, vecs, self.vector_site, downs)
 
     @contextmanager
     def applied(self, model=None):
         """Run ``model`` (default: the one it was fitted on) with this patch; hooks removed on exit."""
         model = self._model(model)
-        with edits_applied(model, self.edits(model)) as m:
+        with edits_applied(model, self.edits()) as m:
             yield m
 
     def save_pretrained(self, directory: str | Path, model=None) -> Path:
