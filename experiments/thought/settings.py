@@ -51,8 +51,8 @@ DISTILL_TASKS, DISTILL_LRS = ("capitals",), (1e-5, 3e-5, 1e-4)
 # Composition (issue 22): these tasks applied at once, two ways, both always run and reported side by side (none
 # is chosen): the default single patches' edits added, and one joint fit with the default settings over all their
 # calibration rows. Each task scored on its own test queries. Target: each keeps ≥ COMPOSE_TARGET of its
-# single-patch accuracy.
-COMPOSE_GROUPS = (("plural", "capitals"), ("plural", "capitals", "past_tense", "antonyms"))
+# single-patch accuracy. Two pairs (issue 38), the four-task group split in two, fixed before either pair was run.
+COMPOSE_GROUPS = (("plural", "capitals"), ("past_tense", "antonyms"), ("plural", "capitals", "past_tense", "antonyms"))
 COMPOSE_TARGET = 0.8
 # Issue 22's targets: the ratio's bootstrap lower bound, the tasks per model, locality, distillation.
 RATIO_LOWER, TASKS_NEEDED = 0.8, 10
