@@ -130,6 +130,37 @@ def test_the_four_targets_are_read_from_the_rows():
     assert earlier_strength_choice({0.0: (0.02, 0.5), 1.0: (0.1, 0.2)}) == 0.0  # relative: 1.1 × 0.02
 
 
+def test_every_composed_group_is_counted_with_its_own_locality():
+    """Issue 38 asks for two pairs per model and four tasks at once: the two-task row counts the tasks of every
+    pair (a second pair's miss flips it) and names each pair's locality at once; four tasks have rows of their own."""
+    from experiments.thought.targets import targets_lines
+
+    tasks = [f"t{i}" for i in range(10)]
+    single = {**_got(20), "locality": {"kl": 0.04, "accuracy": 0.97}}
+
+    def group(names, kl, got=20):
+        return {**_current(), "tasks": list(names), "locality": {"kl": kl, "accuracy": 0.9},
+                "per_task": {t: {**_got(got if t == names[-1] else 20), "single": single} for t in names}}
+
+    cache = {**{_key("table", t): _row(20) for t in tasks}, _key("compose", "t0+t1"): group(["t0", "t1"], 0.05),
+             _key("compose", "t2+t3"): group(["t2", "t3"], 0.07)}
+
+    def rows(c, words):
+        return [line for line in targets_lines({"m": c}, ["m"], tasks) if line.startswith(f"| {words} tasks at once")
+                and "| m | test |" in line]
+
+    (two,) = rows(cache, "two")
+    assert two.rsplit("|", 2)[1].strip() == "met" and "4 of 4 tasks in 2 groups" in two
+    assert "t0+t1: locality KL 0.050 at once" in two and "t2+t3: locality KL 0.070 at once" in two
+    assert rows(cache, "four") == []
+    cache[_key("compose", "t2+t3")] = group(["t2", "t3"], 0.07, got=15)  # the second pair's t3 at 0.75
+    (two,) = rows(cache, "two")
+    assert two.rsplit("|", 2)[1].strip() == "missed" and "3 of 4 tasks in 2 groups" in two
+    cache[_key("compose", "t0+t1+t2+t3")] = group(["t0", "t1", "t2", "t3"], 0.2)
+    (four,) = rows(cache, "four")
+    assert four.rsplit("|", 2)[1].strip() == "met" and "4 of 4 tasks in 1 group (" in four and "KL 0.200 at once" in four
+
+
 def test_the_default_preserve_strength_is_the_rules_choice_on_the_committed_selection():
     """Wherever the committed caches hold the third selection stage for every strength with the current preserve
     texts, the default strength is what the rule picks from them (the mean over the models and selection tasks

@@ -72,15 +72,16 @@ def distill_met(r: dict) -> tuple[bool, float, float | None]:
 COMPOSE_METHODS = {"added": "edits added", "joint": "one joint fit"}  # the two ways, reported side by side
 
 
-def compose_rows(caches: dict, model: str, size: int, method: str = "added",
-                 split: str = "test") -> list[tuple[str, dict, dict]]:
-    """``(task, single patch's result, result at once)`` on ``split`` for every cached group of ``size`` tasks that
-    holds ``method`` (``"added"``: the single patches' edits added; ``"joint"``: one fit over all their rows); each
-    result has ``accuracy``, ``correct``, ``n_test`` and ``locality`` (the single patch's own, or the patch at
-    once's)."""
+def group_rows(group: dict, method: str, split: str = "test") -> list[tuple[str, dict, dict]]:
+    """``(task, single patch's result, result at once)`` on ``split`` for every task of a cached composed group,
+    at once by ``method`` (``"added"``: the single patches' edits added; ``"joint"``: one fit over all their rows;
+    empty when not run); each result has ``accuracy``, ``correct``, ``n_test`` and ``locality`` (the single patch's
+    own, or the patch at once's)."""
     key = per_task_key(split)
-    return [(t, c[key][t]["single"], got) for c in compose_groups(caches, model, size) if key in c
-            for t in dict.fromkeys(c["tasks"]) if (got := at_once(c, t, method, split)) is not None]
+    if key not in group:
+        return []
+    return [(t, group[key][t]["single"], got) for t in dict.fromkeys(group["tasks"])
+            if (got := at_once(group, t, method, split)) is not None]
 
 
 def per_task_key(split: str) -> str:
@@ -115,6 +116,31 @@ def compose_share(task: str, single: dict, at_once: dict, split: str = "test") -
                           point=COMPOSE_TARGET, lower=COMPOSE_TARGET, units=[units[i] for i in keep])
     share = at_once["correct"] / single["correct"] if single["correct"] else None
     return Ratio(share, None, False, True, False, single["n_test"], single["n_test"])
+
+
+def _compose_target_rows(caches: dict, model: str, size: int, words: str, on: str, split: str) -> list[str]:
+    """The target rows of the groups of ``size`` tasks, one per way (added, joint): every task of every group
+    counted by the one rule, and each group's locality at once beside its tasks' alone."""
+    rows = []
+    for method, name in COMPOSE_METHODS.items():
+        groups = [(c, got) for c in compose_groups(caches, model, size) if (got := group_rows(c, method, split))]
+        if not groups:
+            continue
+        shares = [(t, compose_share(t, r, a, split)) for _, got in groups for t, r, a in got]
+        n_ok = sum(s.met for _, s in shares)
+        local = "; ".join(
+            f"{'+'.join(c['tasks'])}: locality KL {got[0][2]['locality']['kl']:.3f} at once (alone: "
+            + ", ".join(f"{r['locality']['kl']:.3f}" for _, r, _ in got) + f"), other task kept "
+            f"{pct(got[0][2]['locality']['accuracy'])} (alone: " + ", ".join(pct(r["locality"]["accuracy"])
+                                                                              for _, r, _ in got) + ")"
+            for c, got in groups)
+        rows.append(f"| {words} tasks at once ({name}): each keeps ≥ {COMPOSE_TARGET} of its single-patch accuracy, "
+                    f"95% lower bound ≥ {COMPOSE_TARGET} | {on} | {n_ok} of {len(shares)} tasks in {len(groups)} "
+                    f"group{'s' if len(groups) > 1 else ''} (" + ", ".join(f"{t} {s.text()}" for t, s in shares)
+                    + f"); {local} | {'met' if n_ok == len(shares) else 'missed'} |")
+    if size == 2 and not rows:
+        rows.append(f"| two tasks at once | {on} | {NOT_MEASURED} | – |")
+    return rows
 
 
 def targets_lines(caches: dict, models, tasks) -> list[str]:
@@ -183,21 +209,8 @@ def _target_rows(caches: dict, model: str, tasks, split: str) -> list[str]:
                     f"{np.median(speeds):.1f}× | {'met' if n_d == len(dist) else 'missed'} |")
     else:
         rows.append(f"| against distillation | {on} | {NOT_MEASURED} | – |")
-    by_method = {m: pairs for m in COMPOSE_METHODS if (pairs := compose_rows(caches, model, 2, m, split))}
-    for method, pairs in by_method.items():
-        shares = [compose_share(t, r, c, split) for t, r, c in pairs]
-        ok = [s.met for s in shares]
-        loc = pairs[0][2]["locality"]
-        single = [r["locality"] for _, r, _ in pairs]
-        rows.append(f"| two tasks at once ({COMPOSE_METHODS[method]}): each keeps ≥ {COMPOSE_TARGET} of its "
-                    f"single-patch accuracy, 95% lower bound ≥ {COMPOSE_TARGET} | {on} | {sum(ok)} of {len(ok)} tasks ("
-                    + ", ".join(f"{t} {s.text()}" for (t, _, _), s in zip(pairs, shares))
-                    + f"); locality KL {loc['kl']:.3f} at once (alone: "
-                    + ", ".join(f"{x['kl']:.3f}" for x in single) + f"), other task kept {pct(loc['accuracy'])} "
-                    "(alone: " + ", ".join(pct(x["accuracy"]) for x in single) + f") | "
-                    f"{'met' if all(ok) else 'missed'} |")
-    if not by_method:
-        rows.append(f"| two tasks at once | {on} | {NOT_MEASURED} | – |")
+    for size, words in ((2, "two"), (4, "four")):
+        rows += _compose_target_rows(caches, model, size, words, on, split)
     return rows
 
 
