@@ -431,11 +431,18 @@ def test_trajectory_is_drawn_coarse_then_refined(load, dash_factory):
         assert coarse.coarse and coarse.steps == log_spaced_steps(full.n_context, COARSE_POINTS)
         assert 0 in coarse.steps and full.n_context in coarse.steps and len(coarse.steps) < full.n_context / 2
         cols = list(coarse.steps)
-        for field in ("u_in", "v", "correction"):
+        for field in ("v", "correction"):
             x, y = getattr(coarse, field), getattr(full, field)[:, cols]
             assert (x - y).abs().max() <= 1e-10 * y.abs().max(), field
+        assert coarse.compact and refined.compact  # R δ, not W δ: compared through what the panel draws
         assert not refined.coarse and refined is d.shown.trajectory
         got, want = refined.step_metrics(), full.step_metrics()
+        sparse = coarse.step_metrics()
+        torch.testing.assert_close(sparse.meta_gradient_norms,
+                                   want.meta_gradient_norms[:, [i - 1 for i in sparse.norm_steps]], rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(sparse.consecutive_alignment,
+                                   want.consecutive_alignment[:, [i - 2 for i in sparse.alignment_steps]],
+                                   rtol=1e-6, atol=1e-6)
         # R δ (the refined, compact) against W δ: cosines of tiny meta-gradients amplify the rounding
         torch.testing.assert_close(got.meta_gradient_norms, want.meta_gradient_norms, rtol=1e-8, atol=1e-10)
         torch.testing.assert_close(got.consecutive_alignment, want.consecutive_alignment, rtol=1e-6, atol=1e-6)
