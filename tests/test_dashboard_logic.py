@@ -297,6 +297,71 @@ def test_predictions_with_and_without_context(load, dash_factory):
     assert len(d.shown.predictions.tokens["with context"]) == 3
 
 
+def test_predictions_are_drawn_before_their_identity_check(load, dash_factory):
+    """Issue 41: first paint needs the predictions, not the check under them (a forward with every patch, more
+    than the predictions cost): they are drawn "checking…" first, and the check is drawn last, after the refined
+    trajectory, equal to :func:`identity_error`; a cached prompt keeps its check."""
+    from icl_lens.ui._predictions import identity_error
+
+    model = load("tiny-llama")
+    d = dash_factory(model)
+    drawn, show = [], d.predictions.show
+
+    def record(pred, *args, **kwargs):
+        drawn.append((pred, d.trajectory_panel.message.value, kwargs))
+        return show(pred, *args, **kwargs)
+
+    d.predictions.show = record
+    text = "ab=1;cd=2;ef=3;ab=1;cd="
+    type_prompt(d, text)
+    first, checked = [p for p, _, _ in drawn[-2:]]
+    assert first.patched_error is None and checked.patched_error is not None
+    assert first.token_ids["without context"].tolist() == checked.token_ids["without context"].tolist()
+    t = d.timeline[d.runner.generation]
+    assert t["predictions"] < t["first_paint"] <= t["phase2"] < t["checked"]
+    assert "max |Δlogit|" in d.predictions.html.value and "checking" not in d.predictions.html.value
+    assert "identity check" in d.status.value and "next…" not in d.status.value
+    ids = model.to_tokens(text)[0]
+    with torch.no_grad():
+        contextual = model(ids[None])[0, -1]
+    assert checked.patched_error == pytest.approx(identity_error(model, ids, d.shown.patches, ids.numel() - 1,
+                                                                 contextual), abs=1e-5)
+    assert checked.patched_error < 1e-4
+    from icl_lens.ui._predictions import predictions_html
+
+    assert "checking…" in predictions_html(first)
+    n = len(drawn)
+    type_prompt(d, text + "1")
+    type_prompt(d, text)  # back: the checked predictions come from the cache, no second check
+    assert drawn[-1][0] is checked and len(drawn) == n + 3 and "identity check" not in d.status.value
+
+
+def test_a_zero_patch_runs_the_kept_only_forward_without_edits(load, monkeypatch):
+    """Rows whose patches are all zero (the predictions' "without context") need no hooks: their forward gets no
+    edits, and gives the logits the zero edits gave; a batch with a real patch still gets its edits."""
+    import icl_lens.patches._kept_only as ko
+
+    model = load("tiny-llama", torch.float64)
+    ids = model.to_tokens("ab=1;cd=2;ef=3;ab=")[0]
+    patches = icl_lens.token_patches(model, ids)
+    bare = patches.keep_parts(w_in=False, correction=False)
+    q = ids.numel() - 1
+    seen, applied = [], ko.edits_applied
+
+    def record(model, edits, **kwargs):
+        seen.append(edits)
+        return applied(model, edits, **kwargs)
+
+    monkeypatch.setattr(ko, "edits_applied", record)
+    alone = ko.kept_only_logits_many(model, [(ids, bare, q)])
+    both = ko.kept_only_logits_many(model, [(ids, bare, q), (ids, patches, q)])
+    assert seen[0] == {} and len(seen[1]) == model.cfg.n_layers
+    torch.testing.assert_close(alone[0], both[0], rtol=1e-12, atol=1e-12)  # the zero edits change nothing
+    with torch.no_grad():
+        contextual = model(ids[None])[0, -1]
+    torch.testing.assert_close(both[1], contextual, rtol=1e-9, atol=1e-9)
+
+
 def test_layer_range_and_per_layer_colour_scale(load, dash_factory):
     from icl_lens.ui._layer_view import SCALES
 

@@ -111,7 +111,8 @@ def kept_only_logits_many(
 
     Requests whose kept sets have the same size share a forward (each row with its own
     token ids, position ids and per-position patches), so the unembedding runs once per
-    batch, on the last row only, instead of once per prompt.
+    batch, on the last row only, instead of once per prompt. A forward whose rows all carry
+    zero patches (``TokenPatches.keep_parts(w_in=False, correction=False)``) runs without edits.
     """
     results: dict[int, Tensor] = {}
     groups: dict[int, list[int]] = {}
@@ -123,7 +124,9 @@ def kept_only_logits_many(
             pos = [torch.tensor([requests[r][1].kept_positions(requests[r][2])], device=requests[r][0].device)
                    for r in chunk]
             inputs = torch.cat([requests[r][0][p] for r, p in zip(chunk, pos)])
-            edits = _concat_edits([token_patch_edits(requests[r][1], p, requests[r][1].v.dtype) for r, p in zip(chunk, pos)])
+            edits = (_concat_edits([token_patch_edits(requests[r][1], p, requests[r][1].v.dtype)
+                                    for r, p in zip(chunk, pos)])
+                     if any(_patched(requests[r][1]) for r in chunk) else {})
             pos = torch.cat(pos)
             with torch.no_grad(), edits_applied(model, edits):
                 logits = model(inputs, position_ids=pos, attention_mask=kept_only_masks(model, pos),
@@ -131,6 +134,12 @@ def kept_only_logits_many(
             for row, r in enumerate(chunk):
                 results[r] = logits[row, -1]
     return torch.stack([results[r] for r in range(len(requests))])
+
+
+def _patched(patches: TokenPatches) -> bool:
+    """Whether any part of the patches is non-zero (a zero patch's edits change nothing)."""
+    return any(t is not None and bool(t.any())
+               for t in (patches.delta, patches.stored_u_in, patches.stored_u_gate, patches.correction))
 
 
 def _concat_edits(parts: Sequence[dict[int, MLPEdit]]) -> dict[int, MLPEdit]:

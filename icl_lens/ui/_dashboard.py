@@ -24,8 +24,9 @@ that panel is on: the query token alone over the PatchSession's keys and values)
 of the selected query: first at a few log-spaced prefix lengths (``W_i`` exactly as the full
 trajectory has them, with the two before each, so the meta-gradient norms and step alignments drawn
 are exact), then refined to every prefix length (only the layers shown, the prompt prefix's keys and
-values taken from the PatchSession). A later phase is skipped, and a running forward abandoned at the
-next block, as soon as a newer keystroke waits.
+values taken from the PatchSession), and last the check under the predictions (the kept-only forward
+with every patch, which gives the contextual logits; "checking…" until then). A later phase is
+skipped, and a running forward abandoned at the next block, as soon as a newer keystroke waits.
 
 App mode (Voila, ``make app``; :mod:`icl_lens.ui._app_mode`): the model box loads the embedded
 names only unless the operator allows more (``allow_models=`` or ``ICL_LENS_APP_MODELS``),
@@ -444,9 +445,11 @@ class Dashboard:
                                               request.top_k, lambda: a.session.logits_at(prompt.ids, query))
         parts.append(f"top-{request.top_k} next tokens" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
 
-        def predictions_drawn():
-            self.predictions.show(predictions, prompt="A" if request.compare_text is not None else "")
-            self.shown.predictions = predictions
+        def predictions_drawn(pred=predictions, status: bool = False):
+            self.predictions.show(pred, prompt="A" if request.compare_text is not None else "")
+            self.shown.predictions = pred
+            if status:
+                self._set_status(parts, start, error, pending=False)
 
         if not self.runner.draw(generation, predictions_drawn) or stale():
             return
@@ -494,7 +497,8 @@ class Dashboard:
                 self.trajectory_panel.show(trajectory, query, patches.tokens, a.n_layers, traj_note)
                 show_layer_range(self.trajectory_panel, self.layer_controls.view(a.n_layers))
                 self.shown.trajectory = trajectory
-                self._set_status(parts, start, error, pending=not final, next_up="the full trajectory")
+                self._set_status(parts, start, error, pending=not final or predictions.patched_error is None,
+                                 next_up="the full trajectory" if not final else "the patches' identity check")
 
             if not self.runner.draw(generation, phase2):
                 return
@@ -503,6 +507,15 @@ class Dashboard:
                 self.timeline[generation]["phase2"] = time.perf_counter()
             elif stale():
                 return
+        # Last, the check under the predictions: the kept-only forward with every patch gives the contextual logits.
+        if stale():
+            return
+        (checked, fresh), seconds = timed(self.predictions.check, a.model, prompt.ids, patches, predictions,
+                                          request.top_k, lambda: a.session.logits_at(prompt.ids, query))
+        if fresh:
+            parts.append(f"identity check ({_ms(seconds)})")
+            if self.runner.draw(generation, lambda: predictions_drawn(checked, status=True)):
+                self.timeline[generation]["checked"] = time.perf_counter()
 
     def _unpin(self) -> None:
         self._query = None

@@ -7,13 +7,15 @@ contextual logits again (the identity of Dherin et al. 2025, arXiv 2507.16003); 
 shows that forward's largest logit difference from the contextual one as a check. Both
 forwards are the library's (:func:`icl_lens.model._greedy.last_logits`,
 :func:`icl_lens.patches._kept_only.kept_only_logits_many`); the patch parts are dropped with
-``TokenPatches.keep_parts``.
+``TokenPatches.keep_parts``. The dashboard draws the predictions first and runs the check after
+the trajectory (:func:`identity_error`): it is a forward with every patch applied, more than
+the predictions themselves cost (issue 41).
 """
 from __future__ import annotations
 
 import html
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ipywidgets as W
 import pandas as pd
@@ -42,7 +44,7 @@ class NextTokenPredictions:
     token_ids: dict[str, Int[Tensor, " k"]]  # by side ("with context", "without context")
     tokens: dict[str, tuple[str, ...]]
     probabilities: dict[str, Float[Tensor, " k"]]
-    patched_error: float  # max |kept-only forward with patches − contextual forward| over the vocabulary
+    patched_error: float | None  # max |kept-only forward with patches − contextual forward| (None: not checked yet)
 
     def to_frame(self) -> pd.DataFrame:
         rows = [{"query": self.query, "context": side, "rank": r + 1, "token_id": int(i), "token": t,
@@ -54,12 +56,14 @@ class NextTokenPredictions:
 
 @torch.no_grad()
 def next_token_predictions(model, ids: Int[Tensor, " pos"], patches: TokenPatches, query: int,
-                           k: int = DEFAULT_TOP_K, contextual: Float[Tensor, " vocab"] | None = None
-                           ) -> NextTokenPredictions:
+                           k: int = DEFAULT_TOP_K, contextual: Float[Tensor, " vocab"] | None = None,
+                           check: bool = True) -> NextTokenPredictions:
     """Top-``k`` next tokens at ``query`` from the contextual and the unpatched kept-only forwards.
 
     ``contextual``: the contextual logits at ``query`` when the caller has them (the dashboard's
-    :meth:`~icl_lens.patches._incremental.PatchSession.logits_at`); else a forward over ``ids[: query + 1]``."""
+    :meth:`~icl_lens.patches._incremental.PatchSession.logits_at`); else a forward over ``ids[: query + 1]``.
+    ``check``: also run the kept-only forward with every patch (``patched_error``; False: None, for
+    :func:`identity_error` later)."""
     n = int(ids.numel())
     if not 0 <= query < n:
         raise ValueError(f"query {query} is outside the prompt's {n} positions")
@@ -68,7 +72,7 @@ def next_token_predictions(model, ids: Int[Tensor, " pos"], patches: TokenPatche
     if contextual is None:
         contextual = last_logits(model, [ids[: query + 1].tolist()])[0]
     bare = patches.keep_parts(w_in=False, correction=False)
-    patched, unpatched = kept_only_logits_many(model, [(ids, patches, query), (ids, bare, query)])
+    unpatched, *patched = kept_only_logits_many(model, [(ids, bare, query)] + [(ids, patches, query)] * check)
     found = {}
     for side, logits in zip(SIDES, (contextual, unpatched)):
         logp, _ = predictive_stats(logits)
@@ -79,7 +83,19 @@ def next_token_predictions(model, ids: Int[Tensor, " pos"], patches: TokenPatche
         token_ids={s: found[s][0] for s in SIDES},
         tokens={s: str_tokens(model, found[s][0]) for s in SIDES},
         probabilities={s: found[s][1] for s in SIDES},
-        patched_error=float((patched.double() - contextual.double()).abs().max()))
+        patched_error=_error(patched[0], contextual) if check else None)
+
+
+def _error(patched: Tensor, contextual: Tensor) -> float:
+    return float((patched.double() - contextual.double()).abs().max())
+
+
+@torch.no_grad()
+def identity_error(model, ids: Int[Tensor, " pos"], patches: TokenPatches, query: int,
+                   contextual: Float[Tensor, " vocab"]) -> float:
+    """max |kept-only forward with every patch − ``contextual``| at ``query``: the check
+    :func:`next_token_predictions` runs with ``check=True``, run on its own."""
+    return _error(kept_only_logits_many(model, [(ids, patches, query)])[0], contextual)
 
 
 def predictions_html(pred: NextTokenPredictions | None, label=token_label, prompt: str = "") -> str:
@@ -101,8 +117,9 @@ def predictions_html(pred: NextTokenPredictions | None, label=token_label, promp
                       f"<table style='border-collapse:collapse;font-size:12px;line-height:1.25'>{rows}</table></div>")
     return (f"<div class='icl-predictions' data-query='{pred.query}'>"
             f"<b>{whose}next token after position {pred.query} ({html.escape(label(pred.query_token))!s})</b> "
-            f"<small>· kept-only forward with every patch: max |Δlogit| = {pred.patched_error:.2g} from the "
-            f"contextual one</small>"
+            f"<small class='icl-pred-check'>· kept-only forward with every patch: "
+            + ("checking…" if pred.patched_error is None else
+               f"max |Δlogit| = {pred.patched_error:.2g} from the contextual one") + "</small>"
             f"<div style='display:flex;flex-wrap:wrap;gap:12px'>{''.join(tables)}</div></div>")
 
 
@@ -118,13 +135,27 @@ class PredictionsPanel:
     def compute(self, model, ids, patches: TokenPatches, query: int, k: int,
                 contextual: Callable[[], Tensor] | None = None) -> tuple[NextTokenPredictions, bool]:
         """Cached by model, token ids, query and k (``(result, fresh)``); ``contextual()``, called on a miss only,
-        gives the contextual logits at ``query`` (see :func:`next_token_predictions`)."""
+        gives the contextual logits at ``query`` (see :func:`next_token_predictions`). Unchecked
+        (``patched_error`` None) until :meth:`check`."""
         key = (id(model), tuple(ids.tolist()), query, k)
         if key in self._cache:
             return self._cache[key], False
-        result = next_token_predictions(model, ids, patches, query, k, None if contextual is None else contextual())
-        self._cache = {key: result, **dict(list(self._cache.items())[:7])}
+        result = next_token_predictions(model, ids, patches, query, k, None if contextual is None else contextual(),
+                                        check=False)
+        self._remember(key, result)
         return result, True
+
+    def check(self, model, ids, patches: TokenPatches, pred: NextTokenPredictions, k: int,
+              contextual: Callable[[], Tensor]) -> tuple[NextTokenPredictions, bool]:
+        """``pred`` with its :func:`identity_error` (``(result, fresh)``; cached with the predictions)."""
+        if pred.patched_error is not None:
+            return pred, False
+        result = replace(pred, patched_error=identity_error(model, ids, patches, pred.query, contextual()))
+        self._remember((id(model), tuple(ids.tolist()), pred.query, k), result)
+        return result, True
+
+    def _remember(self, key, result: NextTokenPredictions) -> None:
+        self._cache = {key: result, **dict([kv for kv in self._cache.items() if kv[0] != key][:7])}
 
     def show(self, pred: NextTokenPredictions | None, prompt: str = "") -> None:
         self.html.value = predictions_html(pred, token_label, prompt)
