@@ -282,7 +282,8 @@ def main() -> None:
         "(the UI waits its debounce, default 150 ms, after the last keystroke; browser rendering is not "
         "included). *Figures* = token strip, layer × token heatmap, alignment matrix (phase 1); *attention* adds "
         "the attention pattern; *first paint* = every panel drawn: the top-k predictions (contextual logits from "
-        "phase 1's pass) and the trajectory of the last token, coarse (W_i at a few log-spaced prefix lengths) "
+        "phase 1's pass; the identity check under them, a kept-only forward with every patch, is drawn after the "
+        "refined trajectory) and the trajectory of the last token, coarse (W_i at a few log-spaced prefix lengths) "
         "where the context is long enough; *refined* = the full trajectory drawn (phase 2, in the background: a "
         "keystroke abandons it). *Append* = one token appended to an n-token prompt (PatchSession recomputes "
         "that position only); *forward* = a plain forward with logits of the n-token prompt, timed after each "
@@ -345,7 +346,8 @@ def main() -> None:
                  + "), however few tokens run: *one pass* = the prompt's "
                  "last token over the session's keys and values with its logits, timed after each append. First "
                  "paint needs at least two: phase 1's update (its last row through the unembedding gives the "
-                 "contextual logits) and the predictions' kept-only forward (the query with and without its patch); "
+                 "contextual logits) and the predictions' kept-only forward (the query without its patch; the "
+                 "check with every patch runs after the refined trajectory); "
                  "the coarse trajectory is a third. " + "; ".join(floors) + ".", ""] if floors else []),
               f"Trials: {args.trials} appends at the first size, a third (at least 3) at the others; "
               f"{args.full_trials} full recomputes, {args.baseline_trials} baseline appends per model.", ""]

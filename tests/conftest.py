@@ -6,7 +6,6 @@ dequantises and caches them, later loads take seconds).
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import pytest
@@ -33,11 +32,18 @@ TINY = ("tiny-gpt2", "tiny-llama", "tiny-gemma3")
 EMBEDDED = ("gemma-3-270m", "smollm2-135m")
 
 
-@functools.lru_cache(maxsize=None)
-def cached_model(name: str, dtype: torch.dtype = torch.float32):
-    from icl_lens import load_model
+_MODELS: dict[tuple, object] = {}  # (name, dtype) -> the session's model
+_GRAD_FLAGS: dict[tuple, dict[str, bool]] = {}  # each one's parameters' requires_grad as loaded
 
-    return load_model(name, dtype=dtype)
+
+def cached_model(name: str, dtype: torch.dtype = torch.float32):
+    key = (name, dtype)
+    if key not in _MODELS:
+        from icl_lens import load_model
+
+        _MODELS[key] = model = load_model(name, dtype=dtype)
+        _GRAD_FLAGS[key] = {n: p.requires_grad for n, p in model.named_parameters()}
+    return _MODELS[key]
 
 
 @pytest.fixture(scope="session")
@@ -82,3 +88,14 @@ def dash_factory():
     for d in made:
         d.close()
 
+
+
+@pytest.fixture(autouse=True)
+def _shared_models_left_as_found(request):
+    """Every session-cached model is shared by the tests after this one: a library call must leave its parameters
+    leaves with the gradient flag they were loaded with (a non-leaf or a flipped flag breaks the user's next
+    training step, ``backward`` or fit)."""
+    yield
+    for key, model in _MODELS.items():
+        bad = [n for n, p in model.named_parameters() if not p.is_leaf or p.requires_grad != _GRAD_FLAGS[key][n]]
+        assert not bad, f"{request.node.nodeid} left {key[0]}'s parameters changed (non-leaf or gradient flag): {bad[:3]}"

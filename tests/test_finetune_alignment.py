@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from icl_lens import FinetuneAlignment, finetune_alignment
+from icl_lens import FinetuneAlignment, finetune_alignment, load_model
 from icl_lens.core._factored import stack_outputs
 from icl_lens.model._block_family import block_family, original
 from icl_lens.dynamics._explicit_finetune import contextual_target_loss
@@ -30,9 +30,15 @@ def _param_names(model) -> list[list[tuple[str, bool]]]:
     return out
 
 
-def _dense_sgd(model, ids, kept, contextual, steps, lr):
-    """Reference: SGD on dense copies of the weights through torch.func.functional_call."""
-    hf = model.original_model
+def _reference_model(name: str, dtype: torch.dtype):
+    """A Hugging Face model of its own for ``functional_call``, which leaves the weights it overrode non-leaf in the
+    model it ran (the bridge keeps its own references to them): the session's shared model must stay intact."""
+    return load_model(name, dtype=dtype).original_model
+
+
+def _dense_sgd(name, model, ids, kept, contextual, steps, lr):
+    """Reference: SGD on dense copies of the weights through torch.func.functional_call (on :func:`_reference_model`)."""
+    hf = _reference_model(name, model.cfg.dtype)
     names = _param_names(model)
     params = dict(hf.named_parameters())
     deltas = {n: torch.zeros_like(params[n]) for layer in names for n, _ in layer}
@@ -61,7 +67,7 @@ def test_factored_sgd_equals_dense_sgd(load, name):
     kept = torch.tensor([[0, t]])
     with torch.no_grad():
         contextual = model(ids[None])[0, -1]
-    names, deltas, losses = _dense_sgd(model, ids, kept, contextual, STEPS, LR)
+    names, deltas, losses = _dense_sgd(name, model, ids, kept, contextual, STEPS, LR)
     assert torch.allclose(result.losses, torch.tensor(losses, dtype=torch.float64), rtol=1e-9, atol=1e-12)
     assert losses[-1] < losses[0]  # SGD did learn something
     gated = result.explicit_u_gate is not None
@@ -144,7 +150,7 @@ def test_context_token_steps_equal_dense_gradients(load, name):
     model = load(name, torch.float64)
     steps = context_token_steps(model, PROMPT)
     ids = model.to_tokens(PROMPT)[0]
-    hf = model.original_model
+    hf = _reference_model(name, torch.float64)
     names = _param_names(model)
     params = dict(hf.named_parameters())
     assert steps.positions == tuple(range(1, ids.numel() - 1)) and steps.u.shape[2] == 2
