@@ -72,7 +72,8 @@ def next_token_predictions(model, ids: Int[Tensor, " pos"], patches: TokenPatche
     if contextual is None:
         contextual = last_logits(model, [ids[: query + 1].tolist()])[0]
     bare = patches.keep_parts(w_in=False, correction=False)
-    unpatched, *patched = kept_only_logits_many(model, [(ids, bare, query)] + [(ids, patches, query)] * check)
+    rows = [(ids, bare, query)] + ([(ids, patches, query)] if check else [])
+    unpatched, *patched = kept_only_logits_many(model, rows)
     found = {}
     for side, logits in zip(SIDES, (contextual, unpatched)):
         logp, _ = predictive_stats(logits)
