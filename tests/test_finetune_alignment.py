@@ -164,7 +164,7 @@ def test_context_token_steps_equal_dense_gradients(load, name):
         logits = functional_call(hf, override, (ids[kept],), {"position_ids": kept,
                                                               "attention_mask": kept_only_masks(model, kept)}).logits
         loss = torch.nn.functional.cross_entropy(logits[0, -1][None], ids[p + 1][None])
-        assert float(loss) == pytest.approx(float(steps.losses[j]), rel=1e-9)
+        assert float(loss.detach()) == pytest.approx(float(steps.losses[j]), rel=1e-9)
         grads = dict(zip(live, torch.autograd.grad(loss, list(live.values()))))
         for layer, layer_names in enumerate(names):
             u = steps.u[layer, j]  # row, d_u (gate first for gated MLPs)

@@ -134,7 +134,7 @@ def test_every_count_of_the_report_calls_the_one_rule(tmp_path):
     lines = targets_lines(caches, ["m"], ["t"])
     accuracy = [line for line in lines if line.startswith("| accuracy")]
     assert len(accuracy) == 2 and all("| 0 of 1 tasks" in line and "missed: t" in line for line in accuracy)
-    assert "| 0 of 1 tasks (t 0.90 [" in next(line for line in lines if line.startswith("| two tasks") and "| m | test |" in line)
+    assert "| 0 of 1 tasks in 1 group (t 0.90 [" in next(line for line in lines if line.startswith("| two tasks") and "| m | test |" in line)
     assert "| missed |" in next(line for line in fresh_lines(caches, ["m"], ["t"]) if line.startswith("| m |"))
     assert "0.90 [" in "".join(compose_lines(caches, ["m"], "test")) and " missed " in "".join(compose_lines(caches, ["m"], "test"))
     (tmp_path / "eval_thought.m.json").write_text(json.dumps(cache))
