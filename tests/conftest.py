@@ -89,7 +89,6 @@ def dash_factory():
         d.close()
 
 
-
 @pytest.fixture(autouse=True)
 def _shared_models_left_as_found(request):
     """Every session-cached model is shared by the tests after this one: a library call must leave its parameters
