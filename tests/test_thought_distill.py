@@ -103,16 +103,14 @@ def test_early_stopping_returns_the_best_checkpoint_by_the_held_out_objective(lo
             distill_patch(model, INSTRUCTION, QUERIES, steps=2, progress=False, **kwargs)
 
 
-def test_a_kept_reference_scores_each_edit_as_a_fresh_call_does(one_thread):
+def test_a_kept_reference_scores_each_edit_as_a_fresh_call_does(load, one_thread):
     """Distillation's checkpoints score against references computed once (``KLReference``): for two different edits
     and no edit, the kept reference gives what ``answer_kl`` and ``text_kl`` give when called afresh, and
     ``text_kl`` is the position-weighted mean KL computed here from the model's own forwards (float64)."""
     from icl_lens.thought._divergence import answer_reference, text_kl, text_reference
     from icl_lens.thought._instruction_batches import text_ids, with_bos
 
-    from icl_lens import load_model
-
-    model = load_model("tiny-llama", dtype=torch.float64)  # this test's own: the session's float64 one gets edited
+    model = load("tiny-llama", torch.float64)
     texts = [with_bos(model, text_ids(model, t)) for t in KEPT]
     score = dict(query_prefix="\n", answer_tokens=3)
     edits = [None] + [distill_patch(model, INSTRUCTION, QUERIES, steps=s, lr=3e-3, answer_tokens=3, progress=False)
