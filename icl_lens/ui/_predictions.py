@@ -138,7 +138,7 @@ class PredictionsPanel:
         """Cached by model, token ids, query and k (``(result, fresh)``); ``contextual()``, called on a miss only,
         gives the contextual logits at ``query`` (see :func:`next_token_predictions`). Unchecked
         (``patched_error`` None) until :meth:`check`."""
-        key = (id(model), tuple(ids.tolist()), query, k)
+        key = self._key(model, ids, query, k)
         if key in self._cache:
             return self._cache[key], False
         result = next_token_predictions(model, ids, patches, query, k, None if contextual is None else contextual(),
@@ -152,8 +152,12 @@ class PredictionsPanel:
         if pred.patched_error is not None:
             return pred, False
         result = replace(pred, patched_error=identity_error(model, ids, patches, pred.query, contextual()))
-        self._remember((id(model), tuple(ids.tolist()), pred.query, k), result)
+        self._remember(self._key(model, ids, pred.query, k), result)
         return result, True
+
+    @staticmethod
+    def _key(model, ids, query: int, k: int) -> tuple:
+        return id(model), tuple(ids.tolist()), query, k
 
     def _remember(self, key, result: NextTokenPredictions) -> None:
         self._cache = {key: result, **dict([kv for kv in self._cache.items() if kv[0] != key][:7])}
