@@ -10,6 +10,9 @@ are padded): a loop of single-prompt ``token_patches`` vs ``patch_norms`` and
 ``token_patches`` in batches of ``--batch-size`` vs a batched plain forward with logits over
 the same padded batches. Writes reports/bench_patches.md and reports/bench_patches.json.
 
+``--floor`` also times the work the definitions ask for without the capture, and ``--ops`` lists, operator by
+operator (torch.profiler), what the capture does beyond it.
+
     python benchmarks/bench_patches.py [--device cuda] [--lengths 64 256 1024] [--models ...] [--prompts 64]
 """
 from __future__ import annotations
@@ -22,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
-from common import CLOCKS, flops, measure, peak_memory, prompt_ids, time_it, time_rounds, write_json  # noqa: E402
+from common import (CLOCKS, flops, measure, op_difference, op_times, peak_memory, prompt_ids, time_it,  # noqa: E402
+                    time_rounds, write_json)  # noqa: E402
 
 from experiments.report import command, load_average, machine, write_fragment  # noqa: E402
 from icl_lens import load_model, patch_norms, token_patches  # noqa: E402
@@ -74,6 +78,9 @@ def main() -> None:
     ap.add_argument("--floor", action="store_true",
                     help="also time the definitions' work without the capture (the stopped contextual pass and the "
                          "context-free pieces): the floor the patches' ratio is read against")
+    ap.add_argument("--ops", action="store_true",
+                    help="with --floor: profile one call of the patches and one of stopped + pieces (torch.profiler) "
+                         "and list the operators whose self time differs most: what the capture does beyond them")
     ap.add_argument("--out", default="reports/bench_patches.md")
     args = ap.parse_args()
     if args.clock is None:
@@ -107,6 +114,11 @@ def main() -> None:
                              "floor_ratio": (t["stopped"] + t["pieces"]) / t["forward"],
                              "rounds_patches_ratio": t["patches"] / t["forward"],
                              "over_floor": t["patches"] / (t["stopped"] + t["pieces"])}
+                    if args.ops:
+                        ours = op_times(lambda: token_patches(model, ids), args.device)
+                        theirs = op_times(lambda: (stopped(), pieces()), args.device)
+                        floor.update({"ops": op_difference(ours, theirs), "ops_s": sum(v[0] for v in ours.values()),
+                                      "ops_floor_s": sum(v[0] for v in theirs.values())})
             f_fwd, f_patch = flops(lambda: model(ids[None])), flops(lambda: token_patches(model, ids))
             rows.append({"model": name, "tokens": n, "forward_s": t_fwd, "patches_s": t_patch,
                          "patches_ratio": t_patch / t_fwd, "norms_s": t_norms, "norms_ratio": t_norms / t_fwd,
@@ -194,6 +206,16 @@ def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: 
                   f"{r['pieces_s']*1e3:.1f} | {r['floor_ratio']:.3f} | {1.05 * r['flops_ratio']:.3f} | "
                   f"{r['rounds_patches_ratio']:.3f} | {r['over_floor']:.3f} | {r['peak_mib_stopped']:.0f} | "
                   f"{r['factors_mib']:.0f} | {r['memory_over_floor']:.3f} |" for r in floors]
+    for r in (r for r in floors if "ops" in r):
+        gap = r["ops_s"] - r["ops_floor_s"]
+        lines += ["", f"Operators, {r['model']} at {r['tokens']} tokens (`--ops`: torch.profiler, one call each, self "
+                  f"time): the patches {r['ops_s']*1e3:.0f} ms, stopped + pieces {r['ops_floor_s']*1e3:.0f} ms, "
+                  f"{gap*1e3:+.0f} ms ({gap / r['ops_floor_s']:+.1%}); the operators that differ most (one call each: "
+                  f"an operator called as often on both sides, at another time, shows the run's variation):", "",
+                  "| operator | patches ms (calls) | stopped + pieces ms (calls) | difference ms |",
+                  "|---|---:|---:|---:|"]
+        lines += [f"| `{o['op']}` | {o['seconds']*1e3:.1f} ({o['calls']}) | {o['seconds_other']*1e3:.1f} "
+                  f"({o['calls_other']}) | {(o['seconds'] - o['seconds_other'])*1e3:+.1f} |" for o in r["ops"]]
     lines += ["", "Norms = `patch_norms` (norms only, no factors kept: `‖ΔW‖ = ‖Rδ‖/‖a‖` with `R` from the QR of "
               "the stacked dense weights, see `icl_lens/patches/_batches.py`; `TokenPatches.norms` uses the same `R`)."]
     if batched_rows:

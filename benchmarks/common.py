@@ -142,6 +142,26 @@ def flops(fn) -> float:
     return float(counter.get_total_flops())
 
 
+def op_times(fn, device: str = "cpu") -> dict[str, tuple[float, int]]:
+    """Self time (seconds) and call count of every torch operator in one call of ``fn()``, from torch's profiler
+    (``torch.profiler``; on CUDA its device time). Two calls' tables, subtracted, show which operators one does
+    more of than the other (:func:`op_difference`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        fn()
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    return {e.key: (getattr(e, attr) / 1e6, e.count) for e in prof.key_averages() if getattr(e, attr) > 0}
+
+
+def op_difference(a: dict, b: dict, top: int = 6) -> list[dict]:
+    """The ``top`` operators whose self time differs most between :func:`op_times` tables ``a`` and ``b``."""
+    keys = sorted(set(a) | set(b), key=lambda k: -abs(a.get(k, (0.0, 0))[0] - b.get(k, (0.0, 0))[0]))
+    return [{"op": k, "seconds": a.get(k, (0.0, 0))[0], "calls": a.get(k, (0.0, 0))[1],
+             "seconds_other": b.get(k, (0.0, 0))[0], "calls_other": b.get(k, (0.0, 0))[1]} for k in keys[:top]]
+
+
 def _plain(x):
     """JSON for what ``json`` cannot write itself: numbers (numpy, torch scalars) as floats, the rest as text."""
     try:

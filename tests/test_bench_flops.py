@@ -1,11 +1,12 @@
-"""The benchmarks' arithmetic count (benchmarks/common.py ``flops``) against counts done by hand."""
+"""The benchmarks' arithmetic count (benchmarks/common.py ``flops``) against counts done by hand, and their operator
+breakdown (``op_times``, ``op_difference``) against a planted extra operator."""
 import pathlib
 import sys
 
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "benchmarks"))
-from common import flops  # noqa: E402
+from common import flops, op_difference, op_times  # noqa: E402
 
 
 def test_flops_counts_matrix_products_by_hand():
@@ -14,6 +15,28 @@ def test_flops_counts_matrix_products_by_hand():
     assert flops(lambda: layer(x)) == 2 * 5 * 12 * 7
     y = torch.randn(7, 3)
     assert flops(lambda: layer(x) @ y) == 2 * 5 * 12 * 7 + 2 * 5 * 7 * 3
+
+
+def test_op_difference_finds_the_operator_one_call_does_more_of():
+    x = torch.randn(256, 256)
+
+    def base():
+        return x @ x
+
+    def more():
+        y = x @ x
+        for _ in range(100):
+            y = y - x  # the planted extra work
+        return y
+
+    ours, theirs = op_times(more), op_times(base)
+    assert ours["aten::sub"][1] == 100 and "aten::sub" not in theirs
+    assert ours["aten::mm"][1] == theirs["aten::mm"][1] == 1
+    sub, *_ = op_difference(ours, theirs, top=1)  # the largest difference first
+    assert sub["op"] == "aten::sub" and sub["calls"] == 100 and sub["calls_other"] == 0
+    assert sub["seconds"] > 0 == sub["seconds_other"]
+    reverse = next(o for o in op_difference(theirs, ours, top=3) if o["op"] == "aten::sub")
+    assert reverse["calls"] == 0 and reverse["calls_other"] == 100
 
 
 def test_patches_do_the_forward_arithmetic_less_the_unembedding_and_last_mlp(load):
