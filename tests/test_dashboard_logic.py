@@ -576,3 +576,43 @@ def test_phase_one_needs_no_qr_of_the_dense_weights(load, dash_factory):
     patches, _ = a.patches(prompt)
     flags = icl_lens.spike_scores(patches)
     assert flags.scores.shape == (patches.n_positions,) and not weights._r
+
+
+def test_layer_axes_thin_their_labels_alike_in_every_heatmap():
+    """30 layers in a heatmap row's height overlap: the main heatmap and the three compare heatmaps label every
+    2nd layer there (one rule, ``layer_dtick``), and every layer of a short range."""
+    from icl_lens.ui._compare import CompareFigure, PromptComparison
+    from icl_lens.ui._layer_view import LayerView
+    from icl_lens.ui._panels import MAX_LAYER_TICKS, layer_dtick
+
+    assert [layer_dtick(n) for n in (1, MAX_LAYER_TICKS, MAX_LAYER_TICKS + 1, 30, 3 * MAX_LAYER_TICKS + 1)] == [1, 1, 2,
+                                                                                                             2, 4]
+    gen = torch.Generator().manual_seed(0)
+    cmp = PromptComparison(tokens_a=("a", "b", "c"), tokens_b=("a", "x", "c"), values_a=torch.rand(30, 3, generator=gen),
+                           values_b=torch.rand(30, 3, generator=gen), pairs=((0, 0), (2, 2)), shared_prefix=1)
+    figure = CompareFigure(widget=False)
+    for view, step in ((LayerView(0, 29), 2), (LayerView(10, 17), 1)):
+        figure.show(cmp, view)
+        assert [figure.fig.layout[axis].dtick for axis in ("yaxis", "yaxis2", "yaxis3")] == [step] * 3
+
+
+def test_decay_exponents_are_drawn_only_from_enough_steps(load, dash_factory):
+    """Through two meta-gradient norms any line fits (R² = 1): a query with fewer than ``MIN_FIT_STEPS`` context
+    steps gets no exponent bar and a title that says why; a longer context gets the library's exponents."""
+    from icl_lens.ui._panels import MIN_FIT_STEPS, FigureGrid
+
+    model = load("tiny-llama")
+    d = dash_factory(model)
+    short = next(t for t in ("ab=", "ab=1", "ab=1;", "ab=1;c") if len(model.to_tokens(t)[0]) == MIN_FIT_STEPS + 1)
+    type_prompt(d, short)
+    traj = d.shown.trajectory
+    assert traj.n_context == MIN_FIT_STEPS - 1 and traj.decay_fit().n_points.max() < MIN_FIT_STEPS
+    assert np.isnan(_arr(d.trajectory_panel.exponents.y)).all()
+    title = d.trajectory_panel.grid.fig.layout.annotations[FigureGrid.PANELS.index("exponents")]
+    assert f"no fit under {MIN_FIT_STEPS}" in title.text
+    assert all("no fit" in t.name for t in d.trajectory_panel.norms)
+    type_prompt(d, "ab=1;cd=2;ef=3;ab=")
+    fit = d.shown.trajectory.decay_fit()
+    assert (fit.n_points >= MIN_FIT_STEPS).all()
+    np.testing.assert_allclose(_arr(d.trajectory_panel.exponents.y), fit.exponent.double().numpy())
+    assert "no fit" not in title.text

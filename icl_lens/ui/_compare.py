@@ -28,7 +28,7 @@ from torch import Tensor
 from icl_lens.patches._patch_set import TokenPatches
 from icl_lens.patches._incremental import PatchSession
 from icl_lens.ui._layer_view import LayerView
-from icl_lens.ui._panels import MAX_MATRIX_TICKS, token_axis, token_label
+from icl_lens.ui._panels import MAX_MATRIX_TICKS, layer_dtick, token_axis, token_label
 from icl_lens.ui._token_strip import TokenStrip
 
 QUANTITIES = ("patch norm", "correction norm")
@@ -158,7 +158,7 @@ class CompareFigure:
             diff.colorbar.title.text = view.colour_title("A − B")
             fig.layout.xaxis3.update(token_axis([cmp.tokens_a[pa] for pa, _ in cmp.pairs], title="shared token"))
             for axis in ("yaxis", "yaxis2", "yaxis3"):
-                fig.layout[axis].range = [view.lo - 0.5, view.hi + 0.5]
+                fig.layout[axis].update(range=[view.lo - 0.5, view.hi + 0.5], dtick=layer_dtick(len(view.layers)))
             fig.layout.annotations[0].text = f"A: {symbol} per layer and token"
             fig.layout.annotations[1].text = f"B: {symbol} per layer and token"
             prefix = f" (common prefix: {cmp.shared_prefix}, where A − B = 0)" if cmp.shared_prefix else ""

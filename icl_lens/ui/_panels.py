@@ -20,6 +20,8 @@ from icl_lens.ui._token_strip import TokenStrip
 MAX_TICKS = 48  # token ticks along a plot's width (plotly turns crowded labels upright)
 MAX_MATRIX_TICKS = 20  # token ticks on each side of the alignment matrix (half a row wide, at 800 px)
 LABEL_CHARS = 12  # longest tick label; hover shows the whole token
+MAX_LAYER_TICKS = 16  # layer labels along a heatmap's height (about 250 px): 30 in that height would overlap
+MIN_FIT_STEPS = 3  # nonzero meta-gradient norms a decay exponent is drawn from: any line fits 2 points (R² = 1)
 
 
 def token_label(token: str) -> str:
@@ -31,6 +33,12 @@ def short_label(token: str) -> str:
     """:func:`token_label` cut to ``LABEL_CHARS`` characters (tick labels and titles must fit 800 px)."""
     label = token_label(token)
     return label if len(label) <= LABEL_CHARS else label[:LABEL_CHARS - 1] + "…"
+
+
+def layer_dtick(n_layers: int) -> int:
+    """Layer-axis tick step of a heatmap: one label per layer up to :data:`MAX_LAYER_TICKS` rows, then every 2nd,
+    3rd…"""
+    return max(1, -(-n_layers // MAX_LAYER_TICKS))
 
 
 def token_axis(tokens: tuple[str, ...] | list[str], title: str = "token (position)",
@@ -192,9 +200,7 @@ class HeatmapPanel:
             title = "‖ΔW‖" if self.kind.value == self.KINDS[0] else "‖corr‖"
             trace.colorbar.title.text = view.colour_title(title)
             self.grid.axis("heatmap", "x").update(token_axis(patches.tokens))
-            # one label per layer up to 16 rows, then every 2nd, 3rd…: 30 labels in the row's height would overlap
-            self.grid.axis("heatmap", "y").update(range=[view.lo - 0.5, view.hi + 0.5],
-                                                  dtick=max(1, -(-len(view.layers) // 16)))
+            self.grid.axis("heatmap", "y").update(range=[view.lo - 0.5, view.hi + 0.5], dtick=layer_dtick(len(view.layers)))
 
 
 class AlignmentPanel:
@@ -284,6 +290,7 @@ class TrajectoryPanel:
             norms = _np(metrics.meta_gradient_norms)  # column k: step i = norm_steps[k] (k + 1 unless coarse)
             align = _np(metrics.consecutive_alignment)  # column k: cos(G_{i−1}, G_i), i = alignment_steps[k]
             fit = metrics.fit
+            fitted = _np(fit.n_points) >= MIN_FIT_STEPS  # per layer: enough steps for the exponent to mean anything
             rows = {layer: row for row, layer in enumerate(trajectory.layers)}
             for layer, (line, step) in enumerate(zip(self.norms, self.steps)):
                 row = rows.get(layer)
@@ -291,16 +298,18 @@ class TrajectoryPanel:
                     line.x, line.y, step.x, step.y = [], [], [], []
                     continue
                 line.x, line.y = np.array(metrics.norm_steps), norms[row]
-                line.name = f"L{layer} (α={float(fit.exponent[row]):.2f}, R²={float(fit.r_squared[row]):.2f})"
+                line.name = (f"L{layer} (α={float(fit.exponent[row]):.2f}, R²={float(fit.r_squared[row]):.2f})"
+                             if fitted[row] else f"L{layer} (no fit: {int(fit.n_points[row])} steps)")
                 step.x, step.y = np.array(metrics.alignment_steps), align[row]
             bars = self.exponents
-            bars.x, bars.y = list(trajectory.layers), _np(fit.exponent)
+            bars.x, bars.y = list(trajectory.layers), np.where(fitted, _np(fit.exponent), np.nan)  # NaN: no bar
             bars.marker.color = list(trajectory.layers)
             bars.customdata = _np(fit.r_squared)
             label = short_label(tokens[query]) if query is not None and 0 <= query < len(tokens) else "?"
             self.grid.title("norms", f"meta-gradient norm — query {query} ({label!r})")
             self.grid.title("steps", f"consecutive-step alignment — query {query}")
-            self.grid.title("exponents", f"fitted decay exponent α per layer — query {query}")
+            self.grid.title("exponents", f"fitted decay exponent α per layer — query {query}" if fitted.all() else
+                            f"α per layer — query {query}: no fit under {MIN_FIT_STEPS} nonzero steps")
 
 
 ATTENTION_FRAME, ATTENTION_SIDE = 460, 400  # frame height, widest attention square (px)
