@@ -596,7 +596,7 @@ def test_layer_axes_thin_their_labels_alike_in_every_heatmap():
         assert [figure.fig.layout[axis].dtick for axis in ("yaxis", "yaxis2", "yaxis3")] == [step] * 3
 
 
-def test_decay_exponents_are_drawn_only_from_enough_steps(load, dash_factory):
+def test_decay_exponents_need_enough_steps_and_log_axes_label_1_2_5(load, dash_factory):
     """Through two meta-gradient norms any line fits (R² = 1): a query with fewer than ``MIN_FIT_STEPS`` context
     steps gets no exponent bar and a title that says why; a longer context gets the library's exponents."""
     from icl_lens.ui._panels import MIN_FIT_STEPS, FigureGrid
@@ -616,3 +616,10 @@ def test_decay_exponents_are_drawn_only_from_enough_steps(load, dash_factory):
     assert (fit.n_points >= MIN_FIT_STEPS).all()
     np.testing.assert_allclose(_arr(d.trajectory_panel.exponents.y), fit.exponent.double().numpy())
     assert "no fit" not in title.text
+    # the log–log axes are labelled at 1, 2 and 5 of each decade; linear axes keep plotly's own ticks
+    axes = [d.trajectory_panel.grid.axis("norms", xy) for xy in "xy"]
+    assert [(a.type, a.dtick) for a in axes] == [("log", "D2")] * 2
+    d.trajectory_panel.loglog.value = False
+    assert [(a.type, a.dtick) for a in axes] == [("linear", None)] * 2
+    d.trajectory_panel.loglog.value = True
+    assert [(a.type, a.dtick) for a in axes] == [("log", "D2")] * 2

@@ -21,6 +21,7 @@ MAX_TICKS = 48  # token ticks along a plot's width (plotly turns crowded labels 
 MAX_MATRIX_TICKS = 20  # token ticks on each side of the alignment matrix (half a row wide, at 800 px)
 LABEL_CHARS = 12  # longest tick label; hover shows the whole token
 MAX_LAYER_TICKS = 16  # layer labels along a heatmap's height (about 250 px): 30 in that height would overlap
+LOG_DTICK = "D2"  # a log axis labelled at 1, 2 and 5 of each decade
 MIN_FIT_STEPS = 3  # nonzero meta-gradient norms a decay exponent is drawn from: any line fits 2 points (R² = 1)
 
 
@@ -102,8 +103,10 @@ class FigureGrid:
                            margin=dict(l=60, r=20, t=40, b=40))
         axis = lambda name, xy: self.axis(name, xy, grid.layout)  # noqa: E731
         axis("heatmap", "y").update(title_text="layer", dtick=1)
-        axis("norms", "x").update(title_text="context length i", type="log")  # log–log by default
-        axis("norms", "y").update(title_text="‖W_{i+1} − W_i‖", type="log")
+        # log–log by default, labelled at 1, 2, 5 of each decade ("D2"): plotly's own choice on a range of a decade
+        # or two labels every digit, and they overlap
+        axis("norms", "x").update(title_text="context length i", type="log", dtick=LOG_DTICK)
+        axis("norms", "y").update(title_text="‖W_{i+1} − W_i‖", type="log", dtick=LOG_DTICK)
         axis("steps", "x").update(title_text="context length i")
         axis("steps", "y").update(title_text="cos(G_{i−1}, G_i)", range=[-1.05, 1.05])
         axis("exponents", "x").update(title_text="layer")
@@ -273,8 +276,8 @@ class TrajectoryPanel:
     def apply_scale(self) -> None:
         kind = "log" if self.loglog.value else "linear"
         with self.fig.batch_update():
-            self.grid.axis("norms", "x").type = kind
-            self.grid.axis("norms", "y").type = kind
+            for xy in "xy":
+                self.grid.axis("norms", xy).update(type=kind, dtick=LOG_DTICK if kind == "log" else None)
 
     def show(self, trajectory, query: int | None, tokens, n_layers: int, message: str = "") -> None:
         self._ensure_traces(n_layers)
