@@ -87,3 +87,23 @@ def test_equal_distillation_runs_where_it_is_told():
     assert [t for j, t, _ in jobs if j == "untouched"] == ["a", "b", "c"]
     assert [t for j, t, _ in jobs if j == "equal_distill"] == ["c", "a"]
     assert [t for j, t, _ in job_list(["a"], [], table=False, method_tasks=["a"]) if j == "equal_distill"] == ["a"]
+
+
+def test_the_distillation_table_shows_apart_what_its_sentence_counts_apart():
+    """The verdict sentence counts the untouched-set KL by its values; the table prints them to 4 decimals, so two
+    KLs the sentence tells apart (0.0872 and 0.0865, both 0.087 at 3 decimals) are not shown as a tie."""
+    fit = default_fit()
+    stage = {"validation_kl": 0.2, "text_kl": 0.06, "chosen_step": 10, "steps_run": 40, "seconds": 9.0}
+    cache = {
+        row_key("table", fit, "short"): {"accuracy": {"patched": 0.78}, "seconds": {"patched": 61.0}},
+        row_key("untouched", fit, "short"): {"patched": {"kl_all": 0.08720, "kept": {"a": 0.75}}},
+        row_key("equal_distill_weight", fit, PRESERVE_SET, "10", "short"): stage,
+        row_key("equal_distill", fit, PRESERVE_SET, "short"): {
+            "weight": 10.0, "steps": 10, "per_task": {"accuracy": 0.88}, "per_task_fresh": {"accuracy": 0.60},
+            "untouched": {"kl_all": 0.08654, "kept": {"a": 0.75}},
+            "seconds": {"distilled": 210.0, "selection": 4530.0}},
+    }
+    text = "\n".join(equal_distill_lines({"m": cache}, ["m"], ["short"]))
+    assert "| m | short | 10, 10 | 78% / 88% | – / 60% | 0.0872 / 0.0865 | 75% / 75% | 61 / 210 (4530) |" in text
+    assert ("at least as accurate on the test queries on 0 of 1 (model, task) pairs, has the lower or equal "
+            "untouched-set KL on 0 of 1, and fits in no more time on 1 of 1") in text

@@ -250,8 +250,9 @@ def equal_distill_lines(caches: dict, models, tasks) -> list[str]:
               f"{r['steps_run']} | {r['seconds']:.0f} |" for m, t, w, r in stages]
     if not pairs:
         return lines
-    lines += ["", "Accuracy on the test and fresh queries; locality on the untouched set (pooled KL, lowest task "
-              "kept); seconds: the final fit (the distillation's selection runs in brackets).", "",
+    lines += ["", "Accuracy on the test and fresh queries; locality on the untouched set (pooled KL, to 4 decimals: the "
+              "sentence below compares the values, not their rounding; lowest task kept); seconds: the final fit (the "
+              "distillation's selection runs in brackets).", "",
               "| model | task | weight, steps | test patched / distilled | fresh patched / distilled | "
               "KL patched / distilled | kept patched / distilled | seconds patched / distilled |",
               "|---|---|---|---|---|---|---|---|"]
@@ -265,7 +266,7 @@ def equal_distill_lines(caches: dict, models, tasks) -> list[str]:
         better["time"] += p["seconds"]["patched"] <= d["seconds"]["distilled"]
         lines.append(f"| {model} | {task} | {d['weight']:g}, {d['steps']} | {p['accuracy']['patched']:.0%} / "
                      f"{d['per_task']['accuracy']:.0%} | {fresh_p} / {d['per_task_fresh']['accuracy']:.0%} | "
-                     f"{loc_p['kl_all']:.3f} / {loc_d['kl_all']:.3f} | {min(loc_p['kept'].values()):.0%} / "
+                     f"{loc_p['kl_all']:.4f} / {loc_d['kl_all']:.4f} | {min(loc_p['kept'].values()):.0%} / "
                      f"{min(loc_d['kept'].values()):.0%} | {p['seconds']['patched']:.0f} / "
                      f"{d['seconds']['distilled']:.0f} ({d['seconds']['selection']:.0f}) |")
     n = len(pairs)
