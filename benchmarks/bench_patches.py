@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
 from common import (CLOCKS, flops, measure, op_difference, op_times, peak_memory, prompt_ids, time_it,  # noqa: E402
-                    time_rounds, write_json)  # noqa: E402
+                    time_rounds, write_json)
 
 from experiments.report import command, load_average, machine, write_fragment  # noqa: E402
 from icl_lens import load_model, patch_norms, token_patches  # noqa: E402

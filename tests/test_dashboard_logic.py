@@ -585,8 +585,8 @@ def test_layer_axes_thin_their_labels_alike_in_every_heatmap():
     from icl_lens.ui._layer_view import LayerView
     from icl_lens.ui._panels import MAX_LAYER_TICKS, layer_dtick
 
-    assert [layer_dtick(n) for n in (1, MAX_LAYER_TICKS, MAX_LAYER_TICKS + 1, 30, 3 * MAX_LAYER_TICKS + 1)] == [1, 1, 2,
-                                                                                                             2, 4]
+    counts = (1, MAX_LAYER_TICKS, MAX_LAYER_TICKS + 1, 30, 3 * MAX_LAYER_TICKS + 1)
+    assert [layer_dtick(n) for n in counts] == [1, 1, 2, 2, 4]
     gen = torch.Generator().manual_seed(0)
     cmp = PromptComparison(tokens_a=("a", "b", "c"), tokens_b=("a", "x", "c"), values_a=torch.rand(30, 3, generator=gen),
                            values_b=torch.rand(30, 3, generator=gen), pairs=((0, 0), (2, 2)), shared_prefix=1)

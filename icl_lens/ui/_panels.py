@@ -203,7 +203,8 @@ class HeatmapPanel:
             title = "‖ΔW‖" if self.kind.value == self.KINDS[0] else "‖corr‖"
             trace.colorbar.title.text = view.colour_title(title)
             self.grid.axis("heatmap", "x").update(token_axis(patches.tokens))
-            self.grid.axis("heatmap", "y").update(range=[view.lo - 0.5, view.hi + 0.5], dtick=layer_dtick(len(view.layers)))
+            self.grid.axis("heatmap", "y").update(range=[view.lo - 0.5, view.hi + 0.5],
+                                                  dtick=layer_dtick(len(view.layers)))
 
 
 class AlignmentPanel:
