@@ -136,10 +136,10 @@ def _appends(d, base: str, trials: int, model=None, ids=None) -> dict[str, list[
 def _blocks_pass(model, session, ids) -> float:
     """Seconds of one token's forward over ``session``'s keys and values of the tokens before it, stopped after the
     last block (every block's weights read once, the unembedding not)."""
-    from icl_lens.model import activations_captured
+    from icl_lens.model import activations_captured, block_family
 
     past, _ = session.prefix_cache(ids, ids.numel() - 1)
-    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    last = block_family(model).resid_post(model.cfg.n_layers - 1)
     start = time.perf_counter()
     with activations_captured(model, [(last, lambda x, hook: None)], stop_after=last):
         model(ids[None, -1:], past_key_values=past, return_type=None)
@@ -334,6 +334,7 @@ def main() -> None:
                 one = p50(a["pass"])
                 blocks = p50(a["blocks"]) if a.get("blocks") else None  # absent from runs before it was timed
                 paint = 2 * one + blocks if blocks else None
+                least = paint or 2 * one  # what first paint costs at least: with the blocks pass where it was timed
                 floors.append(
                     f"{r['name']}, {size} tokens: one pass {ms(one)} ms = {one / fwd:.2f}× the forward; first paint = "
                     f"{p50(a['first_paint']) / one:.1f} passes, figures {p50(a['phase1']) / one:.1f}; figures ≥ 1 "
@@ -341,9 +342,9 @@ def main() -> None:
                     + (f", above the {FIGURES_X}× target" if one / fwd > FIGURES_X else "")
                     + f"; first paint ≥ 2 passes = {2 * one / fwd:.2f}× the forward"
                     + (f", ≥ 2 passes and one through the blocks = {paint / fwd:.2f}×" if paint else "")
-                    + (f", above the {FIRST_PAINT_X}× target" if (paint or 2 * one) / fwd > FIRST_PAINT_X else "")
+                    + (f", above the {FIRST_PAINT_X}× target" if least / fwd > FIRST_PAINT_X else "")
                     + (": at this size a target above the floor cannot be met without fusing passes"
-                       if one / fwd > FIGURES_X or (paint or 2 * one) / fwd > FIRST_PAINT_X else ""))
+                       if one / fwd > FIGURES_X or least / fwd > FIRST_PAINT_X else ""))
     lines += ["", "| model | tokens | full p50 (figures) | forward p50 | full / forward | full p50 (all panels) "
                   "| append p50 (figures / refined) | baseline append p50 (figures / all panels) |",
               "|---|---|---|---|---|---|---|---|"]
