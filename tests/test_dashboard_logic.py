@@ -8,6 +8,7 @@ import json
 import random
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -616,6 +617,8 @@ def test_decay_exponents_need_enough_steps_and_log_axes_label_1_2_5(load, dash_f
     assert (fit.n_points >= MIN_FIT_STEPS).all()
     np.testing.assert_allclose(_arr(d.trajectory_panel.exponents.y), fit.exponent.double().numpy())
     assert "no fit" not in title.text
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    assert f"none from fewer than {MIN_FIT_STEPS} nonzero steps" in readme  # the README states the panel's rule
     # the log–log axes are labelled at 1, 2 and 5 of each decade; linear axes keep plotly's own ticks
     axes = [d.trajectory_panel.grid.axis("norms", xy) for xy in "xy"]
     assert [(a.type, a.dtick) for a in axes] == [("log", "D2")] * 2
