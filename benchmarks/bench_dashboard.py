@@ -300,8 +300,8 @@ def main() -> None:
         "the attention pattern; *first paint* = every panel drawn: the top-k predictions (contextual logits from "
         "phase 1's pass; the identity check under them, a kept-only forward with every patch, is drawn after the "
         "refined trajectory) and the trajectory of the last token, coarse (W_i at a few log-spaced prefix lengths) "
-        "where the context is long enough; *refined* = the full trajectory drawn (phase 2, in the background: a "
-        "keystroke abandons it). *Append* = one token appended to an n-token prompt (PatchSession recomputes "
+        "where the context is long enough; *refined* = the full trajectory drawn (phase 2, in the background: the "
+        "prefix lengths the coarse drawing lacks are computed and joined to it; a keystroke abandons it). *Append* = one token appended to an n-token prompt (PatchSession recomputes "
         "that position only); *forward* = a plain forward with logits of the n-token prompt, timed after each "
         "append in the same process (ratios are medians over medians). *Full* = an n-token prompt with no common "
         "prefix (first size). *Baseline* (same run, first size): appends with the trajectory and attention "
@@ -343,7 +343,7 @@ def main() -> None:
                     + f"; first paint ≥ 2 passes = {2 * one / fwd:.2f}× the forward"
                     + (f", ≥ 2 passes and one through the blocks = {paint / fwd:.2f}×" if paint else "")
                     + (f", above the {FIRST_PAINT_X}× target" if least / fwd > FIRST_PAINT_X else "")
-                    + (": at this size a target above the floor cannot be met without fusing passes"
+                    + (": at this size the target lies below the floor and cannot be met without fusing passes"
                        if one / fwd > FIGURES_X or least / fwd > FIRST_PAINT_X else ""))
     lines += ["", "| model | tokens | full p50 (figures) | forward p50 | full / forward | full p50 (all panels) "
                   "| append p50 (figures / refined) | baseline append p50 (figures / all panels) |",

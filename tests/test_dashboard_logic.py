@@ -542,6 +542,29 @@ def test_coarse_trajectory_panel_draws_its_exact_points(load, dash_factory):
                                    atol=1e-6)
 
 
+def test_refined_trajectory_computes_only_the_steps_the_coarse_one_lacks(load, monkeypatch):
+    """Issue 41: refining the coarse trajectory runs the query copies of the missing prefix lengths only (the
+    coarse ones are not computed twice); without a coarse one cached, the full trajectory runs every step."""
+    import icl_lens.ui._analysis as analysis
+
+    model = load("tiny-llama")
+    asked = []
+    real = analysis.trajectory
+    monkeypatch.setattr(analysis, "trajectory", lambda *a, **k: asked.append(k["steps"]) or real(*a, **k))
+    a = analysis.PromptAnalyzer(model)
+    prompt = a.encode("one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen")
+    query = prompt.ids.numel() - 1
+    steps = a.coarse_steps(prompt, query)
+    a.patches(prompt)
+    coarse, _ = a.trajectory(prompt, query, steps=steps)
+    full, fresh = a.trajectory(prompt, query)
+    assert fresh and not full.coarse and full.n_context + 1 > len(steps)
+    assert asked == [steps, tuple(i for i in range(full.n_context + 1) if i not in steps)]
+    other = a.encode("one two three four five six seven eight nine ten eleven twelve thirteen fourteen")
+    a.trajectory(other, other.ids.numel() - 1)
+    assert asked[-1] is None
+
+
 def test_predictions_take_the_contextual_logits_from_phase_one(load, dash_factory):
     """Issue 41: the contextual logits are phase 1's pass's last row through the unembedding (no second forward):
     after appends and an edit in the middle they equal a fresh forward's (tiny-gemma2: soft-capped logits), and

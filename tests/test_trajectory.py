@@ -319,3 +319,30 @@ def test_coarse_trajectory_equals_the_full_one_at_its_steps_float64(load, name, 
         icl_lens.trajectory(model, text, order=order, steps=(0, 3, 2))
     # every step given: the full trajectory
     assert not icl_lens.trajectory(model, text, order=order, steps=range(full.n_context + 1)).coarse
+
+
+@pytest.mark.parametrize("order", ["prefix", "absorb"])
+def test_coarse_joined_with_the_other_steps_is_the_full_trajectory_float64(load, order):
+    """Issue 41: the dashboard refines a coarse trajectory by computing only the steps it lacks and joining them;
+    the join, in either order of the parts, is the full trajectory (every step in place), and parts of different
+    queries or holding a step twice are refused."""
+    from icl_lens.dynamics._prefix_variants import log_spaced_steps
+
+    model = load("tiny-gemma3", torch.float64)
+    text = "The cat sat on the mat and then the dog came over to sit near the cat by the warm fire again"
+    full = icl_lens.trajectory(model, text, order=order, compact=True)
+    steps = log_spaced_steps(full.n_context, 5)
+    rest = tuple(i for i in range(full.n_context + 1) if i not in steps)
+    coarse = icl_lens.trajectory(model, text, order=order, steps=steps, compact=True)
+    other = icl_lens.trajectory(model, text, order=order, steps=rest, compact=True)
+    for joined in (coarse.joined(other), other.joined(coarse)):
+        assert not joined.coarse and joined.step_lengths == full.step_lengths
+        for field in ("u_in", "v", "correction"):
+            assert _rel(getattr(joined, field), getattr(full, field)) <= 1e-10, field
+        assert _rel(joined.meta_gradient_norms(), full.meta_gradient_norms()) <= 1e-9
+    part = coarse.joined(icl_lens.trajectory(model, text, order=order, steps=rest[:3], compact=True))
+    assert part.coarse and part.step_lengths == tuple(sorted(steps + rest[:3]))
+    with pytest.raises(ValueError, match="both trajectories hold steps"):
+        coarse.joined(coarse)
+    with pytest.raises(ValueError, match="differ in query"):
+        coarse.joined(icl_lens.trajectory(model, text, query=-2, order=order, steps=(1,), compact=True))

@@ -21,7 +21,7 @@ reproduces the full-context output. Both orders start at ``W₀ = W`` and end at
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import torch
@@ -137,6 +137,31 @@ class Trajectory:
     def step_lengths(self) -> tuple[int, ...]:
         """The prefix length i of each column (``0..n`` unless coarse)."""
         return tuple(range(self.n_context + 1)) if self.steps is None else self.steps
+
+    def joined(self, other: Trajectory) -> Trajectory:
+        """This trajectory's steps and ``other``'s (the same query, prompt, layers, order and form; no step held by
+        both) in one, ordered by prefix length: the full trajectory when together they hold every step. The
+        dashboard refines its coarse drawing this way, computing only the steps the coarse one lacks."""
+        same = ("tokens", "query", "layers", "context_positions", "model_name", "kept_bos", "order", "compact")
+        differ = [name for name in same if getattr(self, name) != getattr(other, name)]
+        if differ:
+            raise ValueError(f"cannot join trajectories that differ in {', '.join(differ)}")
+        if (self.u_gate is None) != (other.u_gate is None):
+            raise ValueError("cannot join trajectories that differ in u_gate (one model's gated MLP, one's not)")
+        both = set(self.step_lengths) & set(other.step_lengths)
+        if both:
+            raise ValueError(f"both trajectories hold steps {sorted(both)}; join disjoint ones")
+        lengths = self.step_lengths + other.step_lengths
+        order = sorted(range(len(lengths)), key=lengths.__getitem__)
+        index = torch.tensor(order, device=self.v.device)
+
+        def cat(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+            return None if a is None else torch.cat([a, b.to(a.device)], dim=1)[:, index]
+
+        steps = tuple(lengths[k] for k in order)
+        return replace(self, u_in=cat(self.u_in, other.u_in), u_gate=cat(self.u_gate, other.u_gate),
+                       v=cat(self.v, other.v), correction=cat(self.correction, other.correction),
+                       steps=None if steps == tuple(range(self.n_context + 1)) else steps)
 
     def _every_step(self, what: str) -> None:
         if self.coarse:

@@ -218,18 +218,27 @@ class PromptAnalyzer:
         PatchSession when it holds them. ``stale()`` true aborts the forward with :class:`Superseded`.
         ``steps``: the coarse trajectory at these prefix lengths only (:meth:`coarse_steps`), compact too:
         phase 1's norms built ``R`` already, and ``R δ`` costs d_model floats per step where ``W δ`` costs two
-        d_mlp-sized products (a fifth of the coarse drawing on Gemma 3 270M at 64 tokens).
+        d_mlp-sized products (a fifth of the coarse drawing on Gemma 3 270M at 64 tokens). The full trajectory
+        (``steps=None``) of a prompt whose coarse one is cached computes only the other steps and joins them
+        (:meth:`~icl_lens.dynamics._trajectory.Trajectory.joined`).
         """
         ids = prompt.ids[: query + 1]
+        key = ("trajectory", tuple(ids.tolist()), order, layers)
+        drawn = None if steps is not None else self.coarse_steps(prompt, query)
+        coarse = None if drawn is None else self.cache.get(key + (drawn,))
 
         def make():
+            todo = steps
+            if isinstance(coarse, Trajectory):  # refining: only the steps the coarse drawing lacks
+                todo = tuple(i for i in range(coarse.n_context + 1) if i not in set(coarse.step_lengths))
             try:
                 with abandoned_when(self.model, stale):
-                    return trajectory(self.model, ids, query=query, order=order, layers=layers, session=self.session,
-                                      compact=True, steps=steps)
+                    part = trajectory(self.model, ids, query=query, order=order, layers=layers, session=self.session,
+                                      compact=True, steps=todo)
             except NoContextError as exc:
                 return str(exc)
-        return self.cache.get_or(("trajectory", tuple(ids.tolist()), order, layers, steps), make)
+            return coarse.joined(part) if isinstance(coarse, Trajectory) else part
+        return self.cache.get_or(key + (steps,), make)
 
     def attribution(self, prompt: EncodedPrompt, query: int,
                     stale: Callable[[], bool] | None = None) -> tuple[PatchAttribution, bool]:
