@@ -152,13 +152,13 @@ class Trajectory:
         if both:
             raise ValueError(f"both trajectories hold steps {sorted(both)}; join disjoint ones")
         lengths = self.step_lengths + other.step_lengths
-        order = sorted(range(len(lengths)), key=lengths.__getitem__)
-        index = torch.tensor(order, device=self.v.device)
+        columns = sorted(range(len(lengths)), key=lengths.__getitem__)
+        index = torch.tensor(columns, device=self.v.device)
 
         def cat(a: Tensor | None, b: Tensor | None) -> Tensor | None:
             return None if a is None else torch.cat([a, b.to(a.device)], dim=1)[:, index]
 
-        steps = tuple(lengths[k] for k in order)
+        steps = tuple(lengths[k] for k in columns)
         return replace(self, u_in=cat(self.u_in, other.u_in), u_gate=cat(self.u_gate, other.u_gate),
                        v=cat(self.v, other.v), correction=cat(self.correction, other.correction),
                        steps=None if steps == tuple(range(self.n_context + 1)) else steps)

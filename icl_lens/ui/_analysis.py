@@ -230,7 +230,8 @@ class PromptAnalyzer:
         def make():
             todo = steps
             if isinstance(coarse, Trajectory):  # refining: only the steps the coarse drawing lacks
-                todo = tuple(i for i in range(coarse.n_context + 1) if i not in set(coarse.step_lengths))
+                held = set(coarse.step_lengths)
+                todo = tuple(i for i in range(coarse.n_context + 1) if i not in held)
             try:
                 with abandoned_when(self.model, stale):
                     part = trajectory(self.model, ids, query=query, order=order, layers=layers, session=self.session,

@@ -23,10 +23,11 @@ PatchSession pass's own last row put through the unembedding), who wrote the que
 that panel is on: the query token alone over the PatchSession's keys and values), then the trajectory
 of the selected query: first at a few log-spaced prefix lengths (``W_i`` exactly as the full
 trajectory has them, with the two before each, so the meta-gradient norms and step alignments drawn
-are exact), then refined to every prefix length (only the lengths the coarse drawing lacks, joined to it;
-only the layers shown, the prompt prefix's keys and values taken from the PatchSession), and last the check under the predictions (the kept-only forward
-with every patch, which gives the contextual logits; "checking…" until then). A later phase is
-skipped, and a running forward abandoned at the next block, as soon as a newer keystroke waits.
+are exact), then refined to every prefix length (only the lengths the coarse drawing lacks, joined to
+it; only the layers shown, the prompt prefix's keys and values taken from the PatchSession), and last
+the check under the predictions (the kept-only forward with every patch, which gives the contextual
+logits; "checking…" until then). A later phase is skipped, and a running forward abandoned at the
+next block, as soon as a newer keystroke waits.
 
 App mode (Voila, ``make app``; :mod:`icl_lens.ui._app_mode`): the model box loads the embedded
 names only unless the operator allows more (``allow_models=`` or ``ICL_LENS_APP_MODELS``),
