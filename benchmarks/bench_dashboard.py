@@ -293,21 +293,21 @@ def main() -> None:
         "",
         f"Command: `{command}`  ",
         f"Machine: {latency_machine}; float32.",
-        "",
-        "Latency is measured in the kernel from setting the text to the widgets being updated, with debounce 0 "
-        "(the UI waits its debounce, default 150 ms, after the last keystroke; browser rendering is not "
-        "included). *Figures* = token strip, layer × token heatmap, alignment matrix (phase 1); *attention* adds "
-        "the attention pattern; *first paint* = every panel drawn: the top-k predictions (contextual logits from "
-        "phase 1's pass; the identity check under them, a kept-only forward with every patch, is drawn after the "
-        "refined trajectory) and the trajectory of the last token, coarse (W_i at a few log-spaced prefix lengths) "
-        "where the context is long enough; *refined* = the full trajectory drawn (phase 2, in the background: the "
-        "prefix lengths the coarse drawing lacks are computed and joined to it; a keystroke abandons it). *Append* = one token appended to an n-token prompt (PatchSession recomputes "
-        "that position only); *forward* = a plain forward with logits of the n-token prompt, timed after each "
-        "append in the same process (ratios are medians over medians). *Full* = an n-token prompt with no common "
-        "prefix (first size). *Baseline* (same run, first size): appends with the trajectory and attention "
-        "computed by the library's plain calls (full forward over prefix and query copies, d_mlp-sized factors, "
-        "full attention forward, no coarse drawing), as before issue 28. *First keystroke*: the session's first "
-        "prompt (every position new; the one-time QR of the dense weights is no longer on it).",
+        "Latency is measured in the kernel from setting the text to the widgets being updated, with debounce 0 (the "
+        "UI waits its debounce, default 150 ms, after the last keystroke; browser rendering is not included). "
+        "*Figures* = token strip, layer × token heatmap, alignment matrix (phase 1); *attention* adds the attention "
+        "pattern; *first paint* = every panel drawn: the top-k predictions (contextual logits from phase 1's pass; "
+        "the identity check under them, a kept-only forward with every patch, is drawn after the refined trajectory) "
+        "and the trajectory of the last token, coarse (W_i at a few log-spaced prefix lengths) where the context is "
+        "long enough; *refined* = the full trajectory drawn (phase 2, in the background: the prefix lengths the "
+        "coarse drawing lacks are computed and joined to it; a keystroke abandons it). *Append* = one token appended "
+        "to an n-token prompt (PatchSession recomputes that position only); *forward* = a plain forward with logits "
+        "of the n-token prompt, timed after each append in the same process (ratios are medians over medians). "
+        "*Full* = an n-token prompt with no common prefix (first size). *Baseline* (same run, first size): appends "
+        "with the trajectory and attention computed by the library's plain calls (full forward over prefix and query "
+        "copies, d_mlp-sized factors, full attention forward, no coarse drawing), as before issue 28. *First "
+        "keystroke*: the session's first prompt (every position new; the one-time QR of the dense weights is no "
+        "longer on it).",
         "",
         "| model | tokens | forward p50 | append figures p50 (× forward) | attention p50 | first paint p50 (× forward) "
         "| refined p50 (× forward) | first keystroke (figures / first paint / refined) |",

@@ -226,10 +226,11 @@ class PromptAnalyzer:
         key = ("trajectory", tuple(ids.tolist()), order, layers)
         drawn = None if steps is not None else self.coarse_steps(prompt, query)
         coarse = None if drawn is None else self.cache.get(key + (drawn,))
+        coarse = coarse if isinstance(coarse, Trajectory) else None  # not cached, or a no-context message
 
         def make():
             todo = steps
-            if isinstance(coarse, Trajectory):  # refining: only the steps the coarse drawing lacks
+            if coarse is not None:  # refining: only the steps the coarse drawing lacks
                 held = set(coarse.step_lengths)
                 todo = tuple(i for i in range(coarse.n_context + 1) if i not in held)
             try:
@@ -238,7 +239,7 @@ class PromptAnalyzer:
                                       compact=True, steps=todo)
             except NoContextError as exc:
                 return str(exc)
-            return coarse.joined(part) if isinstance(coarse, Trajectory) else part
+            return part if coarse is None else coarse.joined(part)
         return self.cache.get_or(key + (steps,), make)
 
     def attribution(self, prompt: EncodedPrompt, query: int,
