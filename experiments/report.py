@@ -254,11 +254,31 @@ def _thought_rows(root: Path) -> list[dict]:
                      f"({len(rows) - len(new)} of {len(rows)} tasks only under the earlier starts-with "
                      "verdict, not counted)")
     if not total:
-        return [_row(claim, paper, NOT_TESTED, "–", "thought")]
+        return [_row(claim, paper, NOT_TESTED, "–", "thought"), _equal_distill_row(root)]
     verdict = ("reproduced" if met == total == tasks else "not" if met == 0 else "partly")
     return [_row(claim, paper, verdict, f"patched accuracy ≥ {TARGET} × full instruction with the paired bootstrap "
                  f"95% lower bound ≥ {RATIO_LOWER} (boundary verdict, tasks where the full instruction reaches "
-                 f"{ELIGIBLE:.0%}), " + "; ".join(parts), "thought")]
+                 f"{ELIGIBLE:.0%}), " + "; ".join(parts), "thought"), _equal_distill_row(root)]
+
+
+def _equal_distill_row(root: Path) -> dict:
+    """The thought patch against context distillation on equal terms (issue 38), counted by the report's own
+    function (``experiments.thought.method.equal_distill_counts``); *reproduced* needs all three (accuracy, locality,
+    time) on every pair, *not*: on none."""
+    from experiments.thought.method import equal_distill_counts, equal_distill_pairs, equal_distill_sentence
+    from icl_lens.thought.tasks import SHIPPED_TASKS
+
+    claim = ("A thought patch is as accurate and as local as context distillation on equal terms (the same preserve "
+             "term, its weight and steps chosen by the same rule), in no more time")
+    paper = "icl_lens's comparison (issue 38)"
+    caches = {path.name[len("eval_thought."):-len(".json")]: _read(root, path.name) or {}
+              for path in sorted(Path(root).glob("eval_thought.*.json"))}
+    counts = equal_distill_counts(equal_distill_pairs(caches, list(caches), list(SHIPPED_TASKS)))
+    if not counts["pairs"]:
+        return _row(claim, paper, NOT_TESTED, "–", "thought")
+    verdict = "reproduced" if counts["all"] == counts["pairs"] else "not" if counts["all"] == 0 else "partly"
+    return _row(claim, paper, verdict, f"{equal_distill_sentence(counts)}; all three on {counts['all']} of "
+                f"{counts['pairs']} (distillation's selection runs not counted in its time)", "thought")
 
 
 def _spike_rows(spikes: dict | None) -> list[dict]:

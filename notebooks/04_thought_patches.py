@@ -191,6 +191,11 @@ else:
 # the same calibration rows, minimising the KL to the prompted model) and scored both on the *fresh* queries, scored
 # once. One row per (model, task): accuracy with its Wilson interval, the KL on unrelated texts, the share of
 # another task's answers kept, and each method's fit time (the same run, the same machine).
+#
+# This distillation had no preserve term in its loss, and its learning rate was chosen on answer KL alone: a
+# comparison on unequal terms. Given the patch's preserve texts as a KL term and the same
+# selection rule (EVAL.md, "Against distillation on equal terms"; the claims table at the end), the comparison reads
+# <!-- report:thought_distillation_equal -->partly: the patch is at least as accurate on the test queries on 6 of 11 (model, task) pairs, has the lower or equal untouched-set KL on 3 of 11, and fits in no more time on 11 of 11; all three on 3 of 11 (distillation's selection runs not counted in its time)<!-- /report -->.
 
 # %%
 distilled = [r for r in thought_rows("fresh") if "distilled" in r["accuracy"]]  # reports/eval_thought.*.json

@@ -107,3 +107,51 @@ def test_the_distillation_table_shows_apart_what_its_sentence_counts_apart():
     assert "| m | short | 10, 10 | 78% / 88% | – / 60% | 0.0872 / 0.0865 | 75% / 75% | 61 / 210 (4530) |" in text
     assert ("at least as accurate on the test queries on 0 of 1 (model, task) pairs, has the lower or equal "
             "untouched-set KL on 0 of 1, and fits in no more time on 1 of 1") in text
+
+
+def _distill_pair(fit, task: str, *, patched_acc: float, distilled_acc: float, patched_kl: float, distilled_kl: float,
+                  patched_s: float, distilled_s: float) -> dict:
+    """The three cached rows one (model, task) pair of distillation on equal terms is read from."""
+    return {
+        row_key("table", fit, task): {"accuracy": {"patched": patched_acc}, "seconds": {"patched": patched_s}},
+        row_key("untouched", fit, task): {"patched": {"kl_all": patched_kl, "kept": {"a": 0.75}}},
+        row_key("equal_distill_weight", fit, PRESERVE_SET, "1", task): {
+            "validation_kl": 0.1, "text_kl": 0.05, "chosen_step": 100, "steps_run": 100, "seconds": 900.0},
+        row_key("equal_distill", fit, PRESERVE_SET, task): {
+            "weight": 1.0, "steps": 100, "per_task": {"accuracy": distilled_acc},
+            "per_task_fresh": {"accuracy": distilled_acc}, "untouched": {"kl_all": distilled_kl, "kept": {"a": 0.75}},
+            "seconds": {"distilled": distilled_s, "selection": 1000.0}},
+    }
+
+
+def test_the_summary_row_counts_distillation_on_equal_terms_as_the_report_does(tmp_path):
+    """EVAL's claims row and the report's sentence come from one count (``equal_distill_counts``): a tie in accuracy
+    or in untouched-set KL counts for the patch, and the verdict is *reproduced* only where all three hold on every
+    pair, *not* where they hold on none."""
+    import json
+
+    from experiments.report import claims_summary
+    from experiments.thought.method import equal_distill_counts, equal_distill_pairs
+
+    fit = default_fit()
+    tie = dict(patched_acc=0.9, distilled_acc=0.9, patched_kl=0.05, distilled_kl=0.05, patched_s=60.0, distilled_s=900.0)
+    worse = dict(tie, patched_acc=0.8, patched_kl=0.2)
+
+    def row(**pairs):
+        cache = {k: v for task, kw in pairs.items() for k, v in _distill_pair(fit, task, **kw).items()}
+        (tmp_path / "eval_thought.m.json").write_text(json.dumps(cache))
+        counts = equal_distill_counts(equal_distill_pairs({"m": cache}, ["m"], list(pairs)))
+        return counts, next(r for r in claims_summary(tmp_path) if "context distillation on equal terms" in r["claim"])
+
+    counts, summary = row(plural=tie, past_tense=worse)
+    assert counts == {"pairs": 2, "accuracy": 1, "locality": 1, "time": 2, "all": 1}
+    assert summary["verdict"] == "partly"
+    assert summary["number"].startswith("the patch is at least as accurate on the test queries on 1 of 2 (model, task) "
+                                        "pairs, has the lower or equal untouched-set KL on 1 of 2, and fits in no "
+                                        "more time on 2 of 2; all three on 1 of 2")
+    sentence = "\n".join(equal_distill_lines({"m": json.loads((tmp_path / "eval_thought.m.json").read_text())}, ["m"],
+                                             ["plural", "past_tense"]))
+    assert summary["number"].split(";")[0] in sentence
+    assert row(plural=tie, past_tense=tie)[1]["verdict"] == "reproduced"
+    assert row(plural=tie, past_tense=dict(tie, patched_kl=0.2))[1]["verdict"] == "partly"  # as accurate, less local
+    assert row(plural=worse, past_tense=dict(tie, patched_s=1000.0))[1]["verdict"] == "not"

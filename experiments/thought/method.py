@@ -202,23 +202,53 @@ def untouched_lines(caches: dict, models, tasks) -> list[str]:
     return lines
 
 
-def equal_distill_lines(caches: dict, models, tasks) -> list[str]:
-    """Distillation on equal terms beside the default patch: accuracy (test, fresh), locality on the untouched set,
-    wall time, and the verdict sentence computed from those rows."""
+def equal_distill_pairs(caches: dict, models, tasks) -> list[tuple[str, str, dict, dict, dict]]:
+    """``(model, task, distilled, patched, untouched)``: every (model, task) with its distillation on equal terms, the
+    default patch's table row and its untouched-set row, in ``models`` then ``tasks`` order."""
     from experiments.thought.cache import current_row
     from icl_lens.thought import PRESERVE_SET
 
-    fit = default_fit()
-    pairs, stages, coverage = [], [], []
+    fit, pairs = default_fit(), []
     for model in models:
-        plan, done = equal_distill_plan(caches, model, tasks), []
         for task in tasks:
             d = caches[model].get(row_key("equal_distill", fit, PRESERVE_SET, task))
             p = current_row(caches[model], row_key("table", fit, task))
             u = caches[model].get(row_key("untouched", fit, task))
             if d is not None and p is not None and u is not None:
                 pairs.append((model, task, d, p, u))
-                done.append(task)
+    return pairs
+
+
+def equal_distill_counts(pairs) -> dict[str, int]:
+    """The verdict sentence's counts over :func:`equal_distill_pairs`: on how many pairs the patch is at least as
+    accurate on the test queries (``accuracy``), has the lower or equal untouched-set pooled KL (``locality``), fits
+    in no more time (``time``, the final fits, without distillation's selection runs), and all three at once
+    (``all``); ``pairs`` is their number. The report's sentence and EVAL's summary row both count here."""
+    marks = [(p["accuracy"]["patched"] >= d["per_task"]["accuracy"],
+              u["patched"]["kl_all"] <= d["untouched"]["kl_all"],
+              p["seconds"]["patched"] <= d["seconds"]["distilled"]) for _, _, d, p, u in pairs]
+    return {"pairs": len(marks), "accuracy": sum(m[0] for m in marks), "locality": sum(m[1] for m in marks),
+            "time": sum(m[2] for m in marks), "all": sum(all(m) for m in marks)}
+
+
+def equal_distill_sentence(counts: dict[str, int]) -> str:
+    """The verdict sentence of :func:`equal_distill_counts`."""
+    n = counts["pairs"]
+    return (f"the patch is at least as accurate on the test queries on {counts['accuracy']} of {n} (model, task) "
+            f"pairs, has the lower or equal untouched-set KL on {counts['locality']} of {n}, and fits in no more "
+            f"time on {counts['time']} of {n}")
+
+
+def equal_distill_lines(caches: dict, models, tasks) -> list[str]:
+    """Distillation on equal terms beside the default patch: accuracy (test, fresh), locality on the untouched set,
+    wall time, and the verdict sentence computed from those rows."""
+    from icl_lens.thought import PRESERVE_SET
+
+    fit = default_fit()
+    pairs, stages, coverage = equal_distill_pairs(caches, models, tasks), [], []
+    for model in models:
+        plan, done = equal_distill_plan(caches, model, tasks), [t for m, t, *_ in pairs if m == model]
+        for task in tasks:
             for w in DISTILL_PRESERVE_WEIGHTS:
                 if (r := caches[model].get(row_key("equal_distill_weight", fit, PRESERVE_SET, f"{w:g}", task))):
                     stages.append((model, task, w, r))
@@ -256,21 +286,14 @@ def equal_distill_lines(caches: dict, models, tasks) -> list[str]:
               "| model | task | weight, steps | test patched / distilled | fresh patched / distilled | "
               "KL patched / distilled | kept patched / distilled | seconds patched / distilled |",
               "|---|---|---|---|---|---|---|---|"]
-    better = {"accuracy": 0, "locality": 0, "time": 0}
     for model, task, d, p, u in pairs:
         fresh = caches[model].get(row_key("fresh", fit, task))
         fresh_p = f"{fresh['accuracy']['patched']:.0%}" if fresh else "–"
         loc_p, loc_d = u["patched"], d["untouched"]
-        better["accuracy"] += p["accuracy"]["patched"] >= d["per_task"]["accuracy"]
-        better["locality"] += loc_p["kl_all"] <= loc_d["kl_all"]
-        better["time"] += p["seconds"]["patched"] <= d["seconds"]["distilled"]
         lines.append(f"| {model} | {task} | {d['weight']:g}, {d['steps']} | {p['accuracy']['patched']:.0%} / "
                      f"{d['per_task']['accuracy']:.0%} | {fresh_p} / {d['per_task_fresh']['accuracy']:.0%} | "
                      f"{loc_p['kl_all']:.4f} / {loc_d['kl_all']:.4f} | {min(loc_p['kept'].values()):.0%} / "
                      f"{min(loc_d['kept'].values()):.0%} | {p['seconds']['patched']:.0f} / "
                      f"{d['seconds']['distilled']:.0f} ({d['seconds']['selection']:.0f}) |")
-    n = len(pairs)
-    lines += ["", f"Read from the rows: the patch is at least as accurate on the test queries on {better['accuracy']} "
-              f"of {n} (model, task) pairs, has the lower or equal untouched-set KL on {better['locality']} of {n}, "
-              f"and fits in no more time on {better['time']} of {n}."]
+    lines += ["", f"Read from the rows: {equal_distill_sentence(equal_distill_counts(pairs))}."]
     return lines

@@ -250,6 +250,7 @@ FIGURES: dict[str, Callable[[Path | None], str | None]] = {
     "alignment_verdict": summary_figure("Implicit updates align with SGD"),
     "thought_locality": thought_locality_figure,
     "thought_distillation": thought_distillation_figure,
+    "thought_distillation_equal": summary_figure("A thought patch is as accurate and as local as context distillation"),
     "spike_flag": spike_flag_figure,
     "spike_score": spike_score_figure,
     "spike_patch_adds": summary_figure("Token patches add to the answer's −log p"),
