@@ -387,6 +387,36 @@ def test_layer_range_and_per_layer_colour_scale(load, dash_factory):
     assert all(t.visible for t in d.trajectory_panel.norms)
 
 
+def test_a_draw_that_read_the_old_layer_range_cannot_paint_over_the_new_one(load, dash_factory):
+    """The worker reads the layer range inside a draw. When the range moves meanwhile, the main thread's redraw waits
+    for that draw and paints last, so the panels show the new range (the test above failed once this way, with the
+    worker's trajectory drawn from the range it had read before the test moved it)."""
+    import threading
+
+    from icl_lens.ui._layer_view import show_layer_range
+
+    model = load("tiny-llama")
+    d = dash_factory(model)
+    type_prompt(d, "abc abc abd")
+    d.layer_controls.range.value = (1, 2)
+    assert d.wait(60)
+    d.runner.debounce_s = 600.0  # the range change below queues a request: it stays queued
+    read = threading.Event()
+
+    def stale_draw():
+        view = d.layer_controls.view(d.analyzer.n_layers)  # layers 1-2, read before the range moves
+        read.set()
+        time.sleep(1.0)  # the main thread moves the range meanwhile
+        show_layer_range(d.trajectory_panel, view)
+
+    worker = threading.Thread(target=d.runner.draw, args=(d.runner.generation, stale_draw))
+    worker.start()
+    assert read.wait(30)
+    d.layer_controls.range.value = (0, 2)
+    worker.join()
+    assert [t.visible for t in d.trajectory_panel.norms] == [True, True, True]
+
+
 def test_compare_mode_shows_b_and_the_difference_on_shared_tokens(load, dash_factory):
     from icl_lens.ui._compare import shared_tokens
 

@@ -298,10 +298,12 @@ class Dashboard:
         self._changed(debounce=False)
 
     def _redraw_attribution(self) -> None:
-        """The patch/correction toggle changed: redraw from what is shown."""
-        s = self.shown
-        if s.attribution is not None:
-            self.attribution_view.show(s.attribution, s.writes, s.layer)
+        """The patch/correction toggle changed: redraw from what is shown, between the worker's draws."""
+        def redraw():
+            s = self.shown
+            if s.attribution is not None:
+                self.attribution_view.show(s.attribution, s.writes, s.layer)
+        self.runner.redraw(redraw)
 
     def visible_layers(self) -> tuple[int, ...] | None:
         """The layers the trajectory panel shows (None: all); only these are computed."""
@@ -560,14 +562,17 @@ class Dashboard:
         self._say(generation, f"Error: {html.escape(type(exc).__name__)}: {self._shown(str(exc))}", error=True)
 
     def _redraw_heatmap(self) -> None:
-        """The heatmap kind, the layer range or the colour scale changed: redraw from what is shown."""
-        s = self.shown
-        view = self.layer_controls.view(self.analyzer.n_layers)
-        if s.patches is not None:
-            self.heatmap.show(s.patches, view)
-            self.strip.show(s.patches, s.spikes, s.query, view)
-        self._show_compare(s.patches, view)
-        show_layer_range(self.trajectory_panel, view)
+        """The heatmap kind, the layer range or the colour scale changed: redraw from what is shown, between the
+        worker's draws (a draw that read the old range cannot paint over this one, :meth:`LatestWins.redraw`)."""
+        def redraw():
+            s = self.shown
+            view = self.layer_controls.view(self.analyzer.n_layers)
+            if s.patches is not None:
+                self.heatmap.show(s.patches, view)
+                self.strip.show(s.patches, s.spikes, s.query, view)
+            self._show_compare(s.patches, view)
+            show_layer_range(self.trajectory_panel, view)
+        self.runner.redraw(redraw)
 
     def _show_compare(self, patches, view) -> None:
         """Prompt B's strip and the compare figure (the strips share one colour scale in compare mode)."""

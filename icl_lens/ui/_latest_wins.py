@@ -27,7 +27,7 @@ class LatestWins:
         self._work, self._on_error = work, on_error
         self.debounce_s = debounce_s
         self._cond = threading.Condition()
-        self._draw_lock = threading.Lock()
+        self._draw_lock = threading.RLock()  # a draw that moves a control redraws from it in the same thread
         self._pending: tuple[int, Any, float] | None = None
         self._generation = 0
         self._busy = False
@@ -64,6 +64,12 @@ class LatestWins:
             if not self.drawn or self.drawn[-1] != generation:
                 self.drawn.append(generation)
             return True
+
+    def redraw(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (a redraw from the controls, on any thread) between draws, never during one: a draw that read
+        the controls before they moved finishes first, and ``fn`` then paints over it with their new values."""
+        with self._draw_lock:
+            fn()
 
     def wait_idle(self, timeout: float = 120.0) -> bool:
         """Block until nothing is queued or running (for scripts and tests)."""
