@@ -235,10 +235,10 @@ def _thought_rows(root: Path) -> list[dict]:
 
     claim = "A thought patch fitted from an instruction reproduces its effect on the language models"
     paper = "Mazzawi, Dherin et al. 2025"
+    caches = {path.name[len("eval_thought."):-len(".json")]: _read(root, path.name) or {}
+              for path in sorted(Path(root).glob("eval_thought.*.json"))}
     met, total, tasks, parts = 0, 0, 0, []
-    for path in sorted(Path(root).glob("eval_thought.*.json")):
-        data = _read(root, path.name) or {}
-        model = path.name[len("eval_thought."):-len(".json")]
+    for model, data in caches.items():
         fresh, test = row_key("fresh", default_fit(), ""), row_key("table", default_fit(), "")
         split = fresh if any(k.startswith(fresh) for k in data) else test
         rows = [r for k, r in data.items() if k.startswith(split) and isinstance(r, dict)
@@ -254,25 +254,23 @@ def _thought_rows(root: Path) -> list[dict]:
                      f"({len(rows) - len(new)} of {len(rows)} tasks only under the earlier starts-with "
                      "verdict, not counted)")
     if not total:
-        return [_row(claim, paper, NOT_TESTED, "–", "thought"), _equal_distill_row(root)]
+        return [_row(claim, paper, NOT_TESTED, "–", "thought"), _equal_distill_row(caches)]
     verdict = ("reproduced" if met == total == tasks else "not" if met == 0 else "partly")
     return [_row(claim, paper, verdict, f"patched accuracy ≥ {TARGET} × full instruction with the paired bootstrap "
                  f"95% lower bound ≥ {RATIO_LOWER} (boundary verdict, tasks where the full instruction reaches "
-                 f"{ELIGIBLE:.0%}), " + "; ".join(parts), "thought"), _equal_distill_row(root)]
+                 f"{ELIGIBLE:.0%}), " + "; ".join(parts), "thought"), _equal_distill_row(caches)]
 
 
-def _equal_distill_row(root: Path) -> dict:
-    """The thought patch against context distillation on equal terms (issue 38), counted by the report's own
-    function (``experiments.thought.method.equal_distill_counts``); *reproduced* needs all three (accuracy, locality,
-    time) on every pair, *not*: on none."""
+def _equal_distill_row(caches: dict[str, dict]) -> dict:
+    """The thought patch against context distillation on equal terms (issue 38), from the thought reports' rows by
+    model (``caches``), counted by the report's own function (``experiments.thought.method.equal_distill_counts``);
+    *reproduced* needs all three (accuracy, locality, time) on every pair, *not*: on none."""
     from experiments.thought.method import equal_distill_counts, equal_distill_pairs, equal_distill_sentence
     from icl_lens.thought.tasks import SHIPPED_TASKS
 
     claim = ("A thought patch is as accurate and as local as context distillation on equal terms (the same preserve "
              "term, its weight and steps chosen by the same rule), in no more time")
     paper = "icl_lens's comparison (issue 38)"
-    caches = {path.name[len("eval_thought."):-len(".json")]: _read(root, path.name) or {}
-              for path in sorted(Path(root).glob("eval_thought.*.json"))}
     counts = equal_distill_counts(equal_distill_pairs(caches, list(caches), list(SHIPPED_TASKS)))
     if not counts["pairs"]:
         return _row(claim, paper, NOT_TESTED, "–", "thought")

@@ -193,8 +193,8 @@ else:
 # another task's answers kept, and each method's fit time (the same run, the same machine).
 #
 # This distillation had no preserve term in its loss, and its learning rate was chosen on answer KL alone: a
-# comparison on unequal terms. Given the patch's preserve texts as a KL term and the same
-# selection rule (EVAL.md, "Against distillation on equal terms"; the claims table at the end), the comparison reads
+# comparison on unequal terms. Given the patch's preserve texts as a KL term and the same selection rule (EVAL.md,
+# "Against distillation on equal terms"; the claims table at the end), the comparison reads
 # <!-- report:thought_distillation_equal -->partly: the patch is at least as accurate on the test queries on 6 of 11 (model, task) pairs, has the lower or equal untouched-set KL on 3 of 11, and fits in no more time on 11 of 11; all three on 3 of 11 (distillation's selection runs not counted in its time)<!-- /report -->.
 
 # %%
