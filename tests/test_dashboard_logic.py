@@ -337,6 +337,30 @@ def test_predictions_are_drawn_before_their_identity_check(load, dash_factory):
     assert drawn[-1][0] is checked and len(drawn) == n + 3 and "identity check" not in d.status.value
 
 
+def test_predictions_take_their_kept_only_logits_from_the_trajectory(load, dash_factory, monkeypatch):
+    """Issue 41: the predictions' "without context" logits come from the trajectory's step-0 copy (``readout``: the
+    unpatched kept-only forward) and go through the unembedding with the contextual row; the only kept-only forward
+    left is the identity check's (every patch on), also after the top-k changes (the cached trajectory keeps the
+    row). In the absorb order (whose step 0 is the full context) they run their own. The values are compared with
+    independent forwards in ``test_predictions_with_and_without_context``."""
+    import icl_lens.patches._kept_only as ko
+    import icl_lens.ui._predictions as pr
+
+    model = load("tiny-llama")
+    d = dash_factory(model)
+    forwards, run = [], pr.kept_only_logits_many
+    monkeypatch.setattr(pr, "kept_only_logits_many",
+                        lambda m, rows, **kw: forwards.append([ko._patched(r[1]) for r in rows]) or run(m, rows, **kw))
+    text = "ab=1;cd=2;ef=3;ab=1;cd=2;ef=3;ab="
+    type_prompt(d, text)
+    assert forwards == [[True]] and d.shown.trajectory.kept_only_hidden is not None
+    d.predictions.k.value = 3
+    assert d.wait(60) and forwards == [[True]] * 2 and len(d.shown.predictions.tokens["without context"]) == 3
+    d.trajectory_panel.order.value = "absorb"
+    type_prompt(d, text + "1")
+    assert forwards[2:] == [[False], [True]]
+
+
 def test_a_zero_patch_runs_the_kept_only_forward_without_edits(load, monkeypatch):
     """Rows whose patches are all zero (the predictions' "without context") need no hooks: their forward gets no
     edits, and gives the logits the zero edits gave; a batch with a real patch still gets its edits."""

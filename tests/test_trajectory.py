@@ -346,3 +346,53 @@ def test_coarse_joined_with_the_other_steps_is_the_full_trajectory_float64(load,
         coarse.joined(coarse)
     with pytest.raises(ValueError, match="differ in query"):
         coarse.joined(icl_lens.trajectory(model, text, query=-2, order=order, steps=(1,), compact=True))
+
+
+def _readout_cases(model, text):
+    """(trajectory with readout, the unpatched kept-only forward's logits of its query) for a full and a coarse
+    trajectory, each without and with a PatchSession's keys and values."""
+    from icl_lens.dynamics._prefix_variants import log_spaced_steps
+    from icl_lens.patches._kept_only import kept_only_logits_many
+
+    ids = model.to_tokens(text)[0]
+    q = ids.numel() - 1
+    patches = token_patches(model, ids)
+    expected = kept_only_logits_many(model, [(ids, patches.keep_parts(w_in=False, correction=False), q)])[0]
+    session = icl_lens.PatchSession(model, logits="lazy")
+    session.update(ids)
+    n = trajectory(model, ids, compact=True).n_context
+    for steps in (None, log_spaced_steps(n, 4)):
+        for s in (None, session):
+            yield trajectory(model, ids, compact=True, steps=steps, session=s, readout=True), expected
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_readout_is_the_unpatched_kept_only_forward_float64(load, name):
+    """Issue 41: ``readout=True`` keeps the step-0 copy's input to the unembedding, and through the unembedding it
+    gives the unpatched kept-only forward's logits (the dashboard's "without context" predictions take them from
+    the trajectory instead of a forward of their own), full or coarse, with or without a session's keys and
+    values; the patches are the same as without readout; a join keeps it; where step 0 is not computed (or the
+    absorb order, whose step 0 is the full context) readout is refused."""
+    from icl_lens.model._greedy import unembedded
+
+    model = load(name, torch.float64)
+    for traj, expected in _readout_cases(model, TINY_PROMPT):
+        got = unembedded(model, traj.kept_only_hidden[None])[0]
+        assert _rel(got, expected) <= 1e-10, traj.steps
+    plain = trajectory(model, TINY_PROMPT, compact=True)
+    assert plain.kept_only_hidden is None
+    assert _rel(traj.u_in, plain.u_in[:, list(traj.steps)]) <= 1e-12
+    rest = tuple(i for i in range(plain.n_context + 1) if i not in traj.steps)
+    joined = trajectory(model, TINY_PROMPT, compact=True, steps=rest).joined(traj)
+    assert not joined.coarse and joined.kept_only_hidden is traj.kept_only_hidden
+    with pytest.raises(ValueError, match="step 0"):
+        trajectory(model, TINY_PROMPT, steps=rest, readout=True)
+    with pytest.raises(ValueError, match="prefix order"):
+        trajectory(model, TINY_PROMPT, order="absorb", readout=True)
+
+
+def test_gemma_float32_readout_is_the_kept_only_forward(gemma):
+    from icl_lens.model._greedy import unembedded
+
+    for traj, expected in _readout_cases(gemma, "red -> rouge, blue -> bleu, green -> vert, white ->"):
+        assert _rel(unembedded(gemma, traj.kept_only_hidden[None])[0], expected) <= 1e-4, traj.steps

@@ -107,6 +107,9 @@ class Trajectory:
     of 0..n. Of a coarse one, :meth:`step_metrics`, :meth:`cumulative_norms` (0 among the steps),
     :meth:`correction_norms` and :meth:`to_frame` give the values at the steps held; the methods that
     need every step refuse.
+
+    ``kept_only_hidden``: the step-0 copy's input to the unembedding, the unpatched kept-only forward's
+    last row (``trajectory(..., readout=True)``); None otherwise.
     """
 
     tokens: tuple[str, ...]
@@ -122,6 +125,7 @@ class Trajectory:
     order: str = "prefix"
     compact: bool = False
     steps: tuple[int, ...] | None = None
+    kept_only_hidden: Float[Tensor, " d_model"] | None = None
 
     @property
     def n_context(self) -> int:
@@ -161,7 +165,9 @@ class Trajectory:
         steps = tuple(lengths[k] for k in columns)
         return replace(self, u_in=cat(self.u_in, other.u_in), u_gate=cat(self.u_gate, other.u_gate),
                        v=cat(self.v, other.v), correction=cat(self.correction, other.correction),
-                       steps=None if steps == tuple(range(self.n_context + 1)) else steps)
+                       steps=None if steps == tuple(range(self.n_context + 1)) else steps,
+                       kept_only_hidden=(self.kept_only_hidden if self.kept_only_hidden is not None
+                                         else other.kept_only_hidden))
 
     def _every_step(self, what: str) -> None:
         if self.coarse:

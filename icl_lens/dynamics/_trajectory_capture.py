@@ -193,12 +193,15 @@ def _resolve_layers(model, layers: Sequence[int] | None) -> tuple[int, ...]:
 
 
 def _capture_layout(model, ids: Tensor, layout: PrefixVariantLayout, kept_bos: bool,
-                    wanted: tuple[int, ...], *, zero_first: bool, past=None, compact: bool = False) -> dict[str, Tensor]:
+                    wanted: tuple[int, ...], *, zero_first: bool, past=None, compact: bool = False,
+                    readout: bool = False) -> dict[str, Tensor]:
     """One hooked forward of ``layout``'s sequence; patch factors of its query copies for ``wanted`` layers.
 
     ``past``: ``(cache, bos_values)`` holding the keys and values of the sequence's first
     ``layout.query`` positions (the prompt prefix, :meth:`PatchSession.prefix_cache`); the
     forward then runs the query copies only. ``compact``: ``u_in`` holds ``R δ`` (:class:`Trajectory`).
+    ``readout``: the forward runs on to the unembedding's input and keeps the first copy's row there
+    (``out["readout"]``).
     """
     family = block_family(model)
     cfg, dtype, device = model.cfg, patch_dtype(model), ids.device
@@ -215,13 +218,17 @@ def _capture_layout(model, ids: Tensor, layout: PrefixVariantLayout, kept_bos: b
                                  zero_first=zero_first, offset=skip, bos_values=None if past is None else past[1],
                                  weights=dense_weights(model) if compact else None)
     fwd_hooks = [h for layer in range(wanted[-1] + 1) for h in capture.hooks(layer)]
+    stop = family.mlp_input(wanted[-1])
+    if readout:
+        stop = "unembed.hook_in"
+        fwd_hooks.append((stop, lambda x, hook: out.__setitem__("readout", x[0, capture.rows][0].detach())))
     mask = variant_attention_mask(model, layout)
     kwargs = {}
     if past is not None:  # the prefix rows are in the cache: keep the copies' rows of the mask(s)
         mask = {k: m[..., skip:, :] for k, m in mask.items()} if isinstance(mask, dict) else mask[..., skip:, :]
         kwargs["past_key_values"] = past[0]
     positions = layout.positions[skip:]
-    with torch.no_grad(), activations_captured(model, fwd_hooks, stop_after=family.mlp_input(wanted[-1])):
+    with torch.no_grad(), activations_captured(model, fwd_hooks, stop_after=stop):
         model(ids[positions][None], return_type=None, position_ids=positions[None], attention_mask=mask, **kwargs)
     return out
 
@@ -239,6 +246,7 @@ def _finish(model, setup: QuerySetup, wanted: tuple[int, ...], out: dict[str, Te
         context_positions=setup.context_positions,
         u_in=out["u_in"], u_gate=out["u_gate"], v=out["v"], correction=out["correction"],
         model_name=model.cfg.model_name, kept_bos=setup.kept_bos, order=order, compact=compact, steps=steps,
+        kept_only_hidden=out.get("readout"),
     )
 
 
@@ -247,7 +255,7 @@ ORDERS = ("prefix", "absorb")
 
 def trajectory(model: Model, prompt: Prompt, *, query: int = -1, layers: Sequence[int] | None = None,
                order: str = "prefix", session=None, compact: bool = False,
-               steps: Sequence[int] | None = None) -> Trajectory:
+               steps: Sequence[int] | None = None, readout: bool = False) -> Trajectory:
     """Implicit weights W₀..Wₙ of query ``query`` as its context is consumed (docs/design.md §3).
 
     ``prompt``: text or token ids. ``query``: position (negative counts from the end).
@@ -272,9 +280,17 @@ def trajectory(model: Model, prompt: Prompt, *, query: int = -1, layers: Sequenc
     ``steps``: compute ``Wᵢ`` for these prefix lengths i only (increasing, in 0..n; e.g.
     :func:`~icl_lens.dynamics._prefix_variants.log_spaced_steps`): the same ``Wᵢ`` as the full
     trajectory's (each variant sees only its own prefix), for the cost of ``len(steps)`` copies.
+    ``readout=True`` (prefix order, step 0 among the steps): the forward runs on to the unembedding and keeps
+    the step-0 copy's input to it, :attr:`Trajectory.kept_only_hidden`. That copy reads its kept set
+    ``{BOS, x_t}`` only, with ``W₀ = W``: it is the unpatched kept-only forward, whose next-token logits
+    (:func:`icl_lens.model._greedy.unembedded`) the dashboard shows beside the contextual ones, here for the
+    last layer's MLP of the copies instead of a forward of its own.
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if readout and (order != "prefix" or (steps is not None and (len(steps) == 0 or int(steps[0]) != 0))):
+        raise ValueError("readout=True needs the prefix order and step 0 among the steps (its copy is the kept-only "
+                         "forward)")
     setup = resolve_query(model, prompt, query)
     wanted = _resolve_layers(model, layers)
     make = prefix_variant_layout if order == "prefix" else absorb_layout
@@ -287,7 +303,7 @@ def trajectory(model: Model, prompt: Prompt, *, query: int = -1, layers: Sequenc
             raise ValueError("the session belongs to another model")
         past = session.prefix_cache(setup.ids, setup.query)
     out = _capture_layout(model, setup.ids, layout, setup.kept_bos, wanted, zero_first=steps is None or steps[0] == 0,
-                          past=past, compact=compact)
+                          past=past, compact=compact, readout=readout)
     if steps == tuple(range(setup.query - setup.first_context + 1)):
         steps = None  # every step: the full trajectory
     return _finish(model, setup, wanted, out, order, compact, steps)

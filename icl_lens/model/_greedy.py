@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from jaxtyping import Float
+from torch import Tensor
 from transformers import DynamicCache
 
 from icl_lens.model._prompts import PromptError, context_limit
@@ -85,3 +87,10 @@ def tail_logits(model, prompts: Sequence[Sequence[int]], counts: Sequence[int], 
 def last_logits(model, prompts: Sequence[Sequence[int]], *, batch_size: int = 16) -> torch.Tensor:
     """Logits at the last position of each prompt, ``[n_prompts, vocab]``."""
     return torch.cat(tail_logits(model, prompts, [1] * len(prompts), batch_size=batch_size))
+
+
+@torch.no_grad()
+def unembedded(model, hidden: Float[Tensor, "n d_model"]) -> Float[Tensor, "n vocab"]:
+    """The model's own readout of inputs to its unembedding (``unembed.hook_in`` rows): the unembedding, then its
+    logit transform (Gemma's soft cap). Several rows share one read of the unembedding's weights."""
+    return model.adapter.apply_output_logits_transform(model.unembed(hidden[None]))[0]

@@ -23,7 +23,7 @@ from icl_lens.core._kept_attention import default_kept_mask
 from icl_lens.patches._patch_set import TokenPatches
 from icl_lens.model._block_family import block_family
 from icl_lens.patches._capture import LayerCapture, dense_weights, empty_factors, is_bos_kept, warn_zero_inputs
-from icl_lens.model._greedy import last_logits
+from icl_lens.model._greedy import last_logits, unembedded
 from icl_lens.model._prompts import encode_prompt, str_tokens
 from icl_lens.model._reading import activations_captured
 
@@ -75,9 +75,7 @@ class PatchSession:
     def last_logits(self) -> Float[Tensor, " vocab"] | None:
         """Logits at the last prompt's last position (None with ``logits=False`` or before any update)."""
         if self._last_logits is None and self._last_hidden is not None:
-            with torch.no_grad():
-                row = self.model.unembed(self._last_hidden[None, None])
-                self._last_logits = self.model.adapter.apply_output_logits_transform(row)[0, 0]
+            self._last_logits = unembedded(self.model, self._last_hidden[None])[0]
         return self._last_logits
 
     def reset(self) -> None:
@@ -110,8 +108,7 @@ class PatchSession:
         ids = ids.reshape(-1)
         if not 0 <= query < len(ids):
             raise ValueError(f"query {query} is outside the prompt's {len(ids)} positions")
-        if (self._ids is not None and query == len(self._ids) - 1 and self.logits
-                and torch.equal(ids[: query + 1].to(self._ids.device), self._ids)):
+        if self._is_last(ids, query):
             return self.last_logits  # the last update's own pass: its last row through the unembedding
         past = self.prefix_cache(ids, query) if query > 0 else None
         if past is None:
@@ -119,6 +116,25 @@ class PatchSession:
         logits, _ = self.model(ids[None, query:query + 1], past_key_values=past[0], return_type="logits_and_cache",
                                logits_to_keep=1)
         return logits[0, -1]
+
+    @torch.no_grad()
+    def logits_with(self, ids: Tensor, query: int, hidden: Float[Tensor, "k d_model"]
+                    ) -> tuple[Float[Tensor, " vocab"], Float[Tensor, "k vocab"]]:
+        """:meth:`logits_at` and the logits of ``hidden``, more inputs to the unembedding (another forward's rows,
+        e.g. :attr:`~icl_lens.dynamics._trajectory.Trajectory.kept_only_hidden`). Where the query's row is the last
+        update's, not yet unembedded (``logits="lazy"``), all rows go through the unembedding together: one read
+        of its weights (0.67 GB on Gemma 3 270M) instead of two."""
+        ids = ids.reshape(-1)
+        if self._is_last(ids, query) and self._last_logits is None and self._last_hidden is not None:
+            rows = unembedded(self.model, torch.cat([self._last_hidden[None], hidden.to(self._last_hidden)]))
+            self._last_logits = rows[0]
+            return self._last_logits, rows[1:]
+        return self.logits_at(ids, query), unembedded(self.model, hidden)
+
+    def _is_last(self, ids: Tensor, query: int) -> bool:
+        """Whether ``ids[: query + 1]`` is the last update's prompt and its logits are kept (now or lazily)."""
+        return bool(self._ids is not None and query == len(self._ids) - 1 and self.logits
+                    and torch.equal(ids[: query + 1].to(self._ids.device), self._ids))
 
     def _common_prefix(self, ids: Tensor) -> int:
         if self._ids is None:
@@ -170,7 +186,8 @@ class PatchSession:
         warn_zero_inputs(new["zero_input"], offset=p)
         weights = dense_weights(self.model)
         # the output norms of the new positions only (the spike flags and the strip read them every keystroke)
-        new["u_norm"] = torch.stack([weights.norms(layer, new["delta"][layer]) for layer in range(len(new["delta"]))])
+        new["u_norm"] = torch.stack([weights.norms(layer, new["delta"][layer], live=True)
+                                     for layer in range(len(new["delta"]))])
         if self._factors is None:
             self._factors = new
         else:

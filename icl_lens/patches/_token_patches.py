@@ -30,6 +30,7 @@ from icl_lens.core._token_patch import input_pseudo_inverse
 from icl_lens.patches._batches import batched_token_patches, is_prompt_list
 from icl_lens.model._block_family import block_family
 from icl_lens.patches._kept_only import kept_only_logits, kept_only_masks, patches_applied
+from icl_lens.model._greedy import unembedded
 from icl_lens.model._prompts import encode_prompt
 from icl_lens.model._reading import activations_captured
 
@@ -160,7 +161,7 @@ def verify_equivalence(model: Model, prompt: Prompt, patches: TokenPatches | Non
     errs, max_abs_logit = [], 0.0
     for start in range(0, ids.numel(), chunk_size):
         queries = list(range(start, min(start + chunk_size, ids.numel())))
-        contextual = _unembedded(model, hidden[queries])
+        contextual = unembedded(model, hidden[queries])
         kept = kept_only_logits(model, ids, patches, queries, batch_size=batch_size)
         errs.append((kept - contextual).abs().amax(-1).cpu())
         max_abs_logit = max(max_abs_logit, float(contextual.abs().max()))
@@ -174,12 +175,6 @@ def _final_hidden(model: Model, ids: Int[Tensor, " pos"]) -> Float[Tensor, "pos 
     with activations_captured(model, ["unembed.hook_in"], stop_after="unembed.hook_in") as got:
         model(ids[None], return_type=None)
     return got["unembed.hook_in"][0]
-
-
-@torch.no_grad()
-def _unembedded(model: Model, hidden: Float[Tensor, "n d_model"]) -> Float[Tensor, "n vocab"]:
-    """The model's own readout of final hidden states: its unembedding, then its logit transform (Gemma's soft cap)."""
-    return model.adapter.apply_output_logits_transform(model.unembed(hidden[None]))[0]
 
 
 @torch.no_grad()
@@ -198,6 +193,6 @@ def noise_floor(model: Model, reference: Model, prompt: Prompt, *, chunk_size: i
     floor = 0.0
     for start in range(0, ids.numel(), chunk_size):
         rows = slice(start, start + chunk_size)
-        diff = _unembedded(model, half[rows]).float() - _unembedded(reference, full[rows]).float().to(half.device)
+        diff = unembedded(model, half[rows]).float() - unembedded(reference, full[rows]).float().to(half.device)
         floor = max(floor, float(diff.abs().max()))
     return floor

@@ -207,7 +207,7 @@ class PromptAnalyzer:
     def trajectory(self, prompt: EncodedPrompt, query: int, order: str = "prefix",
                    layers: tuple[int, ...] | None = None,
                    stale: Callable[[], bool] | None = None,
-                   steps: tuple[int, ...] | None = None) -> tuple[Trajectory | str, bool]:
+                   steps: tuple[int, ...] | None = None, readout: bool = False) -> tuple[Trajectory | str, bool]:
         """``icl_lens.trajectory`` of ``query`` in ``order`` ("prefix" or the paper's "absorb") for
         ``layers`` (None: all), or a message saying why there is none.
 
@@ -221,6 +221,9 @@ class PromptAnalyzer:
         d_mlp-sized products (a fifth of the coarse drawing on Gemma 3 270M at 64 tokens). The full trajectory
         (``steps=None``) of a prompt whose coarse one is cached computes only the other steps and joins them
         (:meth:`~icl_lens.dynamics._trajectory.Trajectory.joined`).
+        ``readout``: a trajectory computed here in prefix order with step 0 also keeps the step-0 copy's input
+        to the unembedding (``Trajectory.kept_only_hidden``): the predictions' unpatched kept-only row, for the
+        last layer's MLP of the copies instead of a forward of its own. A cached trajectory is returned as it is.
         """
         ids = prompt.ids[: query + 1]
         key = ("trajectory", tuple(ids.tolist()), order, layers)
@@ -236,7 +239,8 @@ class PromptAnalyzer:
             try:
                 with abandoned_when(self.model, stale):
                     part = trajectory(self.model, ids, query=query, order=order, layers=layers, session=self.session,
-                                      compact=True, steps=todo)
+                                      compact=True, steps=todo,
+                                      readout=readout and order == "prefix" and (todo is None or todo[:1] == (0,)))
             except NoContextError as exc:
                 return str(exc)
             return part if coarse is None else coarse.joined(part)

@@ -18,12 +18,13 @@ browser download.
 Typing is debounced; each keystroke bumps a generation counter and only the newest
 request is computed and drawn (``LatestWins``). Drawing is in phases: the strip, heatmap
 and alignment matrix (from the patches alone) first, then the attention pattern (new rows
-only, from the PatchSession's cached keys), the top-k predictions (the contextual logits are the
-PatchSession pass's own last row put through the unembedding), who wrote the query's patch (when
+only, from the PatchSession's cached keys), who wrote the query's patch (when
 that panel is on: the query token alone over the PatchSession's keys and values), then the trajectory
-of the selected query: first at a few log-spaced prefix lengths (``W_i`` exactly as the full
-trajectory has them, with the two before each, so the meta-gradient norms and step alignments drawn
-are exact), then refined to every prefix length (only the lengths the coarse drawing lacks, joined to
+of the selected query with the top-k predictions: first at a few log-spaced prefix lengths (``W_i``
+exactly as the full trajectory has them, with the two before each, so the meta-gradient norms and step
+alignments drawn are exact; its step-0 copy is the predictions' kept-only forward, and its row goes
+through the unembedding together with the PatchSession pass's own last row, the contextual logits),
+then refined to every prefix length (only the lengths the coarse drawing lacks, joined to
 it; only the layers shown, the prompt prefix's keys and values taken from the PatchSession), and last
 the check under the predictions (the kept-only forward with every patch, which gives the contextual
 logits; "checking…" until then). A later phase is skipped, and a running forward abandoned at the
@@ -44,6 +45,7 @@ from pathlib import Path
 
 import ipywidgets as W
 
+from icl_lens.dynamics._trajectory import Trajectory
 from icl_lens.model._loading import DEFAULT_MODEL, load_model
 from icl_lens.model._prompts import PromptError
 from icl_lens.ui._analysis import (
@@ -75,7 +77,7 @@ from icl_lens.ui._panels import (
     attention_page,
     token_label,
 )
-from icl_lens.ui._predictions import PredictionsPanel, predictions_html
+from icl_lens.ui._predictions import NextTokenPredictions, PredictionsPanel, predictions_html
 
 
 @dataclass(frozen=True)
@@ -444,19 +446,38 @@ class Dashboard:
         if not self.runner.draw(generation, attention) or stale():
             return
         self.timeline[generation]["attention"] = time.perf_counter()
-        (predictions, fresh), seconds = timed(self.predictions.compute, a.model, prompt.ids, patches, query,
-                                              request.top_k, lambda: a.session.logits_at(prompt.ids, query))
-        parts.append(f"top-{request.top_k} next tokens" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
 
-        def predictions_drawn(pred=predictions, status: bool = False):
+        def predictions_drawn(pred, status: bool = False):
             self.predictions.show(pred, prompt="A" if request.compare_text is not None else "")
             self.shown.predictions = pred
             if status:
                 self._set_status(parts, start, error, pending=False)
 
-        if not self.runner.draw(generation, predictions_drawn) or stale():
-            return
-        self.timeline[generation]["predictions"] = time.perf_counter()
+        def with_predictions(traj: Trajectory | str | None) -> NextTokenPredictions | None:
+            """The predictions, drawn; their kept-only logits from ``traj``'s step-0 copy when it kept them, and
+            the contextual ones through the unembedding together with them (one read of its weights)."""
+            def logits():
+                hidden = traj.kept_only_hidden if isinstance(traj, Trajectory) else None
+                if hidden is None:
+                    return a.session.logits_at(prompt.ids, query), None
+                contextual, unpatched = a.session.logits_with(prompt.ids, query, hidden[None])
+                return contextual, unpatched[0]
+
+            (pred, fresh), seconds = timed(self.predictions.compute, a.model, prompt.ids, patches, query,
+                                           request.top_k, logits)
+            parts.append(f"top-{request.top_k} next tokens" + (f" ({_ms(seconds)})" if fresh else " (cached)"))
+            if not self.runner.draw(generation, lambda: predictions_drawn(pred)) or stale():
+                return None
+            self.timeline[generation]["predictions"] = time.perf_counter()
+            return pred
+
+        # The predictions come with the trajectory's first drawing, whose step-0 copy is their kept-only forward,
+        # unless they are cached (then drawn now).
+        predictions = None
+        if self.predictions.cached(a.model, prompt.ids, query, request.top_k) is not None:
+            predictions = with_predictions(None)
+            if predictions is None:
+                return
         if request.attribution:
             try:
                 (attribution, fresh), seconds = timed(a.attribution, prompt, query, stale)
@@ -481,9 +502,13 @@ class Dashboard:
         for steps in ([coarse] if coarse is not None else []) + [None]:
             try:
                 (trajectory, fresh), seconds = timed(a.trajectory, prompt, query, request.order, request.layers, stale,
-                                                     steps)
+                                                     steps, readout=predictions is None)
             except Superseded:
                 return
+            if predictions is None:
+                predictions = with_predictions(trajectory)
+                if predictions is None:
+                    return
             what = f"trajectory of query {query}, {request.order} order"
             if isinstance(trajectory, str):  # no context before the query
                 traj_note, trajectory = trajectory, None

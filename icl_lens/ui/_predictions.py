@@ -7,9 +7,12 @@ contextual logits again (the identity of Dherin et al. 2025, arXiv 2507.16003); 
 shows that forward's largest logit difference from the contextual one as a check. Both
 forwards are the library's (:func:`icl_lens.model._greedy.last_logits`,
 :func:`icl_lens.patches._kept_only.kept_only_logits_many`); the patch parts are dropped with
-``TokenPatches.keep_parts``. The dashboard draws the predictions first and runs the check after
-the trajectory (:func:`identity_error`): it is a forward with every patch applied, more than
-the predictions themselves cost (issue 41).
+``TokenPatches.keep_parts``. The dashboard runs neither: its contextual logits are the PatchSession's
+own pass, and its kept-only ones the trajectory's step-0 copy (``trajectory(..., readout=True)``, the
+same forward for one more row), both through the unembedding at once
+(:meth:`~icl_lens.patches._incremental.PatchSession.logits_with`). It draws the predictions with the
+trajectory's first drawing and runs the check after the refined trajectory (:func:`identity_error`):
+it is a forward with every patch applied, more than the predictions themselves cost (issue 41).
 """
 from __future__ import annotations
 
@@ -57,13 +60,15 @@ class NextTokenPredictions:
 @torch.no_grad()
 def next_token_predictions(model, ids: Int[Tensor, " pos"], patches: TokenPatches, query: int,
                            k: int = DEFAULT_TOP_K, contextual: Float[Tensor, " vocab"] | None = None,
-                           check: bool = True) -> NextTokenPredictions:
+                           check: bool = True, unpatched: Float[Tensor, " vocab"] | None = None) -> NextTokenPredictions:
     """Top-``k`` next tokens at ``query`` from the contextual and the unpatched kept-only forwards.
 
     ``contextual``: the contextual logits at ``query`` when the caller has them (the dashboard's
     :meth:`~icl_lens.patches._incremental.PatchSession.logits_at`); else a forward over ``ids[: query + 1]``.
-    ``check``: also run the kept-only forward with every patch (``patched_error``; False: None, for
-    :func:`identity_error` later)."""
+    ``unpatched``: the unpatched kept-only logits when the caller has them (the dashboard's, from the
+    trajectory's step-0 copy, :attr:`~icl_lens.dynamics._trajectory.Trajectory.kept_only_hidden`); else that
+    forward runs here. ``check``: also run the kept-only forward with every patch (``patched_error``; False:
+    None, for :func:`identity_error` later)."""
     n = int(ids.numel())
     if not 0 <= query < n:
         raise ValueError(f"query {query} is outside the prompt's {n} positions")
@@ -71,9 +76,11 @@ def next_token_predictions(model, ids: Int[Tensor, " pos"], patches: TokenPatche
         raise ValueError(f"k must be >= 1, got {k}")
     if contextual is None:
         contextual = last_logits(model, [ids[: query + 1].tolist()])[0]
-    bare = patches.keep_parts(w_in=False, correction=False)
-    rows = [(ids, bare, query)] + ([(ids, patches, query)] if check else [])
-    unpatched, *patched = kept_only_logits_many(model, rows)
+    rows = [] if unpatched is not None else [(ids, patches.keep_parts(w_in=False, correction=False), query)]
+    rows += [(ids, patches, query)] if check else []
+    kept = list(kept_only_logits_many(model, rows)) if rows else []
+    if unpatched is None:
+        unpatched = kept.pop(0)
     found = {}
     for side, logits in zip(SIDES, (contextual, unpatched)):
         logp, _ = predictive_stats(logits)
@@ -84,7 +91,7 @@ def next_token_predictions(model, ids: Int[Tensor, " pos"], patches: TokenPatche
         token_ids={s: found[s][0] for s in SIDES},
         tokens={s: str_tokens(model, found[s][0]) for s in SIDES},
         probabilities={s: found[s][1] for s in SIDES},
-        patched_error=_error(patched[0], contextual) if check else None)
+        patched_error=_error(kept[0], contextual) if check else None)
 
 
 def _error(patched: Tensor, contextual: Tensor) -> float:
@@ -134,17 +141,21 @@ class PredictionsPanel:
         self._cache: dict = {}
 
     def compute(self, model, ids, patches: TokenPatches, query: int, k: int,
-                contextual: Callable[[], Tensor] | None = None) -> tuple[NextTokenPredictions, bool]:
-        """Cached by model, token ids, query and k (``(result, fresh)``); ``contextual()``, called on a miss only,
-        gives the contextual logits at ``query`` (see :func:`next_token_predictions`). Unchecked
-        (``patched_error`` None) until :meth:`check`."""
-        key = self._key(model, ids, query, k)
-        if key in self._cache:
-            return self._cache[key], False
-        result = next_token_predictions(model, ids, patches, query, k, None if contextual is None else contextual(),
-                                        check=False)
-        self._remember(key, result)
+                logits: Callable[[], tuple[Tensor, Tensor | None]] | None = None) -> tuple[NextTokenPredictions, bool]:
+        """Cached by model, token ids, query and k (``(result, fresh)``); ``logits()``, called on a miss only,
+        gives the contextual logits at ``query`` and the unpatched kept-only ones or None (see
+        :func:`next_token_predictions`). Unchecked (``patched_error`` None) until :meth:`check`."""
+        hit = self.cached(model, ids, query, k)
+        if hit is not None:
+            return hit, False
+        contextual, unpatched = (None, None) if logits is None else logits()
+        result = next_token_predictions(model, ids, patches, query, k, contextual, check=False, unpatched=unpatched)
+        self._remember(self._key(model, ids, query, k), result)
         return result, True
+
+    def cached(self, model, ids, query: int, k: int) -> NextTokenPredictions | None:
+        """The predictions of :meth:`compute` for these arguments if it holds them, else None."""
+        return self._cache.get(self._key(model, ids, query, k))
 
     def check(self, model, ids, patches: TokenPatches, pred: NextTokenPredictions, k: int,
               contextual: Callable[[], Tensor]) -> tuple[NextTokenPredictions, bool]:
