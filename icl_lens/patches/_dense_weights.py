@@ -153,16 +153,12 @@ class DenseWeights:
         """``R δ``: isometric to the stacked output factor ``[u_gate; u_in]`` (same norms and inner products)."""
         return delta @ self.r(layer, delta.device).to(delta.dtype).T
 
-    def norms(self, layer: int, delta: Float[Tensor, "*rows d_model"], *, live: bool = False) -> Float[Tensor, "*rows"]:
+    def norms(self, layer: int, delta: Float[Tensor, "*rows d_model"]) -> Float[Tensor, "*rows"]:
         """``‖[W_gate; W_in] δ‖ = ‖R δ‖`` row-wise; from ``U δ`` itself when there are fewer rows than ``d_model``
         (cheaper than the QR; the same norms up to rounding). The path depends on the row count alone, never on
         whether ``R`` happens to be cached, so the same rows give the same bits in every process (a resumed sweep
-        writes what a clean one writes). ``live=True`` (a live session's new positions) takes ``‖R δ‖`` whenever
-        ``R`` is cached: it reads ``d_model²`` floats instead of the ``2·d_mlp·d_model`` of ``U`` (a sixth on Gemma
-        3 270M), and the last bits then depend on whether ``R`` was computed, which a live view does not mind."""
+        writes what a clean one writes)."""
         rows = delta[..., 0].numel()
-        if live and (layer, str(delta.device)) in self._r:
-            return torch.linalg.vector_norm(self.coordinates(layer, delta), dim=-1)
         if rows < delta.shape[-1]:
             return torch.linalg.vector_norm(torch.cat([u for u in self.u(layer, delta) if u is not None], dim=-1),
                                             dim=-1)

@@ -186,8 +186,7 @@ class PatchSession:
         warn_zero_inputs(new["zero_input"], offset=p)
         weights = dense_weights(self.model)
         # the output norms of the new positions only (the spike flags and the strip read them every keystroke)
-        new["u_norm"] = torch.stack([weights.norms(layer, new["delta"][layer], live=True)
-                                     for layer in range(len(new["delta"]))])
+        new["u_norm"] = torch.stack([weights.norms(layer, new["delta"][layer]) for layer in range(len(new["delta"]))])
         if self._factors is None:
             self._factors = new
         else:
