@@ -677,3 +677,44 @@ def test_thought_patch_takes_a_fit_and_keeps_it(load):
     assert a.fit == b.fit == c.fit == fit and torch.equal(a.maps, b.maps) and torch.equal(a.maps, c.maps)
     with pytest.raises(TypeError, match="unknown thought-fit setting"):
         thought_patch(model, INSTRUCTION, ["q"], rigde=0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
+def test_answer_rows_are_read_while_they_are_generated(load, name, dtype, monkeypatch):
+    """Issue 41: with answer rows, the fit's contextual targets are read in the greedy run that writes the answers
+    (the prompts in one pass, then one token a step over the key/value cache, the last answer token read once
+    more), not in a second pass over the answered prompts: the same targets as that pass (1e-9 relative in
+    float64, 1e-4 in float32) and the same patch (1e-6, 1e-3), with no contextual pass left to run."""
+    from dataclasses import replace
+
+    import icl_lens.thought._fit as fit_module
+    import icl_lens.thought._preserved_keys as pk
+    from icl_lens.model._types import patch_dtype
+    from icl_lens.thought._instruction_batches import query_batch
+
+    monkeypatch.setenv(pk.CACHE_ENV, "")
+    model = load(name, dtype)
+    queries = ["q", "ab", "the cat", "ab"]
+    fit = ThoughtFit.of(None, kind="both+down", ridge=1.0, answer_tokens=3, preserve=())
+    family, pdtype = block_family(model), patch_dtype(model)
+    cal = fit_module._calibration(model, [(INSTRUCTION, queries)], fit, family, pdtype)
+    plain = query_batch(model, [q for qs in cal.queries for q in qs], prefix=cal.prefix)
+    assert cal.contextual is not None and plain.n_tokens > sum(len(text_ids(model, q)) for q in queries)  # answers
+    read = fit_module.read_query_tokens
+    monkeypatch.setattr(fit_module, "read_query_tokens", lambda m, batch, *a, **k: (
+        pytest.fail("a contextual pass ran") if batch is not plain else read(m, batch, *a, **k)))
+    fused = fit_module._targets(model, family, cal, plain, fit, pdtype)
+    monkeypatch.setattr(fit_module, "read_query_tokens", read)
+    passed = fit_module._targets(model, family, replace(cal, contextual=None), plain, fit, pdtype)
+    tol = TOL[dtype]
+    for layer in range(model.cfg.n_layers):
+        for a, b in ((fused.A[layer], passed.A[layer]), (fused.O[layer], passed.O[layer])):
+            assert a.shape == b.shape and _rel(a, b) <= tol, layer
+    patch = thought_patch(model, INSTRUCTION, queries, fit=fit)
+    calibration = fit_module._calibration
+    monkeypatch.setattr(fit_module, "_calibration", lambda *a, **k: replace(calibration(*a, **k), contextual=None))
+    reference = thought_patch(model, INSTRUCTION, queries, fit=fit)
+    for part in ("maps", "vectors", "down_u", "down_v"):
+        a, b = getattr(patch, part), getattr(reference, part)
+        assert a.shape == b.shape and _rel(a, b) <= (1e-6 if dtype == torch.float64 else 1e-3), part

@@ -24,11 +24,15 @@ from icl_lens.model._prompts import PromptError, context_limit
 def greedy_continuations(
     model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, batch_size: int = 16,
     finished: Callable[[int, list[int]], bool] | None = None,
+    before_step: Callable[[list[int], int], None] | None = None, feed_last: bool = False,
 ) -> list[list[int]]:
     """Token ids greedily generated after each prompt (at most ``max_new_tokens`` each).
 
     ``finished(i, new_ids)``: optional early stop; a batch stops once it holds for every row.
     A prompt whose length plus ``max_new_tokens`` passes the model's context raises :class:`PromptError`.
+    For hooks that read the forwards: ``before_step(rows, step)`` is called before each (``rows``: the batch's
+    prompt indices; step 0 runs the prompts, step ``k`` the ``k``-th new token), and ``feed_last`` adds one
+    forward that reads the last new token (its logits unused), so every new token has been read once.
     """
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
@@ -47,7 +51,9 @@ def greedy_continuations(
             chunk = rows[start : start + batch_size]
             ids = torch.tensor([list(prompts[i]) for i in chunk], dtype=torch.long, device=device)
             step, cache = ids, DynamicCache()
-            for _ in range(max_new_tokens):
+            for n in range(max_new_tokens):
+                if before_step is not None:
+                    before_step(chunk, n)
                 logits, cache = model(step, past_key_values=cache, return_type="logits_and_cache", logits_to_keep=1)
                 step = logits[:, -1].argmax(-1)[:, None]
                 ids = torch.cat([ids, step], dim=1)
@@ -55,6 +61,10 @@ def greedy_continuations(
                     finished(i, ids[k, len(prompts[i]) :].tolist()) for k, i in enumerate(chunk)
                 ):
                     break
+            if feed_last:
+                if before_step is not None:
+                    before_step(chunk, n + 1)
+                model(step, past_key_values=cache, return_type=None)
             for k, i in enumerate(chunk):
                 out[i] = ids[k, len(prompts[i]) :].tolist()
     return out

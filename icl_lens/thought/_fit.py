@@ -14,7 +14,11 @@ queries ``x₁…x_q`` (``n`` query tokens in all, every token of every query), 
    (teacher forcing), so the positions where the patched model writes its answer are
    calibration rows too. The paper fits the query tokens only; then every answer token
    after the first is generated at a position no row covered (measured: with k = 0 the
-   multi-token arithmetic answers miss the target on both embedded models).
+   multi-token arithmetic answers miss the target on both embedded models). The contextual
+   reads of ``[BOS, I, xⱼ yⱼ]`` are taken in the greedy run that writes ``yⱼ`` (the prompt in
+   one pass, then one token a step over the key/value cache, and ``yⱼ``'s last token read once
+   more: :func:`~icl_lens.thought._instruction_batches.continuations_read`), the same
+   activations as a pass over the answered prompts up to rounding, without that pass.
 2. For ``l = 0 … L−1`` (``iterations`` sweeps), *non-contextual reads* of
    ``[BOS, p, xⱼ]`` at layer ``l`` with every patch fitted so far applied (block ``l`` run
    on the residual the patched blocks before it left, kept from the last step):
@@ -141,7 +145,7 @@ from icl_lens.model._prompts import PromptError, bos_id
 from icl_lens.model._reading import NonFiniteActivationError
 from icl_lens.model._types import patch_dtype
 from icl_lens.thought._null_space import null_space_projector
-from icl_lens.thought._instruction_batches import (batch_steps, calibration_ids, continuation_ids, query_batch,
+from icl_lens.thought._instruction_batches import (batch_steps, calibration_ids, continuations_read, query_batch,
                                                    read_query_tokens, text_ids)
 from icl_lens.thought._defaults import KIND_PARTS, ThoughtFit
 from icl_lens.thought._preserved_keys import PreservedKeys
@@ -192,16 +196,25 @@ def thought_patch_joint(model: Model, tasks: Sequence[tuple[str, Sequence[str]]]
 @dataclass
 class _Calibration:
     """Step 1: the token ids a fit reads, checked: each task's instruction and queries (answer rows appended),
-    the query prefix, the layers to patch, and the preserve texts."""
+    the query prefix, the layers to patch, and the preserve texts; with answer rows, also the contextual reads
+    of :func:`_target_reads` per task, taken while the answers were generated."""
 
     instructions: list[list[int]]
     queries: list[list[list[int]]]  # per task, per query
     prefix: list[int]
     layers: list[int]
     keep: list[list[int]]  # the preserve texts' ids (none without the penalty)
+    contextual: list[dict[str, Tensor]] | None = None
 
 
-def _calibration(model, tasks, fit: ThoughtFit) -> _Calibration:
+def _target_reads(model, family) -> dict[str, str]:
+    """The contextual reads the fit matches: every layer's MLP input ``A{l}`` and block output ``O{l}``."""
+    reads = {f"A{l}": family.mlp_input(l) for l in range(model.cfg.n_layers)}
+    reads.update({f"O{l}": family.resid_post(l) for l in range(model.cfg.n_layers)})
+    return reads
+
+
+def _calibration(model, tasks, fit: ThoughtFit, family, dtype) -> _Calibration:
     if isinstance(tasks, str) or not tasks or not all(isinstance(t, (tuple, list)) and len(t) == 2 for t in tasks):
         raise PromptError("tasks must be a non-empty list of (instruction, queries) pairs")
     ids = [calibration_ids(model, instruction, queries, fit.query_prefix) for instruction, queries in tasks]
@@ -211,10 +224,12 @@ def _calibration(model, tasks, fit: ThoughtFit) -> _Calibration:
     bad = [l for l in chosen if not 0 <= l < n_layers]
     if bad or not chosen:
         raise ValueError(f"layers must be a non-empty subset of 0..{n_layers - 1}, got {list(chosen)}")
-    if fit.answer_tokens:  # each task's own answers, under its own instruction
-        query_ids = [[q + a for q, a in zip(qs, continuation_ids(model, instr, qs, fit.answer_tokens,
-                                                                  batch_size=fit.batch_size))]
-                     for instr, qs in zip(instr_ids, query_ids)]
+    contextual = None
+    if fit.answer_tokens:  # each task's own answers, under its own instruction, read as they are written
+        runs = [continuations_read(model, instr, qs, fit.answer_tokens, _target_reads(model, family),
+                                   batch_size=fit.batch_size, dtype=dtype) for instr, qs in zip(instr_ids, query_ids)]
+        query_ids = [[q + a for q, a in zip(qs, answers)] for qs, (answers, _) in zip(query_ids, runs)]
+        contextual = [got for _, got in runs]
     preserve = fit.preserve
     if preserve is None:
         from icl_lens.thought._preserve import preserve_texts
@@ -222,7 +237,7 @@ def _calibration(model, tasks, fit: ThoughtFit) -> _Calibration:
         preserve = preserve_texts(model) if fit.reads_preserve else ()
     keep = ([text_ids(model, t, what=f"preserve text {i}") for i, t in enumerate(preserve)]
             if fit.reads_preserve else [])
-    return _Calibration(instr_ids, query_ids, pre_ids, chosen, keep)
+    return _Calibration(instr_ids, query_ids, pre_ids, chosen, keep, contextual)
 
 
 @dataclass
@@ -241,12 +256,14 @@ class _Targets:
 def _targets(model, family, cal: _Calibration, plain, fit: ThoughtFit, dtype) -> _Targets:
     # Contextual rows: each task's queries after its own instruction, stacked task by task; the query-only batch
     # holds the same queries in the same order, so row i is one token in both.
-    ctxs = [query_batch(model, qs, prefix=instr) for instr, qs in zip(cal.instructions, cal.queries)]
+    # (With answer rows they were read while the answers were generated: the same rows, no second pass.)
     n_layers, cfg = model.cfg.n_layers, model.cfg
-    reads = {f"A{l}": family.mlp_input(l) for l in range(n_layers)}
-    reads.update({f"O{l}": family.resid_post(l) for l in range(n_layers)})
+    reads = _target_reads(model, family)
     last = family.resid_post(n_layers - 1)
-    gots = [read_query_tokens(model, ctx, reads, stop=last, batch_size=fit.batch_size, dtype=dtype) for ctx in ctxs]
+    gots = cal.contextual or [read_query_tokens(model, query_batch(model, qs, prefix=instr), reads, stop=last,
+                                                batch_size=fit.batch_size, dtype=dtype)
+                              for instr, qs in zip(cal.instructions, cal.queries)]
+    cal.contextual = None  # read once: A and O below hold these rows
     A = [torch.cat([got[f"A{l}"] for got in gots]) for l in range(n_layers)]
     O = [torch.cat([got[f"O{l}"] for got in gots]) for l in range(n_layers)]
     del gots
@@ -466,8 +483,8 @@ def _patch(model, family, tasks, cal: _Calibration, fitter: _Fitter, plain, fit:
 def _fit(model: Model, tasks: Sequence[tuple[str, Sequence[str]]], fit: ThoughtFit, *, method: str) -> ThoughtPatch:
     """Algorithm 1 over the rows of every ``(instruction, queries)`` task, stacked (see :func:`thought_patch`):
     the calibration ids, the contextual targets, the layer sweeps, the patch."""
-    cal = _calibration(model, tasks, fit)
     family, dtype = block_family(model), patch_dtype(model)
+    cal = _calibration(model, tasks, fit, family, dtype)
     plain = query_batch(model, [q for qs in cal.queries for q in qs], prefix=cal.prefix)
     targets = _targets(model, family, cal, plain, fit, dtype)
     keys = PreservedKeys(model, family, cal.keep, cal.layers, KIND_PARTS[fit.kind], dtype,

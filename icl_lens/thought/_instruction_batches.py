@@ -21,6 +21,7 @@ per read, not a forward up to it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -74,14 +75,40 @@ def continuation_ids(model, instruction: Sequence[int], queries: Sequence[Sequen
     a few-shot answer line), or at ``max_tokens``. These are the answer tokens the
     thought-patched model will read while it writes its answer without the instruction.
     """
+    return continuations_read(model, instruction, queries, max_tokens, {}, batch_size=batch_size)[0]
+
+
+@torch.no_grad()
+def continuations_read(model, instruction: Sequence[int], queries: Sequence[Sequence[int]], max_tokens: int,
+                       reads: dict[str, str], *, batch_size: int = 16, dtype: torch.dtype = torch.float32
+                       ) -> tuple[list[list[int]], dict[str, Tensor]]:
+    """:func:`continuation_ids` and, read from the same forwards, each hook point of ``reads`` (key → hook name) at
+    every query token and every answer token, in order: what :func:`read_query_tokens` gives for
+    ``query_batch(model, [q + a …], prefix=instruction)``, up to rounding (the greedy run reads the prompts in
+    one pass, then one token a step over its key/value cache, and once more the last answer token), for one
+    greedy run instead of a greedy run and a pass over the answered prompts."""
     if max_tokens < 1:
-        return [[] for _ in queries]
+        return [[] for _ in queries], {}
+    prompts = [with_bos(model, list(instruction) + list(q)) for q in queries]
+    parts: dict[str, list[list[Tensor]]] = {key: [[] for _ in queries] for key in reads}
+    at: dict[str, object] = {}
+
+    def before_step(rows: list[int], step: int) -> None:
+        at["rows"], at["step"] = rows, step
+
+    def reader(key: str):
+        def read(x, hook):
+            for k, i in enumerate(at["rows"]):
+                first = len(prompts[i]) - len(queries[i]) if at["step"] == 0 else -1  # the query, or the new token
+                parts[key][i].append(x[k, first:].detach().to(dtype))
+        return read
 
     def line_done(_: int, new: list[int]) -> bool:
         return "\n" in model.tokenizer.decode(new)
 
-    outs = greedy_continuations(model, [with_bos(model, list(instruction) + list(q)) for q in queries], max_tokens,
-                                batch_size=batch_size, finished=line_done)
+    with activations_captured(model, [(name, reader(key)) for key, name in reads.items()]) if reads else nullcontext():
+        outs = greedy_continuations(model, prompts, max_tokens, batch_size=batch_size, finished=line_done,
+                                    before_step=before_step, feed_last=bool(reads))
     cut = []
     for new in outs:
         for k in range(len(new)):
@@ -89,7 +116,9 @@ def continuation_ids(model, instruction: Sequence[int], queries: Sequence[Sequen
                 new = new[: k + 1]
                 break
         cut.append(new)
-    return cut
+    got = {key: torch.cat([torch.cat(parts[key][i])[: len(q) + len(a)] for i, (q, a) in enumerate(zip(queries, cut))])
+           for key in reads}
+    return cut, got
 
 
 def with_bos(model, ids: Sequence[int]) -> list[int]:
