@@ -111,7 +111,10 @@ KEYS = ("phase1", "attention", "first_paint", "phase2")
 def _appends(d, base: str, trials: int, model=None, ids=None) -> dict[str, list[float]]:
     """``trials`` appends of one token to ``base``; with ``model`` and ``ids``, a plain forward (with logits) of
     ``ids`` (the base prompt) after each, interleaved so that both see the same load."""
-    out: dict[str, list[float]] = {k: [] for k in KEYS + ("forward", "pass", "blocks")}
+    out: dict[str, list[float]] = {k: [] for k in KEYS + ("forward", "pass", "blocks", "copies")}
+    if model is not None:
+        coarse = d.analyzer.coarse_steps(d.analyzer.encode(base), ids.numel() - 1)
+        out["copy_rows"] = [len(coarse) if coarse is not None else ids.numel() - 1]  # else all n + 1 prefix lengths
     for k in range(trials):
         _latency(d, base)  # back to the base prompt (cached, not timed)
         t = _latency(d, base + WORDS[k % len(WORDS)] + ("" if k < len(WORDS) else f" {k}"))
@@ -130,19 +133,22 @@ def _appends(d, base: str, trials: int, model=None, ids=None) -> dict[str, list[
                 # the same token through the blocks only, stopped after the last one (no unembedding): what the
                 # coarse trajectory's forward costs at least
                 out["blocks"].append(_blocks_pass(model, d.analyzer.session, ids))
+                # as many rows through the blocks as the coarse trajectory has query copies: its forward's arithmetic
+                out["copies"].append(_blocks_pass(model, d.analyzer.session, ids, out["copy_rows"][0]))
     return out
 
 
-def _blocks_pass(model, session, ids) -> float:
-    """Seconds of one token's forward over ``session``'s keys and values of the tokens before it, stopped after the
-    last block (every block's weights read once, the unembedding not)."""
+def _blocks_pass(model, session, ids, rows: int = 1) -> float:
+    """Seconds of the last ``rows`` tokens' forward over ``session``'s keys and values of the tokens before them,
+    stopped after the last block (every block's weights read once, the unembedding not; the arithmetic of ``rows``
+    rows, no hook computing anything)."""
     from icl_lens.model import activations_captured, block_family
 
-    past, _ = session.prefix_cache(ids, ids.numel() - 1)
+    past, _ = session.prefix_cache(ids, ids.numel() - rows)
     last = block_family(model).resid_post(model.cfg.n_layers - 1)
     start = time.perf_counter()
     with activations_captured(model, [(last, lambda x, hook: None)], stop_after=last):
-        model(ids[None, -1:], past_key_values=past, return_type=None)
+        model(ids[None, -rows:], past_key_values=past, return_type=None)
     return time.perf_counter() - start
 
 
@@ -334,17 +340,17 @@ def main() -> None:
                 readings.append(f"{size} tokens: " + ", ".join(
                     (reading("figures", "phase1", FIGURES_X), reading("first paint", "first_paint", FIRST_PAINT_X),
                      reading("refined", "phase2", REFINED_X))))
-            if a.get("pass") and a.get("blocks"):
-                one, blocks = p50(a["pass"]), p50(a["blocks"])
-                paint = one + blocks  # what first paint costs at least
+            if a.get("pass") and a.get("blocks") and a.get("copies"):
+                one, blocks, copies, k = p50(a["pass"]), p50(a["blocks"]), p50(a["copies"]), a["copy_rows"][0]
+                paint = one + copies  # what first paint costs at least: figures, copies, one unembedding
                 below = [what for what, floor, target in (("figures", blocks, FIGURES_X),
                                                           ("first paint", paint, FIRST_PAINT_X)) if floor / fwd > target]
                 floors.append(
                     f"{r['name']}, {size} tokens: one pass {ms(one)} ms = {one / fwd:.2f}× the forward, through the "
-                    f"blocks {ms(blocks)} ms = {blocks / fwd:.2f}×; figures ≥ one through the blocks = "
-                    f"{blocks / fwd:.2f}× (measured {p50(a['phase1']) / blocks:.1f} of them); first paint ≥ one pass "
-                    f"and one through the blocks = {paint / fwd:.2f}× (measured {p50(a['first_paint']) / paint:.1f} "
-                    f"of that)"
+                    f"blocks {ms(blocks)} ms = {blocks / fwd:.2f}×, {k} rows through the blocks {ms(copies)} ms = "
+                    f"{copies / fwd:.2f}×; figures ≥ one through the blocks = {blocks / fwd:.2f}× (measured "
+                    f"{p50(a['phase1']) / blocks:.1f} of them); first paint ≥ one pass and {k} rows through the blocks "
+                    f"= {paint / fwd:.2f}× (measured {p50(a['first_paint']) / paint:.1f} of that)"
                     + (f": the {' and '.join(below)} target{'s lie' if len(below) > 1 else ' lies'} below the floor"
                        if below else ""))
     lines += ["", "| model | tokens | full p50 (figures) | forward p50 | full / forward | full p50 (all panels) "
@@ -367,11 +373,14 @@ def main() -> None:
                              for r in results if "weights_gb" in r)
                  + "), however few tokens run: *one pass* = the prompt's "
                  "last token over the session's keys and values with its logits, timed after each append; *through "
-                 "the blocks* = the same token's forward stopped after the last block. The figures need phase 1's "
-                 "update, which stops before the unembedding. First paint needs that, the coarse trajectory through "
-                 "the blocks (its step-0 copy is the predictions' kept-only forward, the query without its patch), "
-                 "and the unembedding once (the contextual row and that copy's row together; the check with every "
-                 "patch runs after the refined trajectory): at least one pass and one through the blocks. "
+                 "the blocks* = the same token's forward stopped after the last block; *k rows through the blocks* = "
+                 "the prompt's last k tokens' forward over the keys and values of those before them, stopped there, "
+                 "with k the coarse trajectory's query copies (their arithmetic, no hook computing anything). The "
+                 "figures need phase 1's update, which stops before the unembedding. First paint needs that, the "
+                 "coarse trajectory's k copies through the blocks (its step-0 copy is the predictions' kept-only "
+                 "forward, the query without its patch), and the unembedding once (the contextual row and that "
+                 "copy's row together; the check with every patch runs after the refined trajectory): at least one "
+                 "pass and k rows through the blocks. "
                  + "; ".join(floors) + ".", ""] if floors else []),
               f"Trials: {args.trials} appends at the first size, a third (at least 3) at the others; "
               f"{args.full_trials} full recomputes, {args.baseline_trials} baseline appends per model.", ""]

@@ -153,8 +153,8 @@ def test_activations_captured_reads_stops_and_cleans_up(load):
 def test_layer_steps_run_each_block_as_the_forward_does(load, name):
     """The read door's block-at-a-time run (issue 41's one-pass thought fit): each block, run alone on the residual
     the one before left, gives the forward's block output (float64, right-padded rows of a batch; the arguments
-    captured from one row), a read's stop inside the block ends that block only, a batch of a length seen before
-    costs no capture forward, and no hook (TransformerLens's or torch's) stays behind."""
+    captured from one row, whose forward stops at the last block's entrance), a read's stop inside the block ends that
+    block only, a batch of a length seen before costs no capture forward, and no hook (TransformerLens's or torch's) stays behind."""
     from icl_lens.model._reading import activations_captured, layer_steps
 
     model = load(name, torch.float64)
@@ -180,6 +180,10 @@ def test_layer_steps_run_each_block_as_the_forward_does(load, name):
         assert steps.layer == 0 and torch.equal(steps.resid, steps.embedded)
         again = layer_steps(model, ids.flip(0), known)
         assert again.calls is steps.calls and len(known) == 1
+        # the capture forward stops at the last block's entrance: that block and the unembedding never run
+        with activations_captured(model, [names[-1], "unembed.hook_in"]) as past_last:
+            layer_steps(model, ids, {})
+        assert past_last == {}
     assert _hook_count(model) == 0
     assert not any(b._forward_pre_hooks for b in model.blocks)
 

@@ -164,3 +164,40 @@ def test_session_norms_are_the_patches_norms_without_the_qr(load):
         ref = token_patches(model, TEXT[:cut])
         assert torch.allclose(norms, ref.norms(), rtol=1e-10, atol=1e-12), cut
         weights._r.clear()  # the reference may have computed it
+
+
+def test_few_rows_are_unembedded_weight_first_with_the_models_readout(load, gemma):
+    """Issue 41: up to ``FEW_ROWS`` rows, ``unembedded`` multiplies ``W_U @ hiddenᵀ`` itself (one stream of the
+    weight for all rows); the logits equal the model's own unembedding and logit transform (tiny-gemma2 soft-caps
+    them) with its bias, in float64 and on Gemma 3 in float32; with a hook on the unembedding, the hook runs."""
+    from icl_lens.model import activations_captured
+    from icl_lens.model._greedy import FEW_ROWS, unembedded
+
+    @torch.no_grad()
+    def readout(model, hidden):
+        return model.adapter.apply_output_logits_transform(model.unembed(hidden[None]))[0]
+
+    for model, tol in ((load("tiny-gemma2", torch.float64), 1e-12), (load("tiny-llama", torch.float64), 1e-12),
+                       (gemma, 1e-5)):
+        head = model.unembed.original_component
+        hidden = 3 * torch.randn(FEW_ROWS, model.cfg.d_model, dtype=head.weight.dtype)
+        saved = head.bias.clone()
+        try:
+            head.bias.copy_(torch.randn_like(head.bias))  # a bias that matters
+            for rows in (1, 2, FEW_ROWS, FEW_ROWS + 3):
+                h = hidden[:rows] if rows <= FEW_ROWS else torch.cat([hidden, hidden[:3]])
+                calls, forward = [], head.forward
+                head.forward = lambda x: calls.append(1) or forward(x)  # seen without a hook
+                try:
+                    got = unembedded(model, h)
+                finally:
+                    del head.forward
+                want = readout(model, h)
+                assert torch.allclose(got, want, rtol=tol, atol=tol * float(want.abs().max())), (model.cfg.model_name, rows)
+                assert (calls == []) == (rows <= FEW_ROWS)  # more rows: torch's linear, as the module runs it
+        finally:
+            head.bias.copy_(saved)
+        seen = []
+        with activations_captured(model, [("unembed.hook_out", lambda x, hook: seen.append(x.shape[1]))]):
+            unembedded(model, hidden[:2])
+        assert seen == [2]

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from icl_lens import thought_patch
-from icl_lens.core._least_squares import factored_least_squares, gain_vector, input_map, mean_vector, preserve_weight
+from icl_lens.core._least_squares import (factored_least_squares, gain_vector, gram, input_map, mean_vector,
+                                          preserve_weight)
 from icl_lens.model._block_family import block_family
 from icl_lens.model._greedy import last_logits
 from icl_lens.thought._preserve import bos_samples, preserve_texts
@@ -212,3 +213,17 @@ def test_the_least_squares_refuses_non_finite_inputs_and_keeps_huge_finite_ones(
     assert not torch.isfinite(huge.sum())
     u, v = factored_least_squares(t, x, ridge=0.1, penalty=huge)
     assert torch.isfinite(u).all() and torch.isfinite(v).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_gram_multiplies_the_upper_strips_and_mirrors_them(dtype):
+    """Issue 41: ``gram`` (the preserve covariances ``K₀K₀ᵀ`` from keys as rows) equals ``x.T @ x`` for widths that
+    are, are not, and are below a multiple of its strip, and is exactly symmetric."""
+    g = torch.Generator().manual_seed(0)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for rows, width, block in ((37, 64, 16), (37, 70, 16), (5, 9, 16), (200, 300, 256), (3, 1, 4)):
+        x = torch.randn(rows, width, generator=g, dtype=dtype)
+        got, want = gram(x, block), x.T @ x
+        assert got.shape == (width, width) and got.dtype == dtype
+        assert float((got - want).abs().max()) <= tol * float(want.abs().max()), (rows, width, block)
+        assert torch.equal(got, got.T)

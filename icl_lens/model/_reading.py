@@ -132,6 +132,11 @@ class _EmbeddingRead(Exception):
     needed); caught by :func:`layer_steps` only."""
 
 
+class _ArgumentsRead(Exception):
+    """Raised by :func:`layer_steps`'s hook on the last block once every block's arguments are read (that block, the
+    final norm and the unembedding are not needed); caught by :func:`layer_steps` only."""
+
+
 def _no_cache(x):
     """A block call's argument with any key/value cache dropped (a block run alone keeps no cache)."""
     from transformers import Cache
@@ -174,8 +179,9 @@ def layer_steps(model, ids: Tensor, known: dict | None = None) -> LayerSteps:
     """``ids`` ``[batch, pos]`` (no attention mask: right padding) at the entrance of block 0, and the arguments
     every block is called with, for :class:`LayerSteps`.
 
-    Costs the embedding of ``ids`` and one forward of its first row alone (the arguments depend on the length and
-    the layer's kind, not on the tokens: the mask and position embeddings of one row broadcast over the batch);
+    Costs the embedding of ``ids`` and one forward of its first row alone up to the last block's entrance (the
+    arguments depend on the length and the layer's kind, not on the tokens: the mask and position embeddings of one
+    row broadcast over the batch; the last block, the final norm and the unembedding of every position are skipped);
     ``known``: a dict of the arguments already captured, by length, shared by the batches of one reading (a
     length seen before costs no forward).
     """
@@ -189,6 +195,8 @@ def layer_steps(model, ids: Tensor, known: dict | None = None) -> LayerSteps:
     def grab(module, args, kwargs, layer):
         calls[layer] = (tuple(_no_cache(a) for a in args[1:]),
                         {k: (False if k == "use_cache" else _no_cache(v)) for k, v in kwargs.items()})
+        if layer == len(blocks) - 1:
+            raise _ArgumentsRead
 
     def embedding(module, args, kwargs):
         embedded.append(args[0] if args else kwargs["hidden_states"])
@@ -200,6 +208,8 @@ def layer_steps(model, ids: Tensor, known: dict | None = None) -> LayerSteps:
                        for l, b in enumerate(blocks)]
             try:
                 model(ids[:1], return_type=None)
+            except _ArgumentsRead:
+                pass
             finally:
                 for h in handles:
                     h.remove()

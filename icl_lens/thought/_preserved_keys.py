@@ -17,8 +17,8 @@ unpatched blocks one at a time beside it (:func:`~icl_lens.thought._instruction_
 the residual entering the next block is kept): asked for layer ``l``, it runs the blocks
 up to ``l`` that it has not run yet, reads layer ``l``'s keys and drops the previous
 layer's covariances. One sweep of the fit costs one unpatched pass over the texts (a
-second sweep starts again from the embedding), and one layer's covariances are held. The
-covariance sums run :data:`TEXTS_PER_PASS` texts at a time, in order.
+second sweep starts again from the embedding), and one layer's covariances are held. Each
+covariance is one :func:`~icl_lens.core._least_squares.gram` of all the texts' keys of the layer.
 
 The covariances depend only on the unpatched model, the texts and the dtype, never on the
 task, so each layer's are also kept on disk (:func:`cache_folder`, one file per layer) and
@@ -38,13 +38,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from icl_lens.core._least_squares import gram
 from icl_lens.core._norms import rms_normalize
 from icl_lens.model._block_family import VectorSite, post_norm_eps
 from icl_lens.model._loading import cache_dir
 from icl_lens.model._per_model import weights_digest
-from icl_lens.thought._instruction_batches import batch_steps, chunk_rows, query_batch, read_query_tokens
+from icl_lens.thought._instruction_batches import batch_steps, query_batch, read_query_tokens
 
 TEXTS_PER_PASS = 4  # preserve texts per block run (memory only: the sums are the same)
+SUMS = "gram over all rows"  # how the covariances are summed (in the disk cache's key: another way, other files)
 CACHE_ENV = "ICL_LENS_PRESERVE_CACHE"
 
 
@@ -111,7 +113,7 @@ class PreservedKeys:
         cfg = self.model.cfg
         what = {"weights": weights_digest(self.model), "model": cfg.model_name, "torch": torch.__version__,
                 "dtype": str(self.dtype), "device": torch.device(cfg.device).type, "per_pass": TEXTS_PER_PASS,
-                "bos": self.bos,
+                "bos": self.bos, "sums": SUMS,
                 "sites": {kind: site(0) for kind, site in sorted(self.sites.items())}, "texts": self.keep_ids}
         return root / hashlib.blake2b(json.dumps(what, sort_keys=True).encode(), digest_size=16).hexdigest()
 
@@ -153,7 +155,6 @@ class PreservedKeys:
         while self._steps[0].layer < layer:
             self._run({})
         got = self._run({kind: site(layer) for kind, site in self.sites.items()})
-        sizes = [sum(self._batch.query_len[r] for r in rows) for rows in chunk_rows(self._batch, TEXTS_PER_PASS)]
         for kind, x in got.items():
             if kind.endswith("_anchor"):  # the BOS position of every text (the batch has no prefix): one row
                 if kind != "y_anchor" and x.shape[0]:
@@ -161,10 +162,6 @@ class PreservedKeys:
                 continue
             if kind == "y":
                 x = rms_normalize(x, post_norm_eps(self.model, layer)).to(self.dtype)
-            total = None
-            for part in x.split(sizes):  # chunk by chunk, in order
-                term = (part * part).sum(0) if kind == "y" else part.T @ part
-                total = term if total is None else total.add_(term)
-            self._held[kind] = total
+            self._held[kind] = (x * x).sum(0) if kind == "y" else gram(x)
         self._at = layer
         self._save(layer)
