@@ -149,12 +149,44 @@ def test_activations_captured_reads_stops_and_cleans_up(load):
     assert _hook_count(model) == 0
 
 
+def test_hooks_are_attached_as_transformer_lens_does_with_each_name_resolved_once(load, monkeypatch):
+    """Issue 41: the doors attach hooks like ``model.hooks`` (an alias reads its canonical point, the same values,
+    nested levels, nothing left behind, TransformerLens's or torch's), resolving each name once per model rather than
+    from the whole alias table at every entry; an unknown name raises every time."""
+    from icl_lens.model._per_model import model_cache
+    from icl_lens.model._reading import activations_captured
+
+    model = load("tiny-gemma3")
+    model_cache(model, "hook_points").clear()
+    resolved, resolve = [], type(model)._resolve_hook_point
+    monkeypatch.setattr(type(model), "_resolve_hook_point",
+                        lambda self, name, *rest: resolved.append(name) or resolve(self, name, *rest))
+    ids = torch.tensor([[1, 40, 41, 42]])
+    names = ["hook_embed", "blocks.1.hook_resid_post"]  # an alias (of embed.hook_out) and a canonical name
+    reference = {}
+    with torch.no_grad(), model.hooks(fwd_hooks=[(n, lambda x, hook, n=n: reference.__setitem__(n, x)) for n in names]):
+        model(ids)
+    resolved.clear()
+    for _ in range(3):
+        with torch.no_grad(), activations_captured(model, names) as acts:
+            with activations_captured(model, [names[1]]) as inner:
+                model(ids)
+        assert all(torch.equal(acts[n], reference[n]) for n in names) and torch.equal(inner[names[1]], reference[names[1]])
+    assert resolved == names  # once each, at the first entry
+    assert _hook_count(model) == 0 and not any(hp._forward_hooks for hp in model.hook_dict.values())
+    assert getattr(model, "context_level", 0) == 0
+    for _ in range(2):
+        with pytest.raises(KeyError, match="no_such_hook"), activations_captured(model, ["no_such_hook"]):
+            model(ids)
+    assert _hook_count(model) == 0
+
+
 @pytest.mark.parametrize("name", TINY_NAMES)
 def test_layer_steps_run_each_block_as_the_forward_does(load, name):
     """The read door's block-at-a-time run (issue 41's one-pass thought fit): each block, run alone on the residual
     the one before left, gives the forward's block output (float64, right-padded rows of a batch; the arguments
-    captured from one row, whose forward stops at the last block's entrance), a read's stop inside the block ends that
-    block only, a batch of a length seen before costs no capture forward, and no hook (TransformerLens's or torch's) stays behind."""
+    captured from one row, whose forward computes block 0 only and stops at the last block's entrance), a read's stop
+    inside the block ends that block only, a batch of a length seen before costs no capture forward, and no hook (TransformerLens's or torch's) stays behind."""
     from icl_lens.model._reading import activations_captured, layer_steps
 
     model = load(name, torch.float64)
@@ -180,10 +212,12 @@ def test_layer_steps_run_each_block_as_the_forward_does(load, name):
         assert steps.layer == 0 and torch.equal(steps.resid, steps.embedded)
         again = layer_steps(model, ids.flip(0), known)
         assert again.calls is steps.calls and len(known) == 1
-        # the capture forward stops at the last block's entrance: that block and the unembedding never run
-        with activations_captured(model, [names[-1], "unembed.hook_in"]) as past_last:
-            layer_steps(model, ids, {})
-        assert past_last == {}
+        # the capture forward computes block 0 only: the blocks between hand their input on, the last block and
+        # the unembedding never run; every block's own forward is back afterwards
+        with activations_captured(model, [*names, "unembed.hook_in"]) as ran:
+            fresh = layer_steps(model, ids, {})
+        assert list(ran) == [names[0]] and all("forward" not in vars(b) for b in model.blocks)
+        assert close(fresh.run(advance=True), acts[names[0]]) and close(fresh.run(), acts[names[1]])
     assert _hook_count(model) == 0
     assert not any(b._forward_pre_hooks for b in model.blocks)
 

@@ -38,6 +38,8 @@ from contextlib import contextmanager
 
 from torch import Tensor
 
+from icl_lens.model._per_model import model_cache
+
 Hook = Callable[..., Tensor | None]
 Sites = Mapping[str, Hook] | Iterable[str | tuple[str, Hook]]
 
@@ -98,11 +100,54 @@ def activations_captured(model, sites: Sites, *, stop_after: str | None = None) 
     if stop_after is not None:
         hooks.append((stop_after, stop))
     try:
-        with model.hooks(fwd_hooks=hooks):
+        with hooks_attached(model, hooks):
             yield acts
     except _ForwardStopped as stopped:
         if stopped.owner is not owner:
             raise
+
+
+def _hook_point(model, name: str):
+    """``(canonical name, HookPoint)`` of hook ``name`` (an alias allowed), as TransformerLens resolves it, resolved
+    once per model, name and compatibility mode; an unknown name raises its ``KeyError`` every time."""
+    from transformer_lens.model_bridge.bridge_core import build_alias_to_canonical_map
+
+    points = model_cache(model, "hook_points")
+    key = (name, bool(getattr(model, "compatibility_mode", False)))
+    if key not in points:
+        hook_dict = model.hook_dict
+        points[key] = model._resolve_hook_point(name, build_alias_to_canonical_map(hook_dict), hook_dict)
+    return points[key]
+
+
+@contextmanager
+def hooks_attached(model, pairs: list[tuple[str, Hook]]) -> Iterator[None]:
+    """``model.hooks(fwd_hooks=pairs)`` (TransformerLens 4.3): the same checks, hook levels and removal on exit, with
+    each name's hook point resolved once per model instead of from the whole alias table at every entry (twice: for
+    the forward hooks and for the empty backward ones; a thought fit enters hundreds of times). The read door and the
+    write door attach every hook through it. Another hooked module (the regression lab's) uses its own ``hooks``."""
+    if not hasattr(model, "_resolve_hook_point"):
+        with model.hooks(fwd_hooks=pairs):
+            yield
+        return
+    level = getattr(model, "context_level", 0) + 1
+    model.context_level = level
+    added = []
+    try:
+        for name, fn in pairs:
+            canonical, point = _hook_point(model, name)
+            model.check_hooks_to_add(point, canonical, fn, dir="fwd")
+            aliases = {}
+            if model.compatibility_mode and canonical != point.name:  # as TransformerLens names an aliased hook
+                aliases = {"alias_names": ([point.name] if point.name is not None else []) + [canonical]}
+            added.append((point, point.add_hook(fn, dir="fwd", level=level, **aliases)))
+        yield
+    finally:
+        try:
+            for point, handle in added:
+                model._remove_temporary_hook(point, "fwd", handle)
+        finally:
+            model.context_level -= 1
 
 
 class ForwardAbandoned(Exception):
@@ -179,9 +224,10 @@ def layer_steps(model, ids: Tensor, known: dict | None = None) -> LayerSteps:
     """``ids`` ``[batch, pos]`` (no attention mask: right padding) at the entrance of block 0, and the arguments
     every block is called with, for :class:`LayerSteps`.
 
-    Costs the embedding of ``ids`` and one forward of its first row alone up to the last block's entrance (the
-    arguments depend on the length and the layer's kind, not on the tokens: the mask and position embeddings of one
-    row broadcast over the batch; the last block, the final norm and the unembedding of every position are skipped);
+    Costs the embedding of ``ids`` and one forward of its first row alone up to the last block's entrance, in which
+    only block 0 computes (the arguments depend on the length and the layer's kind, not on the tokens or on what the
+    blocks before return: the mask and position embeddings of one row broadcast over the batch; the blocks between
+    hand their input on unchanged, and the last block, the final norm and the unembedding never run);
     ``known``: a dict of the arguments already captured, by length, shared by the batches of one reading (a
     length seen before costs no forward).
     """
@@ -202,10 +248,21 @@ def layer_steps(model, ids: Tensor, known: dict | None = None) -> LayerSteps:
         embedded.append(args[0] if args else kwargs["hidden_states"])
         raise _EmbeddingRead
 
+    first: list = []  # block 0's output: what a block returns (a tensor, or a tuple led by one)
+
+    def passthrough(*args, **kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        return (hidden, *first[0][1:]) if isinstance(first[0], tuple) else hidden
+
     with torch.no_grad():
         if ids.shape[1] not in known:
             handles = [b.register_forward_pre_hook(lambda m, a, k, layer=l: grab(m, a, k, layer), with_kwargs=True)
                        for l, b in enumerate(blocks)]
+            handles.append(blocks[0].register_forward_hook(lambda m, a, out: first.append(out)))
+            middle = blocks[1:-1]
+            own = [b.__dict__.get("forward") for b in middle]  # an instance's own forward (accelerate's), kept
+            for b in middle:
+                object.__setattr__(b, "forward", passthrough)  # the instance's, past the bridge's own __setattr__
             try:
                 model(ids[:1], return_type=None)
             except _ArgumentsRead:
@@ -213,6 +270,11 @@ def layer_steps(model, ids: Tensor, known: dict | None = None) -> LayerSteps:
             finally:
                 for h in handles:
                     h.remove()
+                for b, forward in zip(middle, own):
+                    if forward is None:
+                        b.__dict__.pop("forward", None)
+                    else:
+                        object.__setattr__(b, "forward", forward)
             known[ids.shape[1]] = [calls[l] for l in range(len(blocks))]
         handle = blocks[0].register_forward_pre_hook(embedding, with_kwargs=True)
         try:

@@ -44,6 +44,7 @@ from torch import Tensor
 
 from icl_lens.core._norms import rms_normalize
 from icl_lens.model._block_family import BlockFamily, block_family, post_norm_eps
+from icl_lens.model._reading import hooks_attached
 
 
 @dataclass(frozen=True, eq=False)
@@ -148,5 +149,5 @@ def edits_applied(model, edits: dict[int, MLPEdit], *, family: BlockFamily | Non
 
     Reading activations under the edits is the read door's (:func:`~icl_lens.model.activations_captured`,
     nested inside this block)."""
-    with model.hooks(fwd_hooks=_edit_hooks(model, edits, family)):
+    with hooks_attached(model, _edit_hooks(model, edits, family)):
         yield model
