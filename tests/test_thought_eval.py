@@ -456,6 +456,26 @@ def _greedy_without_cache(model, prompt: list[int], n: int) -> list[int]:
     return ids[0, len(prompt):].tolist()
 
 
+def test_greedy_steps_unembed_their_last_rows_once(load, monkeypatch):
+    """Issue 41: each greedy step's forward stops at the unembedding's input and its last rows go through
+    ``unembedded`` together (a batch of few rows: one read of the unembedding's weights, not one a row), the same
+    tokens as the logits of a forward without a cache."""
+    import icl_lens.model._greedy as greedy
+
+    model = load("tiny-gemma2", torch.float64)  # soft-capped logits
+    prompts = [[1, 40, 41], [1, 50, 51], [1, 60, 61, 62]]
+    rows, unembedded = [], greedy.unembedded
+    monkeypatch.setattr(greedy, "unembedded", lambda m, h: rows.append(h.shape[0]) or unembedded(m, h))
+    head, seen = model.unembed.original_component, []
+    head.forward = lambda x, forward=head.forward: seen.append(x.shape) or forward(x)
+    try:
+        out = greedy.greedy_continuations(model, prompts, 4)
+    finally:
+        del head.forward
+    assert rows == [2] * 4 + [1] * 4 and seen == []  # per step, the batch's rows at once; the module never ran
+    assert out == [_greedy_without_cache(model, p, 4) for p in prompts]
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
 def test_greedy_with_cache_equals_decoding_without_it_under_a_thought_patch(load, name):
     """Token for token, prompts of two lengths batched, with a thought patch (matrix, vector, down edit) applied:

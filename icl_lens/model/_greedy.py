@@ -1,8 +1,10 @@
 """Greedy continuations of many prompts, batched by prompt length.
 
 Prompts of equal length share a batch, so every row's last token sits at the same
-position and only the last position's logits are computed (``logits_to_keep=1``: for
-Gemma 3 the 262k-row unembedding is never applied to the whole prompt). The key/value
+position and only the last position's logits are computed: each step's forward stops at
+the unembedding's input and :func:`unembedded` reads those rows (for Gemma 3 the 262k-row
+unembedding is never applied to the whole prompt, and a batch of a few rows reads it
+once, not once a row). The key/value
 cache is kept across steps (a plain ``DynamicCache``, as :mod:`icl_lens.patches._incremental`
 uses), so each step runs the new token only. Whatever hooks are active on the model (a
 thought patch, for example) act on every step, and the cached keys and values were
@@ -18,6 +20,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from icl_lens.model._prompts import PromptError, context_limit
+from icl_lens.model._reading import activations_captured
 
 
 @torch.no_grad()
@@ -54,8 +57,7 @@ def greedy_continuations(
             for n in range(max_new_tokens):
                 if before_step is not None:
                     before_step(chunk, n)
-                logits, cache = model(step, past_key_values=cache, return_type="logits_and_cache", logits_to_keep=1)
-                step = logits[:, -1].argmax(-1)[:, None]
+                step = unembedded(model, _last_hidden(model, step, cache)).argmax(-1)[:, None]
                 ids = torch.cat([ids, step], dim=1)
                 if finished is not None and all(
                     finished(i, ids[k, len(prompts[i]) :].tolist()) for k, i in enumerate(chunk)
@@ -68,6 +70,17 @@ def greedy_continuations(
             for k, i in enumerate(chunk):
                 out[i] = ids[k, len(prompts[i]) :].tolist()
     return out
+
+
+def _last_hidden(model, ids: Tensor, cache: DynamicCache) -> Float[Tensor, "batch d_model"]:
+    """The forward of ``ids`` over ``cache`` (filled in place), stopped at the unembedding's input: its last
+    position's row of every sequence, for :func:`unembedded` (few rows: one read of the unembedding, not one a
+    row)."""
+    rows: list[Tensor] = []
+    with activations_captured(model, [("unembed.hook_in", lambda x, hook: rows.append(x[:, -1]))],
+                              stop_after="unembed.hook_in"):
+        model(ids, past_key_values=cache, return_type=None)
+    return rows[0]
 
 
 def tail_logits(model, prompts: Sequence[Sequence[int]], counts: Sequence[int], *,
@@ -99,7 +112,8 @@ def last_logits(model, prompts: Sequence[Sequence[int]], *, batch_size: int = 16
     return torch.cat(tail_logits(model, prompts, [1] * len(prompts), batch_size=batch_size))
 
 
-FEW_ROWS = 8  # up to this many rows, the unembedding runs as ``W_U[vocab, d] @ hiddenᵀ`` (see :func:`unembedded`)
+FEW_ROWS = 32  # up to this many rows, :func:`unembedded` multiplies the weight itself, strip by strip
+VOCAB_STRIP = 1024  # rows of the ``[vocab, d_model]`` weight per product on the CPU
 
 
 @torch.no_grad()
@@ -107,18 +121,24 @@ def unembedded(model, hidden: Float[Tensor, "n d_model"]) -> Float[Tensor, "n vo
     """The model's own readout of inputs to its unembedding (``unembed.hook_in`` rows): the unembedding, then its
     logit transform (Gemma's soft cap). Several rows share one read of the unembedding's weights.
 
-    Up to :data:`FEW_ROWS` rows of a plain linear unembedding with no hook on it, the product is taken as
-    ``W_U @ hiddenᵀ`` (the ``[vocab, d_model]`` weight on the left): torch's CPU ``linear`` of 2 to 8 rows reads the
-    weight about once per row, this form about once for all (on Gemma 3 270M, 0.67 GB). The same products, summed
-    in another order (float rounding apart, the same logits).
+    Up to :data:`FEW_ROWS` rows of a plain linear unembedding with no hook on it, the product is taken weight first,
+    ``W_U[strip] @ hiddenᵀ`` for :data:`VOCAB_STRIP` vocabulary rows at a time on the CPU: torch's CPU ``linear``
+    of a few rows reads the weight (0.67 GB on Gemma 3 270M) about once a row or picks a slow kernel, this form
+    reads it about once for all (the keystroke's predictions, each greedy step). The same products, summed in
+    another order (float rounding apart, the same logits).
     """
     unembed = model.unembed
     head = getattr(unembed, "original_component", None)
     if (hidden.shape[0] <= FEW_ROWS and type(head) is torch.nn.Linear and not _hooked(unembed, head)
             and head.weight.dtype == hidden.dtype):
-        logits = (head.weight @ hidden.T).T
-        if head.bias is not None:
-            logits = logits + head.bias
+        weight, rows = head.weight, hidden.T
+        if weight.device.type == "cpu":
+            out = hidden.new_empty(weight.shape[0], hidden.shape[0])
+            for start in range(0, weight.shape[0], VOCAB_STRIP):
+                torch.mm(weight[start:start + VOCAB_STRIP], rows, out=out[start:start + VOCAB_STRIP])
+        else:
+            out = weight @ rows
+        logits = out.T + head.bias if head.bias is not None else out.T.contiguous()
         return model.adapter.apply_output_logits_transform(logits[None])[0]
     return model.adapter.apply_output_logits_transform(unembed(hidden[None]))[0]
 
