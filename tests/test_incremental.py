@@ -169,7 +169,8 @@ def test_session_norms_are_the_patches_norms_without_the_qr(load):
 def test_few_rows_are_unembedded_weight_first_with_the_models_readout(load, gemma):
     """Issue 41: up to ``FEW_ROWS`` rows, ``unembedded`` multiplies ``W_U @ hiddenᵀ`` itself (one stream of the
     weight for all rows); the logits equal the model's own unembedding and logit transform (tiny-gemma2 soft-caps
-    them) with its bias, in float64 and on Gemma 3 in float32; with a hook on the unembedding, the hook runs."""
+    them) with its bias, in float64 and on Gemma 3 in float32; ``as_forward`` runs the module itself (its bits); with
+    a hook on the unembedding, the hook runs."""
     from icl_lens.model import activations_captured
     from icl_lens.model._greedy import FEW_ROWS, unembedded
 
@@ -190,11 +191,13 @@ def test_few_rows_are_unembedded_weight_first_with_the_models_readout(load, gemm
                 head.forward = lambda x: calls.append(1) or forward(x)  # seen without a hook
                 try:
                     got = unembedded(model, h)
+                    assert (calls == []) == (rows <= FEW_ROWS)  # more rows: torch's linear, as the module runs it
+                    as_forward = unembedded(model, h, as_forward=True)  # the module, rounded as the forward rounds
+                    assert calls and torch.equal(as_forward, readout(model, h))
                 finally:
                     del head.forward
                 want = readout(model, h)
                 assert torch.allclose(got, want, rtol=tol, atol=tol * float(want.abs().max())), (model.cfg.model_name, rows)
-                assert (calls == []) == (rows <= FEW_ROWS)  # more rows: torch's linear, as the module runs it
         finally:
             head.bias.copy_(saved)
         seen = []

@@ -88,6 +88,7 @@ def gram(x: Float[Tensor, "n d"], block: int = GRAM_BLOCK) -> Float[Tensor, "d d
         out[start:, start:start + block] = strip.T
     return out
 
+
 def _check_finite(x: Tensor, what: str) -> None:
     """Raise unless every entry is finite. A NaN or inf entry makes the sum non-finite, so a finite sum (one
     reduction, no mask) settles it; a sum that overflowed with finite entries gets the exact test."""

@@ -117,11 +117,13 @@ VOCAB_STRIP = 1024  # rows of the ``[vocab, d_model]`` weight per product on the
 
 
 @torch.no_grad()
-def unembedded(model, hidden: Float[Tensor, "n d_model"]) -> Float[Tensor, "n vocab"]:
+def unembedded(model, hidden: Float[Tensor, "n d_model"], *, as_forward: bool = False) -> Float[Tensor, "n vocab"]:
     """The model's own readout of inputs to its unembedding (``unembed.hook_in`` rows): the unembedding, then its
     logit transform (Gemma's soft cap). Several rows share one read of the unembedding's weights.
 
-    Up to :data:`FEW_ROWS` rows of a plain linear unembedding with no hook on it, the product is taken weight first,
+    Up to :data:`FEW_ROWS` rows of a plain linear float32 or float64 unembedding with no hook on it (unless
+    ``as_forward``: the module itself, rounded exactly as the model's forward rounds its logits, as
+    :func:`~icl_lens.patches._token_patches.noise_floor` needs), the product is taken weight first,
     ``W_U[strip] @ hiddenᵀ`` for :data:`VOCAB_STRIP` vocabulary rows at a time on the CPU: torch's CPU ``linear``
     of a few rows reads the weight (0.67 GB on Gemma 3 270M) about once a row or picks a slow kernel, this form
     reads it about once for all (the keystroke's predictions, each greedy step). The same products, summed in
@@ -129,8 +131,8 @@ def unembedded(model, hidden: Float[Tensor, "n d_model"]) -> Float[Tensor, "n vo
     """
     unembed = model.unembed
     head = getattr(unembed, "original_component", None)
-    if (hidden.shape[0] <= FEW_ROWS and type(head) is torch.nn.Linear and not _hooked(unembed, head)
-            and head.weight.dtype == hidden.dtype):
+    if (not as_forward and hidden.shape[0] <= FEW_ROWS and type(head) is torch.nn.Linear and not _hooked(unembed, head)
+            and head.weight.dtype == hidden.dtype and hidden.dtype in (torch.float32, torch.float64)):
         weight, rows = head.weight, hidden.T
         if weight.device.type == "cpu":
             out = hidden.new_empty(weight.shape[0], hidden.shape[0])

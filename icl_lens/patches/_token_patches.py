@@ -193,6 +193,7 @@ def noise_floor(model: Model, reference: Model, prompt: Prompt, *, chunk_size: i
     floor = 0.0
     for start in range(0, ids.numel(), chunk_size):
         rows = slice(start, start + chunk_size)
-        diff = unembedded(model, half[rows]).float() - unembedded(reference, full[rows]).float().to(half.device)
+        diff = (unembedded(model, half[rows], as_forward=True).float()
+                - unembedded(reference, full[rows], as_forward=True).float().to(half.device))
         floor = max(floor, float(diff.abs().max()))
     return floor
