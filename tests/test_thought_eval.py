@@ -459,7 +459,8 @@ def _greedy_without_cache(model, prompt: list[int], n: int) -> list[int]:
 def test_greedy_steps_unembed_their_last_rows_once(load, monkeypatch):
     """Issue 41: each greedy step's forward stops at the unembedding's input and its last rows go through
     ``unembedded`` together (a batch of few rows: one read of the unembedding's weights, not one a row), the same
-    tokens as the logits of a forward without a cache."""
+    tokens as the logits of a forward without a cache. ``feed_last``'s extra forward (read by hooks only) stops
+    before the unembedding."""
     import icl_lens.model._greedy as greedy
 
     model = load("tiny-gemma2", torch.float64)  # soft-capped logits
@@ -470,9 +471,12 @@ def test_greedy_steps_unembed_their_last_rows_once(load, monkeypatch):
     head.forward = lambda x, forward=head.forward: seen.append(x.shape) or forward(x)
     try:
         out = greedy.greedy_continuations(model, prompts, 4)
+        assert rows == [2] * 4 + [1] * 4 and seen == []  # per step, the batch's rows at once; the module never ran
+        rows.clear()
+        fed = greedy.greedy_continuations(model, prompts, 4, feed_last=True)  # one more forward, for its reads only
+        assert fed == out and rows == [2] * 4 + [1] * 4 and seen == []  # it stops before the unembedding
     finally:
         del head.forward
-    assert rows == [2] * 4 + [1] * 4 and seen == []  # per step, the batch's rows at once; the module never ran
     assert out == [_greedy_without_cache(model, p, 4) for p in prompts]
 
 

@@ -35,7 +35,7 @@ def greedy_continuations(
     A prompt whose length plus ``max_new_tokens`` passes the model's context raises :class:`PromptError`.
     For hooks that read the forwards: ``before_step(rows, step)`` is called before each (``rows``: the batch's
     prompt indices; step 0 runs the prompts, step ``k`` the ``k``-th new token), and ``feed_last`` adds one
-    forward that reads the last new token (its logits unused), so every new token has been read once.
+    forward that reads the last new token (stopped before the unembedding), so every new token has been read once.
     """
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
@@ -66,7 +66,7 @@ def greedy_continuations(
             if feed_last:
                 if before_step is not None:
                     before_step(chunk, n + 1)
-                model(step, past_key_values=cache, return_type=None)
+                _last_hidden(model, step, cache)  # for the hooks' reads: no unembedding
             for k, i in enumerate(chunk):
                 out[i] = ids[k, len(prompts[i]) :].tolist()
     return out

@@ -113,7 +113,7 @@ def _hook_point(model, name: str):
     from transformer_lens.model_bridge.bridge_core import build_alias_to_canonical_map
 
     points = model_cache(model, "hook_points")
-    key = (name, bool(getattr(model, "compatibility_mode", False)))
+    key = (name, bool(model.compatibility_mode))
     if key not in points:
         hook_dict = model.hook_dict
         points[key] = model._resolve_hook_point(name, build_alias_to_canonical_map(hook_dict), hook_dict)
