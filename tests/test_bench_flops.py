@@ -18,25 +18,39 @@ def test_flops_counts_matrix_products_by_hand():
 
 
 def test_op_difference_finds_the_operator_one_call_does_more_of():
-    x = torch.randn(256, 256)
+    """The planted work (1,000 subtractions of a 512 × 512 matrix, tens of milliseconds) outweighs any jitter of the
+    one small product both calls share, so the order does not rest on a timing race (CI once saw the product of a
+    256 × 256 matrix, the first one the profiler timed, outweigh 100 subtractions)."""
+    x, z = torch.randn(64, 64), torch.randn(512, 512)
 
     def base():
         return x @ x
 
     def more():
-        y = x @ x
-        for _ in range(100):
-            y = y - x  # the planted extra work
-        return y
+        y = z
+        for _ in range(1000):
+            y = y - z  # the planted extra work
+        return x @ x, y
 
+    base(), more()  # warm both before the profiler times them
     ours, theirs = op_times(more), op_times(base)
-    assert ours["aten::sub"][1] == 100 and "aten::sub" not in theirs
+    assert ours["aten::sub"][1] == 1000 and "aten::sub" not in theirs
     assert ours["aten::mm"][1] == theirs["aten::mm"][1] == 1
     sub, *_ = op_difference(ours, theirs, top=1)  # the largest difference first
-    assert sub["op"] == "aten::sub" and sub["calls"] == 100 and sub["calls_other"] == 0
+    assert sub["op"] == "aten::sub" and sub["calls"] == 1000 and sub["calls_other"] == 0
     assert sub["seconds"] > 0 == sub["seconds_other"]
     reverse = next(o for o in op_difference(theirs, ours, top=3) if o["op"] == "aten::sub")
-    assert reverse["calls"] == 0 and reverse["calls_other"] == 100
+    assert reverse["calls"] == 0 and reverse["calls_other"] == 1000
+
+
+def test_op_difference_orders_by_the_size_of_the_difference_either_way():
+    """The ordering alone, on tables written by hand: a larger difference comes first whichever table holds more."""
+    a = {"aten::mm": (0.010, 1), "aten::sub": (0.002, 100), "aten::add": (0.001, 3)}
+    b = {"aten::mm": (0.004, 1), "aten::add": (0.0015, 3), "aten::mul": (0.003, 2)}
+    assert [o["op"] for o in op_difference(a, b, top=4)] == ["aten::mm", "aten::mul", "aten::sub", "aten::add"]
+    assert [o["op"] for o in op_difference(b, a, top=2)] == ["aten::mm", "aten::mul"]
+    mul = op_difference(a, b, top=4)[1]
+    assert mul == {"op": "aten::mul", "seconds": 0.0, "calls": 0, "seconds_other": 0.003, "calls_other": 2}
 
 
 def test_patches_do_the_forward_arithmetic_less_the_unembedding_and_last_mlp(load):
