@@ -1,4 +1,6 @@
 """Loading: a saved HF directory works like the built-in names; dtypes are honoured; results carry the name."""
+import warnings
+
 import pytest
 import torch
 
@@ -39,3 +41,63 @@ def test_results_carry_the_name_an_embedded_model_was_loaded_by(smollm):
     # The bridge boots from the cached folder; the name given is kept in its cfg, not on the bridge.
     assert token_patches(smollm, "a name").model_name == "smollm2-135m"
     assert not [key for key in vars(smollm) if "icl" in key.lower()]
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-gpt-neox", "tiny-llama", "tiny-mistral", "tiny-qwen2",
+                                  "tiny-qwen3", "tiny-phi3", "tiny-olmo2", "tiny-gemma2", "tiny-gemma3",
+                                  "tiny-gemma3-vision"])
+def test_norms_run_once_and_give_transformer_lens_outputs_bit_for_bit(load, name, monkeypatch):
+    """A bridge norm that nothing watches inside runs the Hugging Face norm once (not TransformerLens's second
+    computation for ``hook_scale``/``hook_normalized``), with the same outputs bit for bit; a hook on either
+    point, edits included, still runs through TransformerLens's own forward."""
+    from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
+
+    model = load(name)
+    norms = [m for m in model.modules() if isinstance(m, NormalizationBridge)]
+    assert norms and all("forward" in m.__dict__ for m in norms if type(m).forward is NormalizationBridge.forward)
+    calls = []
+    inner = NormalizationBridge._hf_autograd_forward_with_hooks
+    monkeypatch.setattr(NormalizationBridge, "_hf_autograd_forward_with_hooks",
+                        lambda self, x: calls.append(1) or inner(self, x))
+    ids = torch.arange(3, 19)[None]
+
+    def forwards(**hooks):
+        with torch.no_grad():
+            once = model(ids)
+            n_once = len(calls)
+            own = {m: m.__dict__.pop("forward") for m in norms if "forward" in m.__dict__}
+            try:
+                plain = model(ids)
+            finally:
+                for m, f in own.items():
+                    object.__setattr__(m, "forward", f)
+        return once, plain, n_once
+
+    once, plain, n_once = forwards()
+    assert torch.equal(once, plain) and n_once == 0
+    native = any(m.use_native_layernorm_autograd for m in norms)
+    assert len(calls) > 0 if native else len(calls) == 0  # TransformerLens computes twice where native
+
+    norm = norms[1]
+    seen = {"in": [], "out": []}
+    handles = [getattr(norm, f"hook_{k}").register_forward_hook(lambda m, a, out, k=k: seen[k].append(out.clone()))
+               for k in seen]
+    try:  # hooks that only read, on the norm's input and output: they fire with TransformerLens's values
+        calls.clear()
+        once, plain, n_once = forwards()
+        assert all(len(v) == 2 and torch.equal(*v) for v in seen.values()) and torch.equal(once, plain)
+        assert n_once == 0
+        seen["normalized"] = []  # a hook inside the norm: TransformerLens's own forward runs
+        handles.append(norm.hook_normalized.register_forward_hook(
+            lambda m, a, out: seen["normalized"].append(out.clone())))
+        calls.clear()
+        watched, plain_watched, n_once = forwards()
+        assert len(seen["normalized"]) == 2 and torch.equal(*seen["normalized"]) and torch.equal(watched, plain)
+        assert n_once == (1 if norm.use_native_layernorm_autograd else 0)
+    finally:
+        for h in handles:
+            h.remove()
+    with warnings.catch_warnings(), model.hooks(fwd_hooks=[(norm.hook_normalized.name, lambda x, hook: 2 * x)]):
+        warnings.simplefilter("ignore")  # TransformerLens's note that an edit leaves HF's native path
+        edited, plain_edited, _ = forwards()  # the edit propagates as before
+    assert torch.equal(edited, plain_edited) and not torch.equal(edited, plain)

@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import threading
+import types
 import warnings
 import weakref
 from pathlib import Path
@@ -432,6 +433,46 @@ def _check_vocabulary(hf_model, tokenizer, name: str) -> None:
             f"{rows}..{ids - 1} have no embedding; pass the tokenizer this model was trained with")
 
 
+def _watched(point) -> bool:
+    """Whether anything would run at a hook point: its own forward or backward hooks (TransformerLens's
+    ``add_hook`` registers them there too) or a global module hook of torch."""
+    from torch.nn.modules import module as nn_module
+
+    return bool(point._forward_hooks or point._forward_pre_hooks or point._backward_hooks
+                or point._backward_pre_hooks or nn_module._global_forward_hooks
+                or nn_module._global_forward_pre_hooks or nn_module._global_backward_hooks
+                or nn_module._global_backward_pre_hooks)
+
+
+def _norm_read_once(self, hidden_states, **kwargs):
+    """A bridge norm's forward that runs the Hugging Face norm once where nothing watches its inner hook points.
+
+    TransformerLens's norm (``NormalizationBridge.forward`` on its native path) always computes the norm a
+    first time for ``hook_scale`` and ``hook_normalized`` and then returns the Hugging Face module's own output
+    whenever no hook changed them. Where no hook is on either point, that output is all it returns, so this
+    calls the module alone, between the same ``hook_in`` and ``hook_out``: the same tensor, bit for bit
+    (tested per block family). Otherwise, and off the native path, TransformerLens's forward runs.
+    """
+    native = self.use_native_layernorm_autograd or getattr(self.config, "layer_norm_folding", False)
+    norm = self._modules.get("_original_component")
+    if kwargs or not native or norm is None or _watched(self.hook_scale) or _watched(self.hook_normalized):
+        return type(self).forward(self, hidden_states, **kwargs)
+    x = self.hook_in(hidden_states)
+    result = norm(x)
+    return self.hook_out(result if result.dtype == x.dtype else result.to(x.dtype))
+
+
+def _norms_read_once(bridge) -> None:
+    """Give every plain bridge norm :func:`_norm_read_once` as its forward (an instance attribute, bound with
+    ``types.MethodType`` so a copied bridge's norms call their own copies). A one-token forward of Gemma 3 270M
+    runs 109 norms, each computed twice by TransformerLens."""
+    from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
+
+    for module in bridge.modules():
+        if isinstance(module, NormalizationBridge) and type(module).forward is NormalizationBridge.forward:
+            object.__setattr__(module, "forward", types.MethodType(_norm_read_once, module))
+
+
 def bridge_from_hf(hf_model, tokenizer, *, name: str, boot_name: str | None = None,
                    dtype: torch.dtype = torch.float32):
     """A ``TransformerBridge`` around an HF causal LM already placed (one device, or an accelerate device map).
@@ -455,6 +496,7 @@ def bridge_from_hf(hf_model, tokenizer, *, name: str, boot_name: str | None = No
     if dtype == torch.float64:
         _softmax_in_float64(bridge)
         _norms_in_float64(bridge)
+    _norms_read_once(bridge)
     block_family(bridge)  # fail early on an unsupported layout
     bridge.cfg.model_name = name
     return bridge

@@ -28,6 +28,7 @@ records it, and weights with another checksum are refused.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -65,10 +66,16 @@ def _raise_non_finite(bad: list[str]) -> None:
         f"(a diverged fine-tune or an edit wrote them)")
 
 
+@functools.lru_cache(maxsize=64)
+def _probe_rows(n: int, device: torch.device) -> Tensor:
+    """Up to 8 row indices spread over ``n`` rows (made once per height and device: a stamp is taken per layer
+    on every keystroke of the live dashboard)."""
+    return torch.linspace(0, n - 1, steps=min(8, n)).long().to(device)
+
+
 def _probe(w: Tensor) -> float:
     """Float64 sum of up to 8 rows spread over ``w``: cheap, catches edits the version counter misses."""
-    rows = torch.linspace(0, w.shape[0] - 1, steps=min(8, w.shape[0])).long().to(w.device)
-    return float(w.detach()[rows].double().sum())
+    return float(w.detach()[_probe_rows(w.shape[0], w.device)].double().sum())
 
 
 def _stamp(w: Tensor) -> tuple:
