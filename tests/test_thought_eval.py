@@ -499,6 +499,59 @@ def test_greedy_with_cache_equals_decoding_without_it_under_a_thought_patch(load
     assert unpatched != plain  # the patch changes what is generated, so the comparison above can fail
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
+def test_greedy_runs_the_tokens_all_prompts_start_with_once(load, name, monkeypatch):
+    """Issue 41: the instruction every prompt starts with goes through the model once, in a forward of its own,
+    and each batch starts from its keys and values; the same tokens as decoding without a cache, with a thought
+    patch applied too (its edits act on the shared forward), and the same reads at the query and answer tokens
+    as with every prompt run whole, though two queries start alike (the query is never shared)."""
+    import icl_lens.model._greedy as greedy
+    from icl_lens.model._block_family import block_family as family_of
+    from icl_lens.thought._instruction_batches import continuations_read
+
+    model = load(name, torch.float64)
+    instr = text_ids(model, INSTRUCTION)
+    queries = [text_ids(model, q) for q in ("ab", "ab cd", "axyz", "agh", "aq")]  # all start alike
+    prompts = [with_bos(model, instr + q) for q in queries]
+    run = []
+    point = family_of(model).resid_pre(0)
+
+    def tokens(x, hook):
+        run.append(x.shape[0] * x.shape[1])
+
+    def counted(**kwargs):
+        run.clear()
+        with model.hooks(fwd_hooks=[(point, tokens)]):
+            out = greedy.greedy_continuations(model, prompts, 3, batch_size=2, **kwargs)
+        return out, list(run)
+
+    shared = len(prompts[0]) - len(queries[0]) + 1  # BOS, the instruction and the "a" all queries start with
+    assert greedy.shared_length(prompts) == shared and greedy.shared_length(prompts, shared - 1) == shared - 1
+    lengths = sorted({len(p) for p in prompts})  # one batch per length ("ab" and "aq": one of two rows)
+    rows = [sum(len(p) == n for p in prompts) for n in lengths]
+    assert max(rows) == 2
+    out, run_shared = counted()  # once, then each batch from the first token not shared, then a token a step
+    assert run_shared == [shared] + [t for n, k in zip(lengths, rows) for t in (k * (n - shared), k, k)]
+    assert out == [_greedy_without_cache(model, p, 3) for p in prompts]
+    monkeypatch.setattr(greedy, "SHARED_MIN", 10 ** 6)
+    assert counted() == (out, [t for n, k in zip(lengths, rows) for t in (k * n, k, k)])  # nothing shared
+    monkeypatch.undo()
+
+    patch = thought_patch(model, INSTRUCTION, ["ab", "cd ef"])
+    with patch.applied():
+        assert greedy.greedy_continuations(model, prompts, 3) == [_greedy_without_cache(model, p, 3) for p in prompts]
+
+    reads = {"a": family_of(model).mlp_input(1), "o": family_of(model).resid_post(1)}
+    answers, got = continuations_read(model, instr, queries, 3, reads)
+    monkeypatch.setattr(greedy, "SHARED_MIN", 10 ** 6)
+    whole_answers, whole = continuations_read(model, instr, queries, 3, reads)
+    assert answers == whole_answers
+    for key in reads:
+        assert got[key].shape == whole[key].shape == (sum(len(q) + len(a) for q, a in zip(queries, answers)),
+                                                       model.cfg.d_model)
+        torch.testing.assert_close(got[key], whole[key], rtol=1e-10, atol=1e-10)
+
+
 # --- what the down-projection fit targets ----------------------------------------------------------
 
 def _query_block_outputs(model, prompt: list[int], n_query: int) -> torch.Tensor:

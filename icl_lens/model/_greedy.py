@@ -6,7 +6,10 @@ the unembedding's input and :func:`unembedded` reads those rows (for Gemma 3 the
 unembedding is never applied to the whole prompt, and a batch of a few rows reads it
 once, not once a row). The key/value
 cache is kept across steps (a plain ``DynamicCache``, as :mod:`icl_lens.patches._incremental`
-uses), so each step runs the new token only. Whatever hooks are active on the model (a
+uses), so each step runs the new token only. The tokens every prompt starts with (an
+instruction and its examples, the same for every query) go through the model once: each
+batch starts from their keys and values instead of running them again (causal attention:
+they do not depend on what follows). Whatever hooks are active on the model (a
 thought patch, for example) act on every step, and the cached keys and values were
 computed under them.
 """
@@ -28,14 +31,19 @@ def greedy_continuations(
     model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, batch_size: int = 16,
     finished: Callable[[int, list[int]], bool] | None = None,
     before_step: Callable[[list[int], int], None] | None = None, feed_last: bool = False,
+    share: int | None = None,
 ) -> list[list[int]]:
     """Token ids greedily generated after each prompt (at most ``max_new_tokens`` each).
 
     ``finished(i, new_ids)``: optional early stop; a batch stops once it holds for every row.
     A prompt whose length plus ``max_new_tokens`` passes the model's context raises :class:`PromptError`.
-    For hooks that read the forwards: ``before_step(rows, step)`` is called before each (``rows``: the batch's
-    prompt indices; step 0 runs the prompts, step ``k`` the ``k``-th new token), and ``feed_last`` adds one
-    forward that reads the last new token (stopped before the unembedding), so every new token has been read once.
+    The first tokens that all prompts have in common (at most ``share``, None: all of them; never a whole
+    prompt) run once, in a forward of their own, when there are at least :data:`SHARED_MIN` of them and more
+    than one prompt. For hooks that read the forwards: ``before_step(rows, step)`` is called before each
+    (``rows``: the batch's prompt indices; step 0 runs the prompts, from the first token not shared, step ``k``
+    the ``k``-th new token; the shared tokens' forward has ``rows == []``, none of its rows being one prompt's),
+    and ``feed_last`` adds one forward that reads the last new token (stopped before the unembedding), so every
+    new token has been read once.
     """
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
@@ -49,11 +57,20 @@ def greedy_continuations(
     for i, p in enumerate(prompts):
         groups.setdefault(len(p), []).append(i)
     out: list[list[int]] = [[] for _ in prompts]
+    shared = shared_length(prompts, share)
+    if shared:
+        if before_step is not None:
+            before_step([], 0)
+        head = DynamicCache()
+        _last_hidden(model, torch.tensor([list(prompts[0][:shared])], dtype=torch.long, device=device), head)
     for _, rows in sorted(groups.items()):
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
             ids = torch.tensor([list(prompts[i]) for i in chunk], dtype=torch.long, device=device)
-            step, cache = ids, DynamicCache()
+            step, cache = ids[:, shared:], DynamicCache()
+            for layer_idx, layer in enumerate(head.layers if shared else ()):  # the shared keys, one per row
+                cache.update(layer.keys.expand(len(chunk), -1, -1, -1), layer.values.expand(len(chunk), -1, -1, -1),
+                             layer_idx)
             for n in range(max_new_tokens):
                 if before_step is not None:
                     before_step(chunk, n)
@@ -70,6 +87,24 @@ def greedy_continuations(
             for k, i in enumerate(chunk):
                 out[i] = ids[k, len(prompts[i]) :].tolist()
     return out
+
+
+SHARED_MIN = 4  # fewer tokens in common than this are run with each batch (their own forward would not pay)
+
+
+def shared_length(prompts: Sequence[Sequence[int]], share: int | None = None) -> int:
+    """How many first tokens :func:`greedy_continuations` runs once for all ``prompts``: those every prompt starts
+    with, at most ``share`` and one fewer than the shortest prompt; 0 for one prompt or fewer than
+    :data:`SHARED_MIN`."""
+    if len(prompts) < 2:
+        return 0
+    first, n = prompts[0], min(len(p) for p in prompts) - 1
+    if share is not None:
+        n = min(n, share)
+    k = 0
+    while k < n and all(p[k] == first[k] for p in prompts):
+        k += 1
+    return k if k >= SHARED_MIN else 0
 
 
 def _last_hidden(model, ids: Tensor, cache: DynamicCache) -> Float[Tensor, "batch d_model"]:

@@ -99,7 +99,7 @@ def continuations_read(model, instruction: Sequence[int], queries: Sequence[Sequ
     def reader(key: str):
         def read(x, hook):
             for k, i in enumerate(at["rows"]):
-                first = len(prompts[i]) - len(queries[i]) if at["step"] == 0 else -1  # the query, or the new token
+                first = -len(queries[i]) if at["step"] == 0 else -1  # the query (the prompt's end), or the new token
                 parts[key][i].append(x[k, first:].detach().to(dtype))
         return read
 
@@ -108,7 +108,8 @@ def continuations_read(model, instruction: Sequence[int], queries: Sequence[Sequ
 
     with activations_captured(model, [(name, reader(key)) for key, name in reads.items()]) if reads else nullcontext():
         outs = greedy_continuations(model, prompts, max_tokens, batch_size=batch_size, finished=line_done,
-                                    before_step=before_step, feed_last=bool(reads))
+                                    before_step=before_step, feed_last=bool(reads),
+                                    share=len(prompts[0]) - len(queries[0]))  # BOS and the instruction, never the query
     cut = []
     for new in outs:
         for k in range(len(new)):
