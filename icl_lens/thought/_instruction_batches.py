@@ -84,9 +84,10 @@ def continuations_read(model, instruction: Sequence[int], queries: Sequence[Sequ
                        ) -> tuple[list[list[int]], dict[str, Tensor]]:
     """:func:`continuation_ids` and, read from the same forwards, each hook point of ``reads`` (key → hook name) at
     every query token and every answer token, in order: what :func:`read_query_tokens` gives for
-    ``query_batch(model, [q + a …], prefix=instruction)``, up to rounding (the greedy run reads the prompts in
-    one pass, then one token a step over its key/value cache, and once more the last answer token), for one
-    greedy run instead of a greedy run and a pass over the answered prompts."""
+    ``query_batch(model, [q + a …], prefix=instruction)``, up to rounding (the greedy run reads BOS and the
+    instruction once for all queries, each batch's queries over their keys and values, then one token a step
+    over its key/value cache, and once more the last answer token), for one greedy run instead of a greedy run
+    and a pass over the answered prompts."""
     if max_tokens < 1:
         return [[] for _ in queries], {}
     prompts = [with_bos(model, list(instruction) + list(q)) for q in queries]
