@@ -18,7 +18,7 @@ import icl_lens
 from dashboard_helpers import type_prompt
 from icl_lens.core._factored import gram_cosine
 from icl_lens.model._attention import attention_pattern
-from icl_lens.ui._panels import short_label
+from icl_lens.ui._panels import short_label, token_label
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -43,6 +43,8 @@ def _check_matches_library(d, model, text: str, layer: int, threshold: float = 3
     heat = d.heatmap.fig.data[0]
     np.testing.assert_allclose(_arr(heat.z), patches.norms().double().numpy(), **TOL)
     assert list(heat.x) == list(range(n))
+    labels = [f"{p}: {token_label(t)}" for p, t in enumerate(patches.tokens)]  # the hover text, every layer's row
+    assert np.array(heat.text, dtype=object).tolist() == [labels] * patches.n_layers
     axis = d.heatmap.fig.layout.xaxis
     assert axis.tickvals[-1] == n - 1 and axis.ticktext[-1] == short_label(patches.tokens[-1])
     # alignment matrix of the chosen layer

@@ -28,7 +28,7 @@ from torch import Tensor
 from icl_lens.patches._patch_set import TokenPatches
 from icl_lens.patches._incremental import PatchSession
 from icl_lens.ui._layer_view import LayerView
-from icl_lens.ui._panels import MAX_MATRIX_TICKS, layer_dtick, token_axis, token_label
+from icl_lens.ui._panels import MAX_MATRIX_TICKS, label_rows, layer_dtick, token_axis, token_label
 from icl_lens.ui._token_strip import TokenStrip
 
 QUANTITIES = ("patch norm", "correction norm")
@@ -144,7 +144,7 @@ class CompareFigure:
                 shown, raw = view.rows(values.double().numpy())
                 trace.z, trace.customdata, trace.y = shown, raw, view.layers
                 trace.x = list(range(len(tokens)))
-                trace.text = [[f"{p}: {token_label(t)}" for p, t in enumerate(tokens)]] * len(view.layers)
+                trace.text = label_rows(tokens, len(view.layers))
                 fig.layout[xaxis].update(token_axis(tokens, max_ticks=MAX_MATRIX_TICKS))
             fig.layout.coloraxis.update(cmin=0.0 if view.per_layer else None, cmax=1.0 if view.per_layer else None,
                                         cauto=not view.per_layer)

@@ -58,6 +58,12 @@ def _labels(tokens) -> list[str]:
     return [f"{p}: {token_label(t)}" for p, t in enumerate(tokens)]
 
 
+def label_rows(tokens, rows: int) -> np.ndarray:
+    """Hover labels of a layer × token heatmap, ``rows`` × tokens, as one numpy array: plotly takes an array
+    whole, where a nested list is checked and compared label by label (about 2 ms a keystroke at 18 × 65)."""
+    return np.tile(np.array(_labels(tokens), dtype=object), (rows, 1))
+
+
 class FigureGrid:
     """ONE plotly FigureWidget holding every plot of the dashboard, in a subplot grid.
 
@@ -199,7 +205,7 @@ class HeatmapPanel:
             trace.zauto = not view.per_layer
             trace.x = patches.positions
             trace.y = view.layers
-            trace.text = [_labels(patches.tokens)] * len(view.layers)
+            trace.text = label_rows(patches.tokens, len(view.layers))
             title = "‖ΔW‖" if self.kind.value == self.KINDS[0] else "‖corr‖"
             trace.colorbar.title.text = view.colour_title(title)
             self.grid.axis("heatmap", "x").update(token_axis(patches.tokens))
