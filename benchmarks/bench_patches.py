@@ -82,7 +82,11 @@ def main() -> None:
                     help="with --floor: profile one call of the patches and one of stopped + pieces (torch.profiler) "
                          "and list the operators whose self time differs most: what the capture does beyond them")
     ap.add_argument("--out", default="reports/bench_patches.md")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: torch's own, every core); the report's machine line says which")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.clock is None:
         args.clock = "wall" if args.device.startswith("cuda") else "cpu"
     load_before = load_average()
