@@ -57,18 +57,17 @@ def greedy_continuations(
     for i, p in enumerate(prompts):
         groups.setdefault(len(p), []).append(i)
     out: list[list[int]] = [[] for _ in prompts]
-    shared = shared_length(prompts, share)
+    shared, head = shared_length(prompts, share), DynamicCache()  # head: the shared tokens' keys and values
     if shared:
         if before_step is not None:
             before_step([], 0)
-        head = DynamicCache()
         _last_hidden(model, torch.tensor([list(prompts[0][:shared])], dtype=torch.long, device=device), head)
     for _, rows in sorted(groups.items()):
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
             ids = torch.tensor([list(prompts[i]) for i in chunk], dtype=torch.long, device=device)
             step, cache = ids[:, shared:], DynamicCache()
-            for layer_idx, layer in enumerate(head.layers if shared else ()):  # the shared keys, one per row
+            for layer_idx, layer in enumerate(head.layers):  # the shared keys and values, one copy a row
                 cache.update(layer.keys.expand(len(chunk), -1, -1, -1), layer.values.expand(len(chunk), -1, -1, -1),
                              layer_idx)
             for n in range(max_new_tokens):

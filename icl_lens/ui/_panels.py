@@ -60,7 +60,7 @@ def _labels(tokens) -> list[str]:
 
 def label_rows(tokens, rows: int) -> np.ndarray:
     """Hover labels of a layer × token heatmap, ``rows`` × tokens, as one numpy array: plotly takes an array
-    whole, where a nested list is checked and compared label by label (about 2 ms a keystroke at 18 × 65)."""
+    whole, where a nested list is checked and compared label by label on every keystroke."""
     return np.tile(np.array(_labels(tokens), dtype=object), (rows, 1))
 
 
