@@ -61,7 +61,7 @@ def test_norms_run_once_and_give_transformer_lens_outputs_bit_for_bit(load, name
                         lambda self, x: calls.append(1) or inner(self, x))
     ids = torch.arange(3, 19)[None]
 
-    def forwards(**hooks):
+    def forwards():
         with torch.no_grad():
             once = model(ids)
             n_once = len(calls)

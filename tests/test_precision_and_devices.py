@@ -80,3 +80,19 @@ def test_device_map_with_disk_offload_gives_the_same_patches(tmp_path):
 def test_device_and_device_map_are_exclusive():
     with pytest.raises(DeviceError, match="either device= or device_map="):
         load_model("tiny-llama", device="cuda:0", device_map="auto")
+
+
+def test_an_offloaded_unembedding_is_run_by_its_module(tmp_path):
+    """The unembedding on disk (accelerate loads its weight only around the module's own call): ``unembedded``
+    and each greedy step go through the module, not the weight-first product, with the plain model's logits."""
+    from icl_lens.model._greedy import greedy_continuations, unembedded
+
+    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers": "cpu", "model.norm": "cpu",
+                  "lm_head": "disk"}
+    split = load_model("tiny-llama", device_map=device_map, offload_folder=tmp_path)
+    assert split.original_model.hf_device_map["lm_head"] == "disk"
+    plain = load_model("tiny-llama")
+    hidden = torch.randn(3, plain.cfg.d_model, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(unembedded(split, hidden), unembedded(plain, hidden), rtol=1e-6, atol=1e-6)
+    prompts = [[1, 40, 41], [1, 50, 51], [1, 60, 61, 62]]
+    assert greedy_continuations(split, prompts, 4) == greedy_continuations(plain, prompts, 4)

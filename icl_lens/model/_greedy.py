@@ -23,7 +23,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from icl_lens.model._prompts import PromptError, context_limit
-from icl_lens.model._reading import activations_captured
+from icl_lens.model._reading import activations_captured, hooked
 
 
 @torch.no_grad()
@@ -165,7 +165,7 @@ def unembedded(model, hidden: Float[Tensor, "n d_model"], *, as_forward: bool = 
     """
     unembed = model.unembed
     head = getattr(unembed, "original_component", None)
-    if (not as_forward and hidden.shape[0] <= FEW_ROWS and type(head) is torch.nn.Linear and not _hooked(unembed, head)
+    if (not as_forward and hidden.shape[0] <= FEW_ROWS and type(head) is torch.nn.Linear and not hooked(unembed, head)
             and head.weight.dtype == hidden.dtype and hidden.dtype in (torch.float32, torch.float64)):
         weight, rows = head.weight, hidden.T
         if weight.device.type == "cpu":
@@ -177,9 +177,3 @@ def unembedded(model, hidden: Float[Tensor, "n d_model"], *, as_forward: bool = 
         logits = out.T + head.bias if head.bias is not None else out.T.contiguous()
         return model.adapter.apply_output_logits_transform(logits[None])[0]
     return model.adapter.apply_output_logits_transform(unembed(hidden[None]))[0]
-
-
-def _hooked(*modules: torch.nn.Module) -> bool:
-    """Whether a hook (a TransformerLens hook point's, accelerate's offload) acts on any of ``modules``' calls."""
-    return any(m._forward_hooks or m._forward_pre_hooks or getattr(m, "_hf_hook", None) is not None
-               for module in modules for m in module.modules())

@@ -32,6 +32,7 @@ from icl_lens.model._block_family import block_family, family_of_architectures, 
 from icl_lens.model._byte_tokenizer import save_byte_tokenizer
 from icl_lens.model._model_check import ProcessedWeightsWarning, allow_processed as accept_processed, is_processed
 from icl_lens.model._per_model import model_cache
+from icl_lens.model._reading import hooked
 from icl_lens.model._names import DEFAULT_MODEL, DTYPE_NAMES, EMBEDDED_MODELS, known_model_names
 from icl_lens.model._tiny_models import TINY_NAMES, build_tiny_model
 
@@ -433,17 +434,6 @@ def _check_vocabulary(hf_model, tokenizer, name: str) -> None:
             f"{rows}..{ids - 1} have no embedding; pass the tokenizer this model was trained with")
 
 
-def _watched(point) -> bool:
-    """Whether anything would run at a hook point: its own forward or backward hooks (TransformerLens's
-    ``add_hook`` registers them there too) or a global module hook of torch."""
-    from torch.nn.modules import module as nn_module
-
-    return bool(point._forward_hooks or point._forward_pre_hooks or point._backward_hooks
-                or point._backward_pre_hooks or nn_module._global_forward_hooks
-                or nn_module._global_forward_pre_hooks or nn_module._global_backward_hooks
-                or nn_module._global_backward_pre_hooks)
-
-
 def _norm_read_once(self, hidden_states, **kwargs):
     """A bridge norm's forward that runs the Hugging Face norm once where nothing watches its inner hook points.
 
@@ -455,7 +445,7 @@ def _norm_read_once(self, hidden_states, **kwargs):
     """
     native = self.use_native_layernorm_autograd or getattr(self.config, "layer_norm_folding", False)
     norm = self._modules.get("_original_component")
-    if kwargs or not native or norm is None or _watched(self.hook_scale) or _watched(self.hook_normalized):
+    if kwargs or not native or norm is None or hooked(self.hook_scale, self.hook_normalized):
         return type(self).forward(self, hidden_states, **kwargs)
     x = self.hook_in(hidden_states)
     result = norm(x)

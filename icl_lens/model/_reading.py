@@ -107,6 +107,27 @@ def activations_captured(model, sites: Sites, *, stop_after: str | None = None) 
             raise
 
 
+def hooked(*modules: torch.nn.Module) -> bool:
+    """Whether anything acts on a call of ``modules`` or of a module inside them: a forward or backward hook of its
+    own (TransformerLens registers its hook points' hooks there), accelerate's offload hook, or a global module hook
+    of torch. Code that skips a module's call when nothing would see it (the weight-first unembedding, a bridge
+    norm run once) asks this first."""
+    from torch.nn.modules import module as nn_module
+
+    if (nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks or nn_module._global_backward_hooks
+            or nn_module._global_backward_pre_hooks):
+        return True
+    return any(_acted_on(m) for m in modules)
+
+
+def _acted_on(module: torch.nn.Module) -> bool:
+    """:func:`hooked` for one module and those inside it, without global hooks (children read directly: a bridge
+    norm asks this of two hook points on every call)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or module.__dict__.get("_hf_hook") is not None
+                or (module._modules and any(_acted_on(m) for m in module._modules.values() if m is not None)))
+
+
 def _hook_point(model, name: str):
     """``(canonical name, HookPoint)`` of hook ``name`` (an alias allowed), as TransformerLens resolves it, resolved
     once per model, name and compatibility mode; an unknown name raises its ``KeyError`` every time."""

@@ -54,14 +54,10 @@ def token_axis(tokens: tuple[str, ...] | list[str], title: str = "token (positio
                 range=[-0.5, n - 0.5] if n else None)
 
 
-def _labels(tokens) -> list[str]:
-    return [f"{p}: {token_label(t)}" for p, t in enumerate(tokens)]
-
-
 def label_rows(tokens, rows: int) -> np.ndarray:
     """Hover labels of a layer × token heatmap, ``rows`` × tokens, as one numpy array: plotly takes an array
     whole, where a nested list is checked and compared label by label on every keystroke."""
-    return np.tile(np.array(_labels(tokens), dtype=object), (rows, 1))
+    return np.tile(np.array([f"{p}: {token_label(t)}" for p, t in enumerate(tokens)], dtype=object), (rows, 1))
 
 
 class FigureGrid:
