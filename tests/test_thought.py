@@ -9,6 +9,7 @@ import os
 from contextlib import nullcontext
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -179,6 +180,31 @@ def test_export_reloads_in_plain_transformers(load, name, tmp_path):
         assert _rel(plain, bridge) <= TOL[torch.float32]
         with torch.no_grad():
             assert _rel(model(ids)[0], bridge) > 1e-3  # the export is not the base model
+
+
+def test_export_holds_one_edited_weight_at_a_time(load, tmp_path, monkeypatch):
+    """The export writes the model's own weights, then computes each edited weight and writes it over its own in
+    the file before computing the next: an export never holds every layer's edited weights at once (notebook 04's
+    peak memory was its export)."""
+    from icl_lens.thought import _hf_export
+
+    model = load("tiny-llama")
+    patch = thought_patch(model, INSTRUCTION, ["ab", "xyz"])
+    made: list[weakref.ref] = []
+    write = _hf_export.write_edited
+
+    def watch(make):
+        def watched():
+            assert all(r() is None for r in made), "an edited weight was still held when the next was computed"
+            new = make()
+            made.append(weakref.ref(new))
+            return new
+        return watched
+
+    monkeypatch.setattr(_hf_export, "write_edited",
+                        lambda directory, edits: write(directory, {k: watch(f) for k, f in edits.items()}))
+    patch.save_pretrained(tmp_path)
+    assert len(made) == 3 * len(patch.layers)  # gate, up and down per patched layer (the biases are new keys)
 
 
 def test_export_loads_without_icl_lens(load, tmp_path):

@@ -22,13 +22,15 @@ computes. Edits, per patched layer ``l`` (``Δ = W M``):
 - the down-projection map, kind ``"both+down"``, every family: ``W_out ← W_out + uᵀ v``
   (GPT-2's ``Conv1D`` stores ``W_outᵀ``: ``+ vᵀ u``).
 
-Weights are written in the model's dtype with the tokenizer beside them. For a
+Weights are written in the model's dtype with the tokenizer beside them; ``save_pretrained`` writes the
+model's own weights and each edited one is then computed and written over its own in the file, one at a time. For a
 multimodal checkpoint (Gemma 3 4B–27B) the bridge runs its text tower, and that is
 what is written: a ``Gemma3ForCausalLM`` directory without the vision tower.
 """
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import torch
@@ -65,6 +67,54 @@ def _bias_name(names: dict[int, str], module) -> str:
     return _weight_name(names, module)[: -len("weight")] + "bias"
 
 
+def _plus_map(m: torch.Tensor, conv1d: bool):
+    """``W ← W + W M`` (GPT-2's ``Conv1D`` stores ``[d_in, d_out] = Wᵀ``: ``(W M)ᵀ = Mᵀ Wᵀ``)."""
+    def change(w: torch.Tensor) -> torch.Tensor:
+        w = w.to(m.dtype)
+        return w + (m.T @ w if conv1d else w @ m)
+    return change
+
+
+def _edited(weight: torch.Tensor, changes: list):
+    """The edited weight, computed when called (in the stored dtype)."""
+    def make() -> torch.Tensor:
+        w = weight
+        for change in changes:
+            w = change(w)
+        return w.to(weight.dtype).contiguous()
+    return make
+
+
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def write_edited(directory: Path, edits: dict) -> None:
+    """Overwrite tensors in place in the safetensors files ``save_pretrained`` wrote to ``directory``, one at a
+    time: ``edits`` maps a key to a function returning its new value (same shape and dtype as written), so only one
+    edited weight is in memory at once (an export of every layer's weights would otherwise hold them all)."""
+    index = directory / "model.safetensors.index.json"
+    where = json.loads(index.read_text())["weight_map"] if index.exists() else {}
+    by_file: dict[str, list[str]] = {}
+    for key in edits:
+        by_file.setdefault(where.get(key, "model.safetensors"), []).append(key)
+    for name, keys in by_file.items():
+        with open(directory / name, "r+b") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+            for key in keys:
+                if key not in header:
+                    raise RuntimeError(f"export: {key} is not in the written {name}")
+                new = edits[key]()
+                begin, end = header[key]["data_offsets"]
+                if (header[key]["shape"] != list(new.shape) or end - begin != new.numel() * new.element_size()
+                        or header[key]["dtype"] != _SAFETENSORS_DTYPES.get(new.dtype)):
+                    raise RuntimeError(f"export: the edited {key} ({new.dtype}, {list(new.shape)}) does not match "
+                                       f"the written one ({header[key]['dtype']}, {header[key]['shape']})")
+                f.seek(8 + size + begin)
+                f.write(new.reshape(-1).view(torch.uint8).numpy())
+                del new
+
+
 def export_thought_model(model, maps: dict, vectors: dict, directory: str | Path, *, downs: dict | None = None) -> Path:
     """Write the patched model and its tokenizer to ``directory``; return the path.
 
@@ -89,32 +139,27 @@ def export_thought_model(model, maps: dict, vectors: dict, directory: str | Path
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
 
-    def edit(key: str, new: torch.Tensor) -> None:
-        sd[key] = new.to(sd[key].dtype).contiguous()
+    edits: dict[str, list] = {}  # key → functions of the weight, applied in order as the weight is written
+
+    def edit(key: str, change) -> None:
+        edits.setdefault(key, []).append(change)
 
     for layer, m in maps.items():
         if m is None:
             continue
         for module in stored_dense_modules(model, layer):
-            key = _weight_name(names, module)
-            w = sd[key].to(m.dtype)
-            if type(module).__name__ == "Conv1D":  # stores [d_in, d_out] = Wᵀ; (W M)ᵀ = Mᵀ Wᵀ
-                edit(key, w + m.T @ w)
-            else:
-                edit(key, w + w @ m)
+            edit(_weight_name(names, module), _plus_map(m, conv1d=type(module).__name__ == "Conv1D"))
 
     for layer, (u, v) in (downs or {}).items():
-        key = _weight_name(names, model.blocks[layer].mlp.out)
-        w = sd[key].to(u.dtype)
-        conv1d = type(original(model.blocks[layer].mlp.out)).__name__ == "Conv1D"  # stores W_outᵀ
-        edit(key, w + (v.T @ u if conv1d else u.T @ v))
+        out = model.blocks[layer].mlp.out
+        conv1d = type(original(out)).__name__ == "Conv1D"  # stores W_outᵀ
+        edit(_weight_name(names, out), lambda w, u=u, v=v, t=conv1d: w.to(u.dtype) + (v.T @ u if t else u.T @ v))
 
     for layer in range(model.cfg.n_layers):
         vec = vectors.get(layer)
         mlp = model.blocks[layer].mlp
         if family.vector_export == "mlp_out_bias" and vec is not None:
-            key = _bias_name(names, mlp.out)
-            edit(key, sd[key].to(vec.dtype) + vec)
+            edit(_bias_name(names, mlp.out), lambda b, c=vec: b.to(c.dtype) + c)
         elif family.vector_export == "mlp_bias_config" and config.mlp_bias:
             d_mlp, d_model = model.cfg.d_mlp, model.cfg.d_model
             dtype = sd[_weight_name(names, mlp.out)].dtype
@@ -123,15 +168,15 @@ def export_thought_model(model, maps: dict, vectors: dict, directory: str | Path
             if vec is not None:
                 sd[_bias_name(names, mlp.out)] = vec.to(dtype).contiguous()
         elif family.vector_export == "post_norm_gain" and vec is not None:
-            key = _weight_name(names, model.blocks[layer].ln2_post)
-            edit(key, sd[key].to(vec.dtype) + vec)
+            edit(_weight_name(names, model.blocks[layer].ln2_post), lambda g, c=vec: g.to(c.dtype) + c)
 
     missing = canonical - set(sd)
     if missing:
         raise RuntimeError(f"export could not find weights for {sorted(missing)[:5]}")
-    fresh.load_state_dict(sd, strict=True, assign=True)
+    fresh.load_state_dict(sd, strict=True, assign=True)  # the model's own weights: views, no copy
     if getattr(config, "tie_word_embeddings", False):
         fresh.tie_weights()
     fresh.save_pretrained(directory)
+    write_edited(directory, {key: _edited(sd[key], changes) for key, changes in edits.items()})
     model.tokenizer.save_pretrained(directory)
     return directory
