@@ -98,3 +98,23 @@ def test_a_wrong_or_drifted_figure_is_caught(tmp_path):
     assert {name for name, *_ in figures.stale(text, reports)} == {"spike_flag"}
     (reports / "eval_spikes.json").unlink()
     assert {name for name, *_ in figures.stale(text, reports)} == {"spike_flag", "spike_score", "answers_06_prediction"}
+
+
+def test_a_rewritten_notebook_keeps_its_cell_ids(tmp_path):
+    """Planted: a rerun changes notebook 04's measured peak. ``make reports`` rewrites that figure in the .py twin and
+    in the .ipynb, and every cell of the .ipynb keeps its id (new ids made each figure update a diff of every cell)."""
+    import nbformat
+
+    for part in ("docs/workshop.md", "notebooks/04_thought_patches.py", "notebooks/04_thought_patches.ipynb"):
+        (tmp_path / part).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / part, tmp_path / part)
+    shutil.copytree(ROOT / "reports", tmp_path / "reports")
+    runs = json.loads((tmp_path / "reports" / "workshop_notebooks.json").read_text())
+    runs["runs"]["04_thought_patches"]["peak_gb"] += 0.11
+    (tmp_path / "reports" / "workshop_notebooks.json").write_text(json.dumps(runs))
+    assert tmp_path / "notebooks" / "04_thought_patches.py" in figures.write(tmp_path)
+    before = nbformat.read(ROOT / "notebooks" / "04_thought_patches.ipynb", as_version=4).cells
+    after = nbformat.read(tmp_path / "notebooks" / "04_thought_patches.ipynb", as_version=4).cells
+    assert [c.id for c in after] == [c.id for c in before]
+    changed = [c.source for c, was in zip(after, before) if c.source != was.source]
+    assert len(changed) == 1 and figures.render("memory_04", tmp_path / "reports") in changed[0]

@@ -303,6 +303,21 @@ def documents(root: Path = ROOT) -> list[Path]:
     return [root / "docs" / "workshop.md", *sorted((root / "notebooks").glob("[0-9][0-9]_*.py"))]
 
 
+def _write_twin(py: Path) -> None:
+    """Rewrite a notebook's .ipynb from its .py twin; the figures change text, not cells, so its cells keep their
+    ids (jupytext would give every cell a new one)."""
+    import jupytext
+    import nbformat
+
+    new, ipynb = jupytext.read(py), py.with_suffix(".ipynb")
+    if ipynb.exists():
+        old = nbformat.read(ipynb, as_version=4).cells
+        if [c.cell_type for c in old] == [c.cell_type for c in new.cells]:
+            for cell, kept in zip(new.cells, old):
+                cell.id = kept.id
+    jupytext.write(new, ipynb)
+
+
 def write(root: Path = ROOT) -> list[Path]:
     """Rewrite every marked figure from the reports; a notebook's .ipynb is rewritten from its .py twin."""
     changed = []
@@ -312,9 +327,7 @@ def write(root: Path = ROOT) -> list[Path]:
         if new != text:
             path.write_text(new, encoding="utf-8")
             if path.suffix == ".py":
-                import jupytext
-
-                jupytext.write(jupytext.read(path), path.with_suffix(".ipynb"))
+                _write_twin(path)
             changed.append(path)
     return changed
 
