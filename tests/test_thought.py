@@ -182,10 +182,16 @@ def test_export_reloads_in_plain_transformers(load, name, tmp_path):
             assert _rel(model(ids)[0], bridge) > 1e-3  # the export is not the base model
 
 
-def test_export_holds_one_edited_weight_at_a_time(load, tmp_path, monkeypatch):
+@pytest.mark.parametrize("shard", [None, "64KB"])
+def test_export_holds_one_edited_weight_at_a_time(load, tmp_path, monkeypatch, shard):
     """The export writes the model's own weights, then computes each edited weight and writes it over its own in
     the file before computing the next: an export never holds every layer's edited weights at once (notebook 04's
-    peak memory was its export)."""
+    peak memory was its export). With shards (``save_pretrained``'s ``max_shard_size``; a model above 50 GB), each
+    edit lands in the shard that holds it, and the export still gives the patched logits."""
+    import functools
+
+    from transformers import AutoModelForCausalLM, PreTrainedModel
+
     from icl_lens.thought import _hf_export
 
     model = load("tiny-llama")
@@ -203,8 +209,17 @@ def test_export_holds_one_edited_weight_at_a_time(load, tmp_path, monkeypatch):
 
     monkeypatch.setattr(_hf_export, "write_edited",
                         lambda directory, edits: write(directory, {k: watch(f) for k, f in edits.items()}))
+    if shard:
+        monkeypatch.setattr(PreTrainedModel, "save_pretrained",
+                            functools.partialmethod(PreTrainedModel.save_pretrained, max_shard_size=shard))
     patch.save_pretrained(tmp_path)
     assert len(made) == 3 * len(patch.layers)  # gate, up and down per patched layer (the biases are new keys)
+    assert len(list(tmp_path.glob("*.safetensors"))) > (5 if shard else 0)
+    ids = torch.tensor([with_bos(model, text_ids(model, "sun ->"))])
+    with torch.no_grad(), patch.applied():
+        bridge = model(ids)[0]
+    with torch.no_grad():
+        assert _rel(AutoModelForCausalLM.from_pretrained(tmp_path)(ids).logits[0], bridge) <= TOL[torch.float32]
 
 
 def test_export_loads_without_icl_lens(load, tmp_path):

@@ -22,8 +22,9 @@ computes. Edits, per patched layer ``l`` (``Δ = W M``):
 - the down-projection map, kind ``"both+down"``, every family: ``W_out ← W_out + uᵀ v``
   (GPT-2's ``Conv1D`` stores ``W_outᵀ``: ``+ vᵀ u``).
 
-Weights are written in the model's dtype with the tokenizer beside them; ``save_pretrained`` writes the
-model's own weights and each edited one is then computed and written over its own in the file, one at a time. For a
+Weights are written in the model's dtype with the tokenizer beside them: ``save_pretrained``
+writes the model's own weights, then each edited weight is computed and written over its
+own in the file, one at a time (an export holds one edited weight, not all of them). For a
 multimodal checkpoint (Gemma 3 4B–27B) the bridge runs its text tower, and that is
 what is written: a ``Gemma3ForCausalLM`` directory without the vision tower.
 """
@@ -89,21 +90,16 @@ _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16
 
 
 def write_edited(directory: Path, edits: dict) -> None:
-    """Overwrite tensors in place in the safetensors files ``save_pretrained`` wrote to ``directory``, one at a
-    time: ``edits`` maps a key to a function returning its new value (same shape and dtype as written), so only one
-    edited weight is in memory at once (an export of every layer's weights would otherwise hold them all)."""
-    index = directory / "model.safetensors.index.json"
-    where = json.loads(index.read_text())["weight_map"] if index.exists() else {}
-    by_file: dict[str, list[str]] = {}
-    for key in edits:
-        by_file.setdefault(where.get(key, "model.safetensors"), []).append(key)
-    for name, keys in by_file.items():
-        with open(directory / name, "r+b") as f:
+    """Overwrite tensors in place in the safetensors files ``save_pretrained`` wrote to ``directory`` (one or several
+    shards), one at a time: ``edits`` maps a key to a function returning its new value (same shape and dtype as
+    written), so only one edited weight is in memory at once (an export of every layer's weights would otherwise hold
+    them all). Each file's header says which keys it holds."""
+    found: set[str] = set()
+    for path in sorted(directory.glob("*.safetensors")):
+        with open(path, "r+b") as f:
             size = int.from_bytes(f.read(8), "little")
             header = json.loads(f.read(size))
-            for key in keys:
-                if key not in header:
-                    raise RuntimeError(f"export: {key} is not in the written {name}")
+            for key in [k for k in edits if k in header]:
                 new = edits[key]()
                 begin, end = header[key]["data_offsets"]
                 if (header[key]["shape"] != list(new.shape) or end - begin != new.numel() * new.element_size()
@@ -112,7 +108,10 @@ def write_edited(directory: Path, edits: dict) -> None:
                                        f"the written one ({header[key]['dtype']}, {header[key]['shape']})")
                 f.seek(8 + size + begin)
                 f.write(new.reshape(-1).view(torch.uint8).numpy())
+                found.add(key)
                 del new
+    if set(edits) - found:
+        raise RuntimeError(f"export: {sorted(set(edits) - found)[:5]} are not in the written weights")
 
 
 def export_thought_model(model, maps: dict, vectors: dict, directory: str | Path, *, downs: dict | None = None) -> Path:
