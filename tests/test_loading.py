@@ -7,7 +7,7 @@ import torch
 from icl_lens import ModelNotFoundError, load_model, token_patches, verify_equivalence
 from icl_lens.model._loading import OwnModelError
 from icl_lens.model._byte_tokenizer import save_byte_tokenizer
-from icl_lens.model._tiny_models import build_tiny_model
+from icl_lens.model._tiny_models import TINY_NAMES, build_tiny_model
 
 
 def test_local_directory_loads_and_is_exact(tmp_path):
@@ -43,9 +43,7 @@ def test_results_carry_the_name_an_embedded_model_was_loaded_by(smollm):
     assert not [key for key in vars(smollm) if "icl" in key.lower()]
 
 
-@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-gpt-neox", "tiny-llama", "tiny-mistral", "tiny-qwen2",
-                                  "tiny-qwen3", "tiny-phi3", "tiny-olmo2", "tiny-gemma2", "tiny-gemma3",
-                                  "tiny-gemma3-vision"])
+@pytest.mark.parametrize("name", TINY_NAMES)
 def test_norms_run_once_and_give_transformer_lens_outputs_bit_for_bit(load, name, monkeypatch):
     """A bridge norm that nothing watches inside runs the Hugging Face norm once (not TransformerLens's second
     computation for ``hook_scale``/``hook_normalized``), with the same outputs bit for bit; a hook on either

@@ -109,7 +109,7 @@ def write_edited(directory: Path, edits: dict) -> None:
                 f.seek(8 + size + begin)
                 f.write(new.reshape(-1).view(torch.uint8).numpy())
                 found.add(key)
-                del new
+                del new  # freed before the next edit is computed
     if set(edits) - found:
         raise RuntimeError(f"export: {sorted(set(edits) - found)[:5]} are not in the written weights")
 
