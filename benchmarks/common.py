@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import json
 import statistics
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
+from experiments.report import write_json  # noqa: F401 (the benchmarks' JSON beside each fragment)
 
 TEXT = (
     "In-context learning lets a language model adapt to a task from examples in its prompt. "
@@ -160,19 +163,3 @@ def op_difference(a: dict, b: dict, top: int = 6) -> list[dict]:
     keys = sorted(set(a) | set(b), key=lambda k: -abs(a.get(k, (0.0, 0))[0] - b.get(k, (0.0, 0))[0]))
     return [{"op": k, "seconds": a.get(k, (0.0, 0))[0], "calls": a.get(k, (0.0, 0))[1],
              "seconds_other": b.get(k, (0.0, 0))[0], "calls_other": b.get(k, (0.0, 0))[1]} for k in keys[:top]]
-
-
-def _plain(x):
-    """JSON for what ``json`` cannot write itself: numbers (numpy, torch scalars) as floats, the rest as text."""
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return str(x)
-
-
-def write_json(markdown_path, data) -> Path:
-    """Write ``data`` as JSON beside the Markdown fragment ``markdown_path`` (same stem, ``.json``)."""
-    path = Path(markdown_path).with_suffix(".json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, default=_plain) + "\n", encoding="utf-8")
-    return path

@@ -62,6 +62,22 @@ def write_fragment(path, lines: list[str]) -> str:
     return text
 
 
+def _plain(x):
+    """JSON for what ``json`` cannot write itself: numbers (numpy, torch scalars) as floats, the rest as text."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def write_json(markdown_path, data) -> Path:
+    """Write ``data`` as JSON beside the Markdown fragment ``markdown_path`` (same stem, ``.json``)."""
+    path = Path(markdown_path).with_suffix(".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=_plain) + "\n", encoding="utf-8")
+    return path
+
+
 def markdown_table(df: pd.DataFrame, digits: int = 4) -> str:
     """A GitHub table; floats in ``digits`` significant digits (scientific when small)."""
     def fmt(x):

@@ -153,15 +153,17 @@ def test_resumes_after_random_kills_are_bit_identical_with_too_long_rows_present
     cli = [sys.executable, "-m", "icl_lens", "sweep", str(prompts), "--model", model, "--out", str(out),
            "--batch-size", "4", "--factors", "--device", "cpu", "--quiet"]
     rng = random.Random(43)
-    kills = 0
-    for _ in range(3):
+    kills, batches = 0, -(-len(rows) // 4)
+    for run in range(3):
         before = len(list((out / "norms").glob("part-*.parquet")))
         proc = subprocess.Popen(cli, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        target, deadline = before + rng.randint(1, 2), time.monotonic() + 300
+        # never the last batch's part: the run must be cut short, and the last one must leave its lock behind
+        target, deadline = min(before + rng.randint(1, 2), batches - 1), time.monotonic() + 300
         while len(list((out / "norms").glob("part-*.parquet"))) < target and proc.poll() is None:
             assert time.monotonic() < deadline
             time.sleep(0.005)
-        time.sleep(rng.uniform(0, 0.05))  # somewhere in the next batch: its shard, its part, its record
+        if run < 2:  # somewhere in the next batch: its shard, its part, its record (the last run: at once)
+            time.sleep(rng.uniform(0, 0.05))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1

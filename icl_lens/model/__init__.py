@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from icl_lens._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads this block)
+    from icl_lens.model._allocator import GLIBC_DEFAULT_PAD, keep_freed_memory, set_top_pad
     from icl_lens.model._attention import attention_pattern
     from icl_lens.model._block_family import (BlockFamily, UnsupportedArchitectureError, VectorSite, block_family,
                                               first_dense_weights)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from icl_lens.model._allocator import keep_freed_memory
 from icl_lens.model._block_family import block_family, family_of_architectures, text_tower
 from icl_lens.model._byte_tokenizer import save_byte_tokenizer
 from icl_lens.model._model_check import ProcessedWeightsWarning, allow_processed as accept_processed, is_processed
@@ -289,7 +290,11 @@ def load_model(
     through accelerate, instead of ``device``; each layer's patch is then computed on that
     layer's device and gathered on the CPU. A model object is never moved or cast: ``device``
     and ``dtype`` may only repeat its own, and its placement is its own.
+
+    The first call also keeps freed memory mapped between forwards (:mod:`icl_lens.model._allocator`; glibc only,
+    ``ICL_LENS_TOP_PAD_MB=0`` turns it off).
     """
+    keep_freed_memory()
     if isinstance(name_or_model, os.PathLike):
         name_or_model = os.fspath(name_or_model)
         if not isinstance(name_or_model, str):
