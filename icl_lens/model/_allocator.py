@@ -9,9 +9,9 @@ forward reuses the pages of the last one. Measured, a forward with and without i
 faults.
 
 What it costs: up to ``pad`` bytes of freed memory stay resident (they count in RSS) instead of going back to the
-kernel until the process ends; the peak resident set is the peak either way (the same benchmark measures it).
-Allocations above glibc's mmap threshold (a forward's full-vocabulary logits) are mapped and unmapped on their own,
-with or without the pad.
+kernel until the process ends, and the peak resident set can rise a little (the same benchmark measures both). An
+allocation larger than the free room at the heap's top (Gemma 3's full-vocabulary logits of a long prompt) is still
+mapped and unmapped on its own, with or without the pad.
 
 :func:`load_model` applies it once per process (:func:`keep_freed_memory`), with the pad
 ``$ICL_LENS_TOP_PAD_MB`` (default :data:`DEFAULT_PAD_MB`; ``0`` leaves glibc's default). Where the environment
