@@ -16,7 +16,7 @@ from icl_lens.model._allocator import DEFAULT_PAD_MB, PAD_ENV, pad_from_environm
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 # A fresh process (the pad is set once per process, at the first load_model): SmolLM2 at 512 tokens, the minor page
-# faults of a forward repeated after the first (its logits, 100 MB, fit inside the default pad).
+# faults of a forward repeated after two (its logits, 100 MB, fit inside the default pad).
 FORWARDS = r"""
 import json, resource, torch
 torch.set_num_threads(1)
@@ -29,8 +29,8 @@ def faults():
     with torch.no_grad():
         model(ids[None])
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-faults()
-print(json.dumps({"pad": keep_freed_memory(), "faults": min(faults() for _ in range(2))}))
+faults(), faults()
+print(json.dumps({"pad": keep_freed_memory(), "faults": min(faults() for _ in range(3))}))
 """
 
 
@@ -47,8 +47,9 @@ def test_a_repeated_forward_reuses_the_last_ones_pages():
     on, off = _forwards(), _forwards(**{PAD_ENV: "0"})
     assert on["pad"] == DEFAULT_PAD_MB * 2**20 and off["pad"] is None
     # Without the pad, glibc hands the freed heap top back and each forward faults its activations afresh (here,
-    # hundreds of MB per forward); with it, next to nothing.
-    assert on["faults"] * page <= 16 * 2**20, (
+    # 130-390 MiB per forward); with it, next to nothing alone, and a few tens of MiB beside the suite's other
+    # worker: at most 16 MiB, or half of what the same forward faults without the pad (a pad that does nothing: 3/4).
+    assert on["faults"] * page <= 16 * 2**20 or 2 * on["faults"] <= off["faults"], (
         f"a repeated forward faulted {on['faults'] * page / 2**20:.0f} MiB of fresh pages with the pad "
         f"({off['faults'] * page / 2**20:.0f} MiB without)")
 
