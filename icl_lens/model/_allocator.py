@@ -21,18 +21,14 @@ glibc (macOS, musl) nothing is done.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
-import threading
 
 PAD_ENV = "ICL_LENS_TOP_PAD_MB"
 DEFAULT_PAD_MB = 512
 GLIBC_DEFAULT_PAD = 128 * 1024  # glibc's M_TOP_PAD when nothing sets it (mallopt(3))
 _M_TOP_PAD = -2  # <malloc.h>
-
-_lock = threading.Lock()
-_applied: int | None = None  # the pad set by keep_freed_memory in this process, None before (or where it did not)
-_tried = False
 
 
 def pad_from_environment() -> int | None:
@@ -63,13 +59,9 @@ def set_top_pad(pad: int) -> bool:
     return mallopt(_M_TOP_PAD, int(pad)) == 1
 
 
+@functools.cache  # once per process (an environment that raises is read again on the next call)
 def keep_freed_memory() -> int | None:
     """Set the process's top pad from the environment (:func:`pad_from_environment`), the first time only; the pad
     in bytes that this process runs with because of it, or None (off, glibc's own setting, not glibc)."""
-    global _applied, _tried
-    with _lock:
-        if not _tried:
-            pad = pad_from_environment()
-            _tried = True
-            _applied = pad if pad is not None and set_top_pad(pad) else None
-        return _applied
+    pad = pad_from_environment()
+    return pad if pad is not None and set_top_pad(pad) else None
