@@ -1,12 +1,12 @@
-"""Benchmark: a forward and ``token_patches`` with glibc's default top pad and with the one ``load_model`` sets.
+"""Benchmark: a forward and ``token_patches`` with glibc's first heap settings and with the ones ``load_model`` sets.
 
 ``icl_lens.model._allocator``: without a pad, glibc hands the freed top of its heap back to the kernel, and each
 call faults its activations onto fresh pages. In one process, per model, prompt length and thread count, the calls
-run in rounds with the pad set to glibc's default (128 KiB) and to ``load_model``'s (``mallopt(M_TOP_PAD)``), the
-two modes alternating call by call so a drifting load falls on both. Per call and mode: median wall time, system
-(kernel) time and minor page faults; the resident set after the call and its peak during it (``VmHWM`` reset at
-the call's start). The prompts are README.md's first tokens. This script does not import ``benchmarks/common.py``, whose fixed mmap and trim thresholds (set
-for its memory readings) are not glibc's defaults.
+run in rounds with the top pad and mmap threshold set to glibc's first values (128 KiB each; once any is set, glibc no
+longer raises the threshold itself) and to ``load_model``'s (both the pad, ``set_top_pad``), the two modes
+alternating call by call so a drifting load falls on both. Per call and mode: median wall time, system (kernel) time
+and minor page faults; the resident set after the call and its peak during it (``VmHWM`` reset at the call's start).
+The prompts are README.md's first tokens.
 
     python benchmarks/bench_allocator.py [--models smollm2-135m gemma-3-270m] [--lengths 256 1024] [--repeats 2]
 """
@@ -112,13 +112,13 @@ def main() -> None:
 
 def write(args, load_before: float, rows: list[dict]) -> None:
     pad = rows[0]["pad_mib"]
-    lines = [f"## Freed memory kept mapped between forwards: glibc's default top pad vs {pad:.0f} MiB "
+    lines = [f"## Freed memory kept mapped between forwards: glibc's first top pad and mmap threshold vs {pad:.0f} MiB "
              "(`icl_lens.model._allocator`)", "",
              f"Command: `{command('python benchmarks/bench_allocator.py', None)}`. "
-             f"Machine: {machine('cpu', load_before)}; float32, glibc's own mmap and trim thresholds.", "",
+             f"Machine: {machine('cpu', load_before)}; float32.", "",
              "Per call, in one process, the two modes alternating call by call; medians of "
-             f"{args.repeats} rounds, each call measured after an unmeasured one in its mode. *Default* = glibc's top pad (128 KiB), which `load_model` "
-             f"replaces with {pad:.0f} MiB (`ICL_LENS_TOP_PAD_MB`). System time is the kernel's, mostly page faults "
+             f"{args.repeats} rounds, each call measured after an unmeasured one in its mode. *Default* = glibc's first top pad and mmap threshold "
+             f"(128 KiB each), which `load_model` replaces with {pad:.0f} MiB (`ICL_LENS_TOP_PAD_MB`). System time is the kernel's, mostly page faults "
              "here; *peak* = the process's resident set at its highest during the call, *after* = when it "
              "returned (both MiB, the loaded model included).", "",
              "| model | tokens | threads | call | wall s: default → pad | pad / default | system s | minor faults "

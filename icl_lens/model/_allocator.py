@@ -1,22 +1,32 @@
-"""Freed memory stays mapped between forwards (glibc's ``M_TOP_PAD``), so a forward does not page-fault afresh.
+"""Freed memory stays mapped between forwards (glibc's ``M_TOP_PAD`` and ``M_MMAP_THRESHOLD``), so a forward does
+not page-fault afresh.
 
 A forward allocates its activations and frees them before the next call. glibc hands the free top of its heap back
 to the kernel whenever more than its trim threshold lies there, so the next forward's activations land on fresh
 pages: each page costs a minor fault and the kernel's zeroing of it, in system time. ``mallopt(M_TOP_PAD, pad)``
 makes glibc keep ``pad`` bytes at the heap's top when it trims (and ask for them when it grows), so a repeated
-forward reuses the pages of the last one. Measured, a forward with and without it in one process
+forward reuses the pages of the last one.
+
+Setting the pad also freezes glibc's mmap threshold (which it would otherwise raise, up to 32 MiB, as large blocks
+are freed) where it stands, 128 KiB on a fresh process: a block above it that the heap's free top cannot hold is
+mapped on its own, faulted in, and unmapped when freed, every call. SmolLM2's attention scores at 1,024 tokens are
+36 MiB; ``token_patches``, whose kept factors take room at the heap's top, faulted 0.14-0.5 million pages per call
+with the pad alone. So the threshold is set to the pad as well: a block the pad could keep comes from the heap.
+Measured, a forward with and without it in one process
 (``benchmarks/bench_allocator.py``, ``BENCHMARKS.md``): most of SmolLM2's system time at 1,024 tokens is these
 faults.
 
 What it costs: up to ``pad`` bytes of freed memory stay resident (they count in RSS) instead of going back to the
 kernel until the process ends, and the peak resident set can rise a little (the same benchmark measures both). An
 allocation larger than the free room at the heap's top (Gemma 3's full-vocabulary logits of a long prompt) is still
-mapped and unmapped on its own, with or without the pad.
+mapped and unmapped on its own, with or without the pad. With the threshold raised, freed blocks below the heap's
+top stay resident until a later call reuses them (``malloc_trim`` hands them back).
 
 :func:`load_model` applies it once per process (:func:`keep_freed_memory`), with the pad
 ``$ICL_LENS_TOP_PAD_MB`` (default :data:`DEFAULT_PAD_MB`; ``0`` leaves glibc's default). Where the environment
-sets glibc's own ``MALLOC_TOP_PAD_`` or ``GLIBC_TUNABLES`` ``glibc.malloc.top_pad``, that one stays; elsewhere than
-glibc (macOS, musl) nothing is done.
+sets glibc's own top pad or mmap threshold (``MALLOC_TOP_PAD_``, ``MALLOC_MMAP_THRESHOLD_``, or ``GLIBC_TUNABLES``
+``glibc.malloc.top_pad`` / ``glibc.malloc.mmap_threshold``), glibc's settings stay; elsewhere than glibc (macOS, musl)
+nothing is done.
 """
 from __future__ import annotations
 
@@ -27,15 +37,17 @@ import platform
 
 PAD_ENV = "ICL_LENS_TOP_PAD_MB"
 DEFAULT_PAD_MB = 512
-GLIBC_DEFAULT_PAD = 128 * 1024  # glibc's M_TOP_PAD when nothing sets it (mallopt(3))
-_M_TOP_PAD = -2  # <malloc.h>
+GLIBC_DEFAULT_PAD = 128 * 1024  # glibc's M_TOP_PAD, and its first M_MMAP_THRESHOLD, when nothing sets them (mallopt(3))
+_M_TOP_PAD, _M_MMAP_THRESHOLD = -2, -3  # <malloc.h>
+_GLIBC_SETTINGS = ("MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_")
 
 
 def pad_from_environment() -> int | None:
     """The pad in bytes that :func:`keep_freed_memory` sets: ``$ICL_LENS_TOP_PAD_MB`` (default
-    :data:`DEFAULT_PAD_MB`), or None when it is 0 or glibc's own variables set one."""
+    :data:`DEFAULT_PAD_MB`), or None when it is 0 or glibc's own variables set a top pad or mmap threshold."""
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if "MALLOC_TOP_PAD_" in os.environ or "glibc.malloc.top_pad" in tunables:
+    if any(name in os.environ for name in _GLIBC_SETTINGS) or any(
+            f"glibc.malloc.{name}" in tunables for name in ("top_pad", "mmap_threshold")):
         return None
     raw = os.environ.get(PAD_ENV, "").strip()
     try:
@@ -48,7 +60,8 @@ def pad_from_environment() -> int | None:
 
 
 def set_top_pad(pad: int) -> bool:
-    """``mallopt(M_TOP_PAD, pad)`` on glibc; False where there is no glibc or it refused."""
+    """``mallopt(M_TOP_PAD, pad)`` and ``mallopt(M_MMAP_THRESHOLD, pad)`` on glibc (:data:`GLIBC_DEFAULT_PAD`: glibc's
+    first values of both); False where there is no glibc or it refused."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
@@ -56,7 +69,7 @@ def set_top_pad(pad: int) -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return mallopt(_M_TOP_PAD, int(pad)) == 1
+    return all(mallopt(option, int(pad)) == 1 for option in (_M_TOP_PAD, _M_MMAP_THRESHOLD))
 
 
 @functools.cache  # once per process (an environment that raises is read again on the next call)
