@@ -17,10 +17,13 @@ Measured, a forward with and without it in one process
 faults.
 
 What it costs: up to ``pad`` bytes of freed memory stay resident (they count in RSS) instead of going back to the
-kernel until the process ends, and the peak resident set can rise a little (the same benchmark measures both). An
-allocation larger than the free room at the heap's top (Gemma 3's full-vocabulary logits of a long prompt) is still
-mapped and unmapped on its own, with or without the pad. With the threshold raised, freed blocks below the heap's
-top stay resident until a later call reuses them (``malloc_trim`` hands them back).
+kernel until the process ends, and the peak resident set rises: freed blocks below the heap's top stay resident
+until a later call reuses them (``malloc_trim`` hands them back), most on long prompts, whose attention scores are
+blocks of hundreds of MiB (Gemma 3 at 4,096 tokens: ``token_patches`` in about 0.7x the time, its peak a few hundred
+MiB higher; the same benchmark at ``--lengths 4096``). A block larger than the pad is still mapped, faulted in and
+unmapped on its own, each time: Gemma 3's full-vocabulary logits of a long prompt, and SmolLM2's 576 MiB attention
+scores at 4,096 tokens, where most of a call's time is then the kernel's (a larger pad serves those from the heap
+too, for gigabytes more at the peak).
 
 :func:`load_model` applies it once per process (:func:`keep_freed_memory`), with the pad
 ``$ICL_LENS_TOP_PAD_MB`` (default :data:`DEFAULT_PAD_MB`; ``0`` leaves glibc's default). Where the environment
