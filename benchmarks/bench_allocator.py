@@ -112,14 +112,14 @@ def main() -> None:
 
 def write(args, load_before: float, rows: list[dict]) -> None:
     pad = rows[0]["pad_mib"]
-    lines = [f"## Freed memory kept mapped between forwards: glibc's first top pad and mmap threshold vs {pad:.0f} MiB "
-             "(`icl_lens.model._allocator`)", "",
+    lines = [f"## Freed memory kept mapped between forwards: glibc's first top pad and mmap threshold vs "
+             f"{pad:.0f} MiB (`icl_lens.model._allocator`)", "",
              f"Command: `{command('python benchmarks/bench_allocator.py', None)}`. "
              f"Machine: {machine('cpu', load_before)}; float32.", "",
              "Per call, in one process, the two modes alternating call by call; medians of "
-             f"{args.repeats} rounds, each call measured after an unmeasured one in its mode. *Default* = glibc's first top pad and mmap threshold "
-             f"(128 KiB each), which `load_model` replaces with {pad:.0f} MiB (`ICL_LENS_TOP_PAD_MB`). System time is the kernel's, mostly page faults "
-             "here; *peak* = the process's resident set at its highest during the call, *after* = when it "
+             f"{args.repeats} rounds, each call measured after an unmeasured one in its mode. *Default* = glibc's "
+             f"first top pad and mmap threshold (128 KiB each), which `load_model` replaces with {pad:.0f} MiB "
+             "(`ICL_LENS_TOP_PAD_MB`). System time is the kernel's, mostly page faults here; *peak* = the process's resident set at its highest during the call, *after* = when it "
              "returned (both MiB, the loaded model included).", "",
              "| model | tokens | threads | call | wall s: default → pad | pad / default | system s | minor faults "
              "| peak MiB | after MiB |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -48,7 +48,7 @@ print(json.dumps({"mapped": sum(b.data_ptr() > brk for b in blocks)}))
 """
 
 
-def _forwards(script: str = FORWARDS, **env) -> dict:
+def _fresh_process(script: str, **env) -> dict:
     clean = {k: v for k, v in os.environ.items()
              if k not in (PAD_ENV, "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")}
     out = subprocess.run([sys.executable, "-c", script], env={**clean, **env}, capture_output=True, text=True,
@@ -59,7 +59,7 @@ def _forwards(script: str = FORWARDS, **env) -> dict:
 @pytest.mark.skipif(not GLIBC, reason="the pad is glibc's M_TOP_PAD; elsewhere load_model sets nothing")
 def test_a_repeated_forward_reuses_the_last_ones_pages():
     page = resource.getpagesize()
-    on, off = _forwards(), _forwards(**{PAD_ENV: "0"})
+    on, off = _fresh_process(FORWARDS), _fresh_process(FORWARDS, **{PAD_ENV: "0"})
     assert on["pad"] == DEFAULT_PAD_MB * 2**20 and off["pad"] is None
     # Without the pad, glibc hands the freed heap top back and each forward faults its activations afresh (here,
     # 130-390 MiB per forward); with it, next to nothing alone, and a few tens of MiB beside the suite's other
@@ -75,8 +75,8 @@ def test_a_block_the_pad_could_keep_comes_from_the_heap():
     # mapped on its own and faulted in afresh each call (token_patches on SmolLM2 at 1,024 tokens: 0.14-0.5 million
     # faults per call). load_model raises the threshold to the pad: none is mapped (a pad alone: 6 of the 16; no pad:
     # all 16).
-    assert _forwards(BLOCKS)["mapped"] == 0
-    assert _forwards(BLOCKS, **{PAD_ENV: "0"})["mapped"] == 16
+    assert _fresh_process(BLOCKS)["mapped"] == 0
+    assert _fresh_process(BLOCKS, **{PAD_ENV: "0"})["mapped"] == 16
 
 
 def test_the_pad_setting_is_read_refused_and_left_to_glibc_as_documented(monkeypatch):

@@ -42,15 +42,14 @@ PAD_ENV = "ICL_LENS_TOP_PAD_MB"
 DEFAULT_PAD_MB = 512
 GLIBC_DEFAULT_PAD = 128 * 1024  # glibc's M_TOP_PAD, and its first M_MMAP_THRESHOLD, when nothing sets them (mallopt(3))
 _M_TOP_PAD, _M_MMAP_THRESHOLD = -2, -3  # <malloc.h>
-_GLIBC_SETTINGS = ("MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_")
+_GLIBC_OWN = {"MALLOC_TOP_PAD_": "glibc.malloc.top_pad", "MALLOC_MMAP_THRESHOLD_": "glibc.malloc.mmap_threshold"}
 
 
 def pad_from_environment() -> int | None:
     """The pad in bytes that :func:`keep_freed_memory` sets: ``$ICL_LENS_TOP_PAD_MB`` (default
     :data:`DEFAULT_PAD_MB`), or None when it is 0 or glibc's own variables set a top pad or mmap threshold."""
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if any(name in os.environ for name in _GLIBC_SETTINGS) or any(
-            f"glibc.malloc.{name}" in tunables for name in ("top_pad", "mmap_threshold")):
+    if any(variable in os.environ or tunable in tunables for variable, tunable in _GLIBC_OWN.items()):
         return None
     raw = os.environ.get(PAD_ENV, "").strip()
     try:
