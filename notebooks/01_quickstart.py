@@ -43,7 +43,7 @@
 # shrink for attention.
 #
 # **Memory.** In the notebook tests (SmolLM2-135M, solutions on) this kernel peaked at
-# <!-- report:memory_01 -->1.25 GB (above the 1 GB Binder guarantees; measured 2026-12-06)<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
+# <!-- report:memory_01 -->1.23 GB (above the 1 GB Binder guarantees; measured 2026-12-06)<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
 
 # %%
 import dataclasses

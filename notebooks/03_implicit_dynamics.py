@@ -31,7 +31,7 @@
 # icl_lens computes all n+1 steps for every layer in one batched forward, factored.
 #
 # **Memory.** In the notebook tests (SmolLM2-135M, solutions on) this kernel peaked at
-# <!-- report:memory_03 -->1.18 GB (above the 1 GB Binder guarantees; measured 2026-12-06)<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
+# <!-- report:memory_03 -->1.15 GB (above the 1 GB Binder guarantees; measured 2026-12-06)<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
 
 # %%
 import pandas as pd

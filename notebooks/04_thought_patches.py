@@ -38,7 +38,7 @@
 # Notebook 02 did the same on the regression lab (section 4).
 #
 # **Memory.** In the notebook tests (SmolLM2-135M, solutions on) this kernel peaked at
-# <!-- report:memory_04 -->1.30 GB (above the 1 GB Binder guarantees; measured 2026-12-06)<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
+# <!-- report:memory_04 -->1.28 GB (above the 1 GB Binder guarantees; measured 2026-12-06)<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
 
 # %%
 import gc

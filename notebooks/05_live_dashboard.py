@@ -20,7 +20,7 @@
 # context is consumed.
 #
 # **Memory.** In the notebook tests (SmolLM2-135M, solutions on) this kernel peaked at
-# <!-- report:memory_05 -->1.22 GB (above the 1 GB Binder guarantees; measured 2026-12-06)<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
+# <!-- report:memory_05 -->1.23 GB (above the 1 GB Binder guarantees; measured 2026-12-06)<!-- /report -->: run one notebook's kernel at a time (Binder allows up to 2 GB when its machine has it free).
 
 # %% [markdown] tags=["lesson"]
 # **Learning objective.** Use what notebooks 01–04 built to explore your own prompts: read the per-token patch
