@@ -13,7 +13,6 @@ The prompts are README.md's first tokens.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import resource
 import statistics
@@ -27,26 +26,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout roo
 from experiments.report import command, load_average, machine, write_fragment, write_json  # noqa: E402
 from icl_lens import load_model, token_patches  # noqa: E402
 from icl_lens.model import GLIBC_DEFAULT_PAD, keep_freed_memory, set_top_pad  # noqa: E402
+from common import reset_peak_rss, status_kib, trim_heap  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "reports" / "bench_allocator.md"
 TEXT = Path(__file__).resolve().parents[1] / "README.md"
 
 
-LIBC = ctypes.CDLL(None)
-
-
-def _kib(field: str) -> int:
-    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field + ":"))
-
 
 def one_call(fn) -> dict[str, float]:
     """Wall and system seconds, minor faults, resident set after and peak during (MiB) of one call of ``fn``."""
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    if not reset_peak_rss():
+        raise SystemExit("this benchmark reads the peak resident set through /proc/self/clear_refs (Linux)")
     before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     fn()
     wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
     return {"wall_s": wall, "sys_s": after.ru_stime - before.ru_stime, "faults": after.ru_minflt - before.ru_minflt,
-            "rss_mib": _kib("VmRSS") / 1024, "peak_mib": _kib("VmHWM") / 1024}
+            "rss_mib": status_kib("VmRSS") / 1024, "peak_mib": status_kib("VmHWM") / 1024}
 
 
 def compare(fns: dict, pad: int, repeats: int) -> dict[str, dict[str, dict[str, float]]]:
@@ -59,7 +54,7 @@ def compare(fns: dict, pad: int, repeats: int) -> dict[str, dict[str, dict[str, 
         for name, fn in fns.items():
             for mode, value in modes.items():
                 set_top_pad(value)
-                LIBC.malloc_trim(0)
+                trim_heap()
                 fn()
                 got[name][mode].append(one_call(fn))
     set_top_pad(pad)
@@ -81,8 +76,8 @@ def main() -> None:
         model = load_model(name)
         pad = keep_freed_memory()
         if pad is None:
-            raise SystemExit("load_model set no top pad here (not glibc, ICL_LENS_TOP_PAD_MB=0 or glibc's own "
-                             "MALLOC_TOP_PAD_): nothing to compare")
+            raise SystemExit("load_model set no top pad here (not glibc, ICL_LENS_TOP_PAD_MB=0, or glibc's own "
+                             "MALLOC_TOP_PAD_ or MALLOC_MMAP_THRESHOLD_): nothing to compare")
         text_ids = model.to_tokens(TEXT.read_text(), truncate=False)[0]
         for n in args.lengths:
             ids = text_ids[:n]

@@ -77,20 +77,28 @@ def _libc():
 _LIBC = _libc()
 
 
-def _status_kib(field: str) -> float:
+def status_kib(field: str) -> float:
+    """A field of ``/proc/self/status`` in KiB (``VmRSS``, ``VmHWM``), NaN where there is none."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return float(line.split()[1])
     return float("nan")
 
 
-def cpu_peak_supported() -> bool:
-    """Whether the process's peak RSS can be reset here (Linux ``/proc/self/clear_refs``)."""
+def reset_peak_rss() -> bool:
+    """Reset the process's peak RSS (``VmHWM``) to its current RSS (Linux ``/proc/self/clear_refs``, "5"); False
+    where that is not supported."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
         return True
     except OSError:
         return False
+
+
+def trim_heap() -> None:
+    """Hand the C heap's freed memory back to the kernel (glibc's ``malloc_trim``; nothing elsewhere)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
 
 
 @contextmanager
@@ -114,14 +122,13 @@ def peak_memory(device: str = "cpu"):
         torch.cuda.synchronize()
         result["mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
         return
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-    if not cpu_peak_supported():
+    trim_heap()
+    if not reset_peak_rss():
         yield result
         return
-    base = _status_kib("VmRSS")
+    base = status_kib("VmRSS")
     yield result
-    result["mb"] = max(0.0, _status_kib("VmHWM") - base) / 1024
+    result["mb"] = max(0.0, status_kib("VmHWM") - base) / 1024
 
 
 def measure(fn, *, device: str = "cpu", repeats: int = 3, warmup: int = 1, clock: str = "wall") -> tuple[float, float]:

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
 
 import pytest
 
-from icl_lens.model._allocator import DEFAULT_PAD_MB, PAD_ENV, pad_from_environment
+from icl_lens.model._allocator import DEFAULT_PAD_MB, PAD_ENV, on_glibc, pad_from_environment
 
-GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+GLIBC = on_glibc()
 
 # A fresh process (the pad is set once per process, at the first load_model): SmolLM2 at 512 tokens, the minor page
 # faults of a forward repeated after two (its logits, 100 MB, fit inside the default pad).

@@ -61,10 +61,16 @@ def pad_from_environment() -> int | None:
     return mb * 2**20 or None
 
 
+@functools.cache
+def on_glibc() -> bool:
+    """Whether this process runs on glibc (Linux), whose ``mallopt`` settings this module sets."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
 def set_top_pad(pad: int) -> bool:
     """``mallopt(M_TOP_PAD, pad)`` and ``mallopt(M_MMAP_THRESHOLD, pad)`` on glibc (:data:`GLIBC_DEFAULT_PAD`: glibc's
     first values of both); False where there is no glibc or it refused."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not on_glibc():
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
