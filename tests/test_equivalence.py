@@ -6,6 +6,7 @@ patch applied through hooks) must reproduce the contextual logits at every posit
 import pytest
 import torch
 
+import icl_lens
 from icl_lens import token_patches, verify_equivalence
 from icl_lens.model._block_family import block_family
 from icl_lens.model._tiny_models import TINY_NAMES
@@ -96,3 +97,60 @@ def test_one_pass_equals_the_naive_method_float64(load, name):
             continue
         scale = max(float(f.abs().max()), floor) if block_family(model).parallel else float(f.abs().max())
         assert (f - n).abs().max() <= 1e-10 * scale, name_
+
+
+FACTORS = ("delta", "v", "correction")
+
+
+def _chunk_error(model, prompt, chunk: int | None, one=None) -> float:
+    """Largest relative difference of the factors computed in chunks of ``chunk`` queries (None: the default) from
+    those of one forward (``one``, computed when not given)."""
+    one = token_patches(model, prompt, query_chunk=None) if one is None else one
+    parts = token_patches(model, prompt) if chunk is None else token_patches(model, prompt, query_chunk=chunk)
+    assert bool((parts.zero_input == one.zero_input).all())
+    return max(float((getattr(parts, k) - getattr(one, k)).abs().max() / getattr(one, k).abs().max().clamp_min(1e-30))
+               for k in FACTORS)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_a_prompt_in_query_chunks_is_the_one_forward(load, name, dtype):
+    """A prompt longer than ``query_chunk`` runs in forwards of that many queries over the cached keys and values of
+    the positions before them: the same factors as one forward, and the identity holds. Chunks of 5 (inside the tiny
+    models' sliding window of 6) and 16 (past it), over a prompt of 74 characters."""
+    model = load(name, dtype)
+    for chunk in (5, 16):
+        assert _chunk_error(model, PROMPT, chunk) <= {torch.float64: 1e-12, torch.float32: 1e-5}[dtype]
+        patches = token_patches(model, PROMPT, query_chunk=chunk)
+        assert verify_equivalence(model, PROMPT, patches).relative_error <= TOLERANCE[dtype]
+        norms = icl_lens.patch_norms(model, PROMPT, progress=False, query_chunk=chunk)
+        assert torch.allclose(torch.tensor(norms["norm"].to_numpy()), patches.norms().double().reshape(-1),
+                              rtol={torch.float64: 1e-10, torch.float32: 1e-4}[dtype], atol=0)
+
+
+@pytest.mark.parametrize("fixture", ["gemma", "smollm"])
+def test_embedded_models_in_query_chunks_float32(request, fixture):
+    """Gemma 3 270M past its 512-token sliding window, and SmolLM2: 600 tokens in chunks of 256 give the one forward's
+    factors up to float32 rounding (the identity itself is checked in chunks on every tiny family above); the default
+    is a chunk of 512."""
+    import inspect
+
+    from icl_lens.patches import QUERY_CHUNK
+
+    model = request.getfixturevalue(fixture)
+    text = " ".join(f"item {i} is {i * 7 % 13};" for i in range(200))
+    ids = model.to_tokens(text, truncate=False)[0][:600]
+    assert ids.numel() == 600 > QUERY_CHUNK
+    assert inspect.signature(token_patches).parameters["query_chunk"].default == QUERY_CHUNK
+    one = token_patches(model, ids, query_chunk=None)
+    assert _chunk_error(model, ids, 256, one) <= 1e-4
+    assert _chunk_error(model, ids, None, one) <= 1e-4
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "512"])
+def test_query_chunk_must_be_a_positive_count(load, bad):
+    model = load("tiny-llama")
+    with pytest.raises(ValueError, match="query_chunk must be a positive number of tokens or None"):
+        token_patches(model, PROMPT, query_chunk=bad)
+    with pytest.raises(ValueError, match="query_chunk"):
+        icl_lens.patch_norms(model, PROMPT, progress=False, query_chunk=bad)

@@ -18,7 +18,7 @@ from icl_lens._lazy_exports import lazy_exports
 if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads this block)
     from icl_lens.patches._attribution import (PatchAttribution, PatchWrites, patch_attribution, patch_authors,
                                                patch_writes)
-    from icl_lens.patches._batches import PromptBatch, length_batches, patch_norms, prompt_batch
+    from icl_lens.patches._batches import QUERY_CHUNK, PromptBatch, length_batches, patch_norms, prompt_batch
     from icl_lens.patches._capture import ZeroNormWarning, dense_weights
     from icl_lens.patches._context_effect import ContextEffect, context_effect
     from icl_lens.patches._dense_weights import DenseWeights, NonFiniteWeightsError, StaleWeightsError

@@ -29,6 +29,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from icl_lens.core._kept_attention import default_kept_mask, removal_kept_mask
+from icl_lens.patches._memory import QUERY_CHUNK
 from icl_lens.patches._patch_set import TokenPatches, norm_frame
 from icl_lens.model._block_family import block_family
 from icl_lens.patches._capture import (
@@ -38,6 +39,7 @@ from icl_lens.patches._capture import (
     is_bos_kept,
     removed_mask,
     run_capture,
+    run_capture_in_chunks,
     warn_zero_inputs,
 )
 from icl_lens.model._prompts import PromptError, encode_prompts, pad_id, right_padded, str_tokens
@@ -121,12 +123,31 @@ def _progress(total: int, enabled: bool, desc: str):
     return tqdm(total=total, disable=not enabled, desc=desc, unit="prompt")
 
 
+
+
+def check_query_chunk(query_chunk) -> None:
+    if query_chunk is not None and (isinstance(query_chunk, bool) or not isinstance(query_chunk, int)
+                                    or query_chunk < 1):
+        raise ValueError(f"query_chunk must be a positive number of tokens or None, got {query_chunk!r}")
+
+
+def chunked(batch: PromptBatch, query_chunk: int | None) -> bool:
+    """Whether the batch is one prompt longer than ``query_chunk`` (run by
+    :func:`~icl_lens.patches._capture.run_capture_in_chunks`; the default kept sets only)."""
+    return query_chunk is not None and batch.ids.shape[0] == 1 and batch.kept is None and batch.ids.shape[1] > query_chunk
+
+
 def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bool = True, batch_size: int = 16,
-                          progress: bool = False, layers: Iterable[int] | None = None) -> list[TokenPatches]:
+                          progress: bool = False, layers: Iterable[int] | None = None,
+                          query_chunk: int | None = QUERY_CHUNK) -> list[TokenPatches]:
     """:func:`icl_lens.token_patches` for a list of prompts (one :class:`TokenPatches` each, in order).
 
     ``layers``: only these layers are computed, and each forward stops after the last of them.
+    ``query_chunk``: a prompt longer than this, in a batch of its own and with the default kept sets, runs in
+    forwards of ``query_chunk`` queries over the cached keys and values of the positions before them
+    (:func:`~icl_lens.patches._capture.run_capture_in_chunks`); ``None``: one forward whatever the length.
     """
+    check_query_chunk(query_chunk)
     family = block_family(model)
     wanted = selected_layers(model, layers)
     ids = encode_prompts(model, prompts)
@@ -140,9 +161,12 @@ def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bo
             n = batch.ids.shape[1]
             out = empty_factors(model, n, dev, batch=len(chunk), layers=wanted, zeroed=False)
             keep_bos_arg = bool(batch.keep_bos[0]) if len(chunk) == 1 else batch.keep_bos
-            capture = LayerCapture(model, family, batch.kept, remove is None, keep_bos_arg, out, q=n,
-                                   lengths=batch.lengths, layers=wanted)
-            run_capture(model, capture, batch.ids, batch.attention_mask)
+            if chunked(batch, query_chunk):
+                run_capture_in_chunks(model, family, batch.ids, keep_bos_arg, out, query_chunk, wanted)
+            else:
+                capture = LayerCapture(model, family, batch.kept, remove is None, keep_bos_arg, out, q=n,
+                                       lengths=batch.lengths, layers=wanted)
+                run_capture(model, capture, batch.ids, batch.attention_mask)
             for row, i in enumerate(chunk):
                 m = int(batch.lengths[row])
                 take = (lambda t: t[:, 0]) if len(chunk) == 1 else (lambda t, m=m, row=row: t[:, row, :m].clone())
@@ -162,12 +186,15 @@ def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bo
 
 
 def iter_patch_norms(model, prompts: Sequence, *, batch_size: int = 16, layers: Iterable[int] | None = None,
-                     keep_bos: bool = True) -> Iterator[tuple[list[int], list[dict[str, np.ndarray]]]]:
+                     keep_bos: bool = True, query_chunk: int | None = QUERY_CHUNK,
+                     ) -> Iterator[tuple[list[int], list[dict[str, np.ndarray]]]]:
     """Per batch: the prompt indices and, for each, ``layer``/``position``/``norm``/``correction_norm`` arrays.
 
     Memory stays O(batch · layers · tokens · (d_model + d_mlp)) whatever the number of prompts. Ids already
-    encoded (:func:`~icl_lens.model.encode_prompt`) are taken as they are.
+    encoded (:func:`~icl_lens.model.encode_prompt`) are taken as they are. ``query_chunk``: as
+    :func:`batched_token_patches`'.
     """
+    check_query_chunk(query_chunk)
     family = block_family(model)
     ids = encode_prompts(model, prompts)
     wanted = selected_layers(model, layers)
@@ -180,9 +207,12 @@ def iter_patch_norms(model, prompts: Sequence, *, batch_size: int = 16, layers: 
                for key in ("norm", "correction_norm")}
         out["zero_input"] = torch.zeros(k, len(chunk), n, dtype=torch.bool, device=dev)
         keep_bos_arg = bool(batch.keep_bos[0]) if len(chunk) == 1 else batch.keep_bos
-        capture = LayerCapture(model, family, None, True, keep_bos_arg, out, q=n, lengths=batch.lengths,
-                               layers=wanted, norm_weights=weights)
-        run_capture(model, capture, batch.ids, batch.attention_mask)
+        if chunked(batch, query_chunk):
+            run_capture_in_chunks(model, family, batch.ids, keep_bos_arg, out, query_chunk, wanted, norm_weights=weights)
+        else:
+            capture = LayerCapture(model, family, None, True, keep_bos_arg, out, q=n, lengths=batch.lengths,
+                                   layers=wanted, norm_weights=weights)
+            run_capture(model, capture, batch.ids, batch.attention_mask)
         rows = []
         for row, i in enumerate(chunk):
             m = int(batch.lengths[row])
@@ -197,12 +227,13 @@ def iter_patch_norms(model, prompts: Sequence, *, batch_size: int = 16, layers: 
 
 
 def patch_norms(model: Model, prompts: Sequence, *, batch_size: int = 16, layers: Iterable[int] | None = None,
-                progress: bool = True, keep_bos: bool = True) -> pd.DataFrame:
+                progress: bool = True, keep_bos: bool = True, query_chunk: int | None = QUERY_CHUNK) -> pd.DataFrame:
     """Patch and correction norms of many prompts as one tidy table, keeping no factors.
 
     Columns ``prompt`` (index into ``prompts``), ``layer``, ``position``, ``token``, ``norm``
     (``‖ΔW‖_F``, docs/design.md §2), ``correction_norm``. Same numbers as
-    ``token_patches(model, p).to_frame()`` for each prompt, up to rounding.
+    ``token_patches(model, p).to_frame()`` for each prompt, up to rounding. ``query_chunk``: as
+    :func:`icl_lens.token_patches`'.
     """
     if isinstance(prompts, (list, tuple)) and len(prompts) == 0:
         raise PromptError("the list of prompts is empty")
@@ -211,7 +242,8 @@ def patch_norms(model: Model, prompts: Sequence, *, batch_size: int = 16, layers
     ids = encode_prompts(model, prompts)
     frames: list[pd.DataFrame | None] = [None] * len(ids)
     with _progress(len(ids), progress, "patch norms") as bar:
-        for chunk, rows in iter_patch_norms(model, ids, batch_size=batch_size, layers=layers, keep_bos=keep_bos):
+        for chunk, rows in iter_patch_norms(model, ids, batch_size=batch_size, layers=layers, keep_bos=keep_bos,
+                                             query_chunk=query_chunk):
             for i, cols in zip(chunk, rows):
                 frames[i] = norm_frame(tokens=str_tokens(model, ids[i]), **cols)
                 frames[i].insert(0, "prompt", i)

@@ -20,7 +20,9 @@ Everything is computed in-flight inside the hooks (memory O(layers·pos·d_model
 forward stops after the last block's MLP input (:mod:`icl_lens.model._reading`), so the
 unembedding never runs. The capture works on right-padded batches of prompts (one prompt
 is the batch of one); :mod:`icl_lens.patches._batches` forms them and adds the norms-only
-mode; :func:`icl_lens.patches._token_patches.token_patches` is the public entry.
+mode; :func:`run_capture_in_chunks` runs one long prompt in forwards of a few queries over the cached keys and
+values of the positions before them (the same factors; scores of ``chunk × n`` instead of ``n × n``);
+:func:`icl_lens.patches._token_patches.token_patches` is the public entry.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
 from icl_lens.patches._dense_weights import DenseWeights
 from icl_lens.core._kept_attention import bos_and_self_output, kept_set_output, removes_nothing
@@ -343,3 +346,23 @@ def run_capture(model, capture: LayerCapture, ids: Tensor, attention_mask: Tenso
             model(ids, return_type=None)
         else:
             model(ids, return_type=None, attention_mask=attention_mask)
+
+
+def run_capture_in_chunks(model, family: BlockFamily, ids: Tensor, keep_bos: bool, out: dict[str, Tensor | None],
+                          chunk: int, layers: Sequence[int] | None = None, norm_weights=None) -> None:
+    """The default-kept capture of one prompt ``ids`` ``[1, n]``, ``chunk`` query positions per forward.
+
+    Each forward runs positions ``p..p+chunk−1`` over the keys and values of the positions before them (a plain
+    ``DynamicCache``, as :mod:`icl_lens.patches._incremental` keeps), so every query sees its whole causal prefix and
+    the factors are those of one forward up to rounding; the attention scores of a forward are
+    ``chunk × (p + chunk)`` instead of ``n × n``. ``out`` holds ``[layers, 1, n, …]`` buffers, filled in place
+    (``norm_weights``: the norms-only buffers, as :class:`LayerCapture`'s).
+    """
+    n, cache, bos_values = ids.shape[-1], DynamicCache(), {}
+    for p in range(0, n, chunk):
+        e = min(p + chunk, n)
+        rows = {key: None if buf is None else buf[:, :, p:e] for key, buf in out.items()}  # views: written in place
+        capture = LayerCapture(model, family, None, True, keep_bos, rows, offset=p, bos_values=bos_values,
+                               q=e - p, layers=layers, norm_weights=norm_weights)
+        with torch.no_grad(), activations_captured(model, capture.all_hooks(), stop_after=capture.last_site):
+            model(ids[:, p:e], past_key_values=cache, return_type=None)

@@ -22,6 +22,7 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")  # where cgroup file systems are mounted (a folder of files in tests)
 PROC_CGROUP = Path("/proc/self/cgroup")
 EQUIVALENCE_CHUNK = 128  # verify_equivalence's default chunk_size
+QUERY_CHUNK = 512  # token_patches' default query_chunk (icl_lens.patches._batches reads it from here)
 
 
 def format_bytes(n: float) -> str:
@@ -66,7 +67,7 @@ class MemoryEstimate:
 
 
 def estimate_patches_memory(model, n_tokens: int, *, noise_floor: bool = False,
-                            equivalence: bool = True) -> MemoryEstimate:
+                            equivalence: bool = True, query_chunk: int | None = QUERY_CHUNK) -> MemoryEstimate:
     """What the token patches of an ``n_tokens`` prompt on ``model`` (a loaded bridge) need.
 
     Within about 25% of the peak RSS of ``icl-lens patches`` measured on SmolLM2-135M (30 layers,
@@ -74,7 +75,9 @@ def estimate_patches_memory(model, n_tokens: int, *, noise_floor: bool = False,
     ``tokens · layers · (d_mlp + d_model)`` for the factors and activations, ``min(tokens, 128) ·
     vocabulary`` for the (chunked) equivalence check and ``heads · tokens²`` for attention.
     ``noise_floor``: a float32 copy of the model and its logits too (half precision);
-    ``equivalence=False``: no equivalence check (a sweep runs none).
+    ``equivalence=False``: no equivalence check (a sweep runs none). ``query_chunk``: the queries per forward
+    (:func:`icl_lens.token_patches`' default for one prompt: scores of ``heads · min(tokens, query_chunk) · tokens``;
+    None: one forward, ``heads · tokens²``, as a batch of several prompts runs).
     """
     from icl_lens.model._block_family import block_family
     from icl_lens.model._types import patch_dtype
@@ -86,7 +89,8 @@ def estimate_patches_memory(model, n_tokens: int, *, noise_floor: bool = False,
     L, D, F, H, V = cfg.n_layers, cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_vocab
     weights = L * (dense + 1) * F * D * patch
     factors = L * n * (dense * F + 2 * D) * patch
-    activations = 4 * L * n * D * patch + 3 * H * n * n * 8  # scores, float64 softmax, mask
+    rows = n if query_chunk is None else min(n, query_chunk)
+    activations = 4 * L * n * D * patch + 3 * H * rows * n * 8  # scores, float64 softmax, mask
     chunk = min(n, EQUIVALENCE_CHUNK)  # verify_equivalence unembeds and compares this many positions at a time
     check = 4 * chunk * V * logit if equivalence else 0  # contextual logits, kept-only rows, their stack, the diff
     if noise_floor:

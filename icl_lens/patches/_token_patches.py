@@ -8,7 +8,8 @@ with ``A`` the MLP input of the contextual pass and ``a`` the one of the kept-on
 (BOS + query by default). The patch set keeps ``δ = A − a`` and forms ``u`` from the
 model's dense weights when asked (:mod:`icl_lens.patches._patch_set`). :func:`token_patches` computes every layer and position from
 one contextual forward (:mod:`icl_lens.patches._capture`, batched by
-:mod:`icl_lens.patches._batches`); :func:`token_patches_naive` recomputes them with one
+:mod:`icl_lens.patches._batches`; a long prompt in forwards of ``query_chunk`` queries over the cached keys and
+values of the positions before them, docs/design.md §2); :func:`token_patches_naive` recomputes them with one
 kept-only forward per query and layer. :func:`verify_equivalence` checks the identity
 that makes them exact: the kept-only forward with every patch applied
 (:mod:`icl_lens.patches._kept_only`) gives the contextual logits at ``t``.
@@ -27,7 +28,7 @@ from torch import Tensor
 from icl_lens.core._kept_attention import removes_nothing
 from icl_lens.patches._patch_set import TokenPatches
 from icl_lens.core._token_patch import input_pseudo_inverse
-from icl_lens.patches._batches import batched_token_patches, is_prompt_list
+from icl_lens.patches._batches import QUERY_CHUNK, batched_token_patches, is_prompt_list
 from icl_lens.model._block_family import block_family
 from icl_lens.patches._kept_only import kept_only_logits, kept_only_masks, patches_applied
 from icl_lens.model._greedy import unembedded
@@ -44,13 +45,13 @@ Prompt = str | Sequence[int] | Int[Tensor, " pos"]
 @overload
 def token_patches(model: Model, prompt: Prompt, *, remove: Iterable[int] | slice | None = None,  # type: ignore[overload-overlap]
                   keep_bos: bool = True, batch_size: int = 16, progress: bool = False,
-                  layers: Iterable[int] | None = None) -> TokenPatches: ...
+                  layers: Iterable[int] | None = None, query_chunk: int | None = QUERY_CHUNK) -> TokenPatches: ...
 
 
 @overload
 def token_patches(model: Model, prompt: Sequence[Prompt], *, remove: Iterable[int] | slice | None = None,
                   keep_bos: bool = True, batch_size: int = 16, progress: bool = False,
-                  layers: Iterable[int] | None = None) -> list[TokenPatches]: ...
+                  layers: Iterable[int] | None = None, query_chunk: int | None = QUERY_CHUNK) -> list[TokenPatches]: ...
 
 
 def token_patches(
@@ -62,6 +63,7 @@ def token_patches(
     batch_size: int = 16,
     progress: bool = False,
     layers: Iterable[int] | None = None,
+    query_chunk: int | None = QUERY_CHUNK,
 ) -> TokenPatches | list[TokenPatches]:
     """Token patches (docs/design.md §2) of every layer and position of ``prompt``, from one forward.
 
@@ -74,12 +76,17 @@ def token_patches(
     BOS (attention sink), so the context-free input stays in distribution. ``layers``:
     only these layers (negative indices as Python's; default all); the result holds them in
     increasing order with their true indices (``TokenPatches.layers``), and the forward
-    stops after the last one.
+    stops after the last one. ``query_chunk``: a prompt longer than this (in a batch of its own, nothing
+    removed) runs in forwards of ``query_chunk`` queries over the cached keys and values of the positions
+    before them: the same patches up to rounding, with attention scores of ``query_chunk × n`` per forward
+    instead of ``n × n`` (less memory and, past the chunk, less attention arithmetic: the causal triangle
+    only); ``None`` runs one forward.
     """
     if is_prompt_list(prompt):
-        return batched_token_patches(model, prompt, remove=remove, keep_bos=keep_bos,
-                                     batch_size=batch_size, progress=progress, layers=layers)
-    return batched_token_patches(model, [prompt], remove=remove, keep_bos=keep_bos, batch_size=1, layers=layers)[0]
+        return batched_token_patches(model, prompt, remove=remove, keep_bos=keep_bos, batch_size=batch_size,
+                                     progress=progress, layers=layers, query_chunk=query_chunk)
+    return batched_token_patches(model, [prompt], remove=remove, keep_bos=keep_bos, batch_size=1, layers=layers,
+                                 query_chunk=query_chunk)[0]
 
 
 @torch.no_grad()

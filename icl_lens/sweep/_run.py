@@ -166,9 +166,10 @@ def _encoded_batches(lm, rows: list[SweepRow], batch_size: int
 def _needs(lm, lengths: list[int]) -> int:
     """Bytes a batch of prompts of these token counts needs (the estimate of ``icl-lens patches``, without its
     equivalence check: the weights once, the factors and activations of every row at the padded length)."""
-    from icl_lens.patches._memory import estimate_patches_memory
+    from icl_lens.patches._memory import QUERY_CHUNK, estimate_patches_memory
 
-    est = estimate_patches_memory(lm, max(lengths), equivalence=False)
+    est = estimate_patches_memory(lm, max(lengths), equivalence=False,
+                                  query_chunk=None if len(lengths) > 1 else QUERY_CHUNK)  # a batch runs unchunked
     return est.weights + len(lengths) * (est.total - est.weights)
 
 
