@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout root, for experiments.report
@@ -31,14 +32,15 @@ from common import (CLOCKS, flops, measure, op_difference, op_times, peak_memory
 from experiments.report import command, load_average, machine, write_fragment  # noqa: E402
 from icl_lens import load_model, patch_norms, token_patches  # noqa: E402
 from icl_lens.model import activations_captured, block_family  # noqa: E402
-from icl_lens.patches import token_patches_naive  # noqa: E402
+from icl_lens.patches import QUERY_CHUNK, token_patches_naive  # noqa: E402
 
 
 def floor_calls(model, ids):
     """The work the definitions ask for, without the capture: the contextual pass stopped where the patches stop
-    (after the last block's MLP input, no hook reading anything), and each layer's two context-free pieces on
-    tensors of the prompt's shape (the kept-only attention output ``attn_0`` through the output projection and any
-    post-attention norm, and the MLP input ``a`` through the block's norm)."""
+    (after the last block's MLP input, no hook reading anything; a prompt longer than ``QUERY_CHUNK`` in the same
+    forwards of that many queries over a key/value cache as ``token_patches`` runs), and each layer's two
+    context-free pieces on tensors of the prompt's shape (the kept-only attention output ``attn_0`` through the
+    output projection and any post-attention norm, and the MLP input ``a`` through the block's norm)."""
     family, cfg = block_family(model), model.cfg
     last = family.mlp_input(cfg.n_layers - 1)
     n = ids.numel()
@@ -46,8 +48,11 @@ def floor_calls(model, ids):
     r = torch.randn(n, cfg.d_model, dtype=cfg.dtype, device=ids.device)
 
     def stopped():
-        with activations_captured(model, [(last, lambda x, hook: None)], stop_after=last):
-            model(ids[None], return_type=None)
+        cache = DynamicCache() if n > QUERY_CHUNK else None
+        for start in range(0, n, QUERY_CHUNK if cache is not None else n):
+            with activations_captured(model, [(last, lambda x, hook: None)], stop_after=last):
+                model(ids[None, start:start + QUERY_CHUNK] if cache is not None else ids[None],
+                      past_key_values=cache, return_type=None)
 
     def pieces():
         for layer in range(cfg.n_layers):
@@ -186,14 +191,17 @@ def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: 
               "operations are not counted), counted by torch's `FlopCounterMode` in the same run: what the ratio would be if time followed arithmetic alone. "
               "The patches need every layer's contextual attention and every MLP but the last, plus the kept-only "
               "attention output (its output projection once more per layer); they skip the unembedding and the "
-              "last MLP. A time ratio above the arithmetic ratio is overhead (hooks, small tensor operations); below it "
+              "last MLP. A prompt longer than `QUERY_CHUNK` "
+              f"({QUERY_CHUNK}) tokens runs in forwards of that many queries over a key/value cache, which skip the "
+              "masked upper triangle of scores the forward computes: its arithmetic ratio falls with the length. A "
+              "time ratio above the arithmetic ratio is overhead (hooks, small tensor operations); below it "
               "would take less arithmetic than the definitions ask for."]
     floors = [r for r in rows if "stopped_s" in r]
     if floors:
         lines += ["", "**Against the work the definitions ask for** (`--floor`, same run; forward, stopped, pieces and "
                   "patches timed again in rounds, one call of each per round, medians): *stopped* = the contextual "
                   "pass alone, stopped where the patches stop (after the last block's MLP input, no hook reading "
-                  "anything); *pieces* = each layer's context-free pieces (`attn_0` through the output projection and "
+                  "anything; past the chunk, in the same chunks over a key/value cache); *pieces* = each layer's context-free pieces (`attn_0` through the output projection and "
                   "any post-attention norm, `a` through the block's norm) on tensors of the prompt's shape; *floor* = "
                   "(stopped + pieces) / forward, the ratio no capture can go below on this implementation of "
                   "attention (the bridge's eager attention: its mask, scaling and softmax over n² scores are "
