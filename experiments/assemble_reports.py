@@ -23,7 +23,7 @@ HEADERS = {
               "each section names its command and machine. Ratios are against a baseline measured in the "
               "same run. Rebuild this file with `python -m experiments.assemble_reports`.\n"),
 }
-ORDER = ["summary", "patches", "patches_4096", "patches_floor", "patches_floor_all_cores", "gpu", "trajectory", "dashboard", "attribution", "thought",
+ORDER = ["summary", "patches", "patches_4096", "patches_floor", "patches_floor_all_cores", "patches_256_rounds", "patches_256_rounds_all_cores", "gpu", "trajectory", "dashboard", "attribution", "thought",
          "thought_all_cores", "spikes", "finetune_alignment", "lab_training", "lab"]
 
 

@@ -123,9 +123,8 @@ def _progress(total: int, enabled: bool, desc: str):
     return tqdm(total=total, disable=not enabled, desc=desc, unit="prompt")
 
 
-
-
 def check_query_chunk(query_chunk) -> None:
+    """``ValueError`` unless ``query_chunk`` is a positive int or None (a bool is refused)."""
     if query_chunk is not None and (isinstance(query_chunk, bool) or not isinstance(query_chunk, int)
                                     or query_chunk < 1):
         raise ValueError(f"query_chunk must be a positive number of tokens or None, got {query_chunk!r}")
@@ -134,7 +133,8 @@ def check_query_chunk(query_chunk) -> None:
 def chunked(batch: PromptBatch, query_chunk: int | None) -> bool:
     """Whether the batch is one prompt longer than ``query_chunk`` (run by
     :func:`~icl_lens.patches._capture.run_capture_in_chunks`; the default kept sets only)."""
-    return query_chunk is not None and batch.ids.shape[0] == 1 and batch.kept is None and batch.ids.shape[1] > query_chunk
+    return (query_chunk is not None and batch.ids.shape[0] == 1 and batch.kept is None
+            and batch.ids.shape[1] > query_chunk)
 
 
 def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bool = True, batch_size: int = 16,

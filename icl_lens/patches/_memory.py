@@ -70,10 +70,12 @@ def estimate_patches_memory(model, n_tokens: int, *, noise_floor: bool = False,
                             equivalence: bool = True, query_chunk: int | None = QUERY_CHUNK) -> MemoryEstimate:
     """What the token patches of an ``n_tokens`` prompt on ``model`` (a loaded bridge) need.
 
-    Within about 25% of the peak RSS of ``icl-lens patches`` measured on SmolLM2-135M (30 layers,
-    49k vocabulary) at 256–1,500 tokens (tests/test_cli.py repeats one such run); it grows as
+    It errs high: the peak RSS of token patches and the equivalence check on SmolLM2-135M (30 layers, 49k
+    vocabulary) measured 0.65 of it at 1,091 tokens and 0.86 at 2,491 (tests/test_cli.py repeats such a run at
+    about 300 tokens and asserts a factor of 2 either way); it grows as
     ``tokens · layers · (d_mlp + d_model)`` for the factors and activations, ``min(tokens, 128) ·
-    vocabulary`` for the (chunked) equivalence check and ``heads · tokens²`` for attention.
+    vocabulary`` for the (chunked) equivalence check and ``heads · min(tokens, query_chunk) · tokens`` for
+    attention.
     ``noise_floor``: a float32 copy of the model and its logits too (half precision);
     ``equivalence=False``: no equivalence check (a sweep runs none). ``query_chunk``: the queries per forward
     (:func:`icl_lens.token_patches`' default for one prompt: scores of ``heads · min(tokens, query_chunk) · tokens``;
