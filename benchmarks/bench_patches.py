@@ -48,11 +48,10 @@ def floor_calls(model, ids):
     r = torch.randn(n, cfg.d_model, dtype=cfg.dtype, device=ids.device)
 
     def stopped():
-        cache = DynamicCache() if n > QUERY_CHUNK else None
-        for start in range(0, n, QUERY_CHUNK if cache is not None else n):
+        cache, step = (DynamicCache(), QUERY_CHUNK) if n > QUERY_CHUNK else (None, n)
+        for start in range(0, n, step):
             with activations_captured(model, [(last, lambda x, hook: None)], stop_after=last):
-                model(ids[None, start:start + QUERY_CHUNK] if cache is not None else ids[None],
-                      past_key_values=cache, return_type=None)
+                model(ids[None, start:start + step], past_key_values=cache, return_type=None)
 
     def pieces():
         for layer in range(cfg.n_layers):
@@ -201,8 +200,8 @@ def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: 
         lines += ["", "**Against the work the definitions ask for** (`--floor`, same run; forward, stopped, pieces and "
                   "patches timed again in rounds, one call of each per round, medians): *stopped* = the contextual "
                   "pass alone, stopped where the patches stop (after the last block's MLP input, no hook reading "
-                  "anything; past the chunk, in the same chunks over a key/value cache); *pieces* = each layer's context-free pieces (`attn_0` through the output projection and "
-                  "any post-attention norm, `a` through the block's norm) on tensors of the prompt's shape; *floor* = "
+                  "anything; past the chunk, in the same chunks over a key/value cache); *pieces* = each layer's "
+                  "context-free pieces (`attn_0` through the output projection and any post-attention norm, `a` through the block's norm) on tensors of the prompt's shape; *floor* = "
                   "(stopped + pieces) / forward, the ratio no capture can go below on this implementation of "
                   "attention (the bridge's eager attention: its mask, scaling and softmax over n² scores are "
                   "element-wise work the forward does too, which the arithmetic ratio does not count). The target "
