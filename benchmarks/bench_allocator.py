@@ -32,7 +32,6 @@ OUT = Path(__file__).resolve().parents[1] / "reports" / "bench_allocator.md"
 TEXT = Path(__file__).resolve().parents[1] / "README.md"
 
 
-
 def one_call(fn) -> dict[str, float]:
     """Wall and system seconds, minor faults, resident set after and peak during (MiB) of one call of ``fn``."""
     if not reset_peak_rss():
@@ -114,8 +113,9 @@ def write(args, load_before: float, rows: list[dict]) -> None:
              "Per call, in one process, the two modes alternating call by call; medians of "
              f"{args.repeats} rounds, each call measured after an unmeasured one in its mode. *Default* = glibc's "
              f"first top pad and mmap threshold (128 KiB each), which `load_model` replaces with {pad:.0f} MiB "
-             "(`ICL_LENS_TOP_PAD_MB`). System time is the kernel's, mostly page faults here; *peak* = the process's resident set at its highest during the call, *after* = when it "
-             "returned (both MiB, the loaded model included).", "",
+             "(`ICL_LENS_TOP_PAD_MB`). System time is the kernel's, mostly page faults here; *peak* = the process's "
+             "resident set at its highest during the call, *after* = when it returned (both MiB, the loaded model "
+             "included).", "",
              "| model | tokens | threads | call | wall s: default → pad | pad / default | system s | minor faults "
              "| peak MiB | after MiB |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

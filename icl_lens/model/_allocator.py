@@ -19,11 +19,12 @@ faults.
 What it costs: up to ``pad`` bytes of freed memory stay resident (they count in RSS) instead of going back to the
 kernel until the process ends, and the peak resident set rises: freed blocks below the heap's top stay resident
 until a later call reuses them (``malloc_trim`` hands them back), most on long prompts, whose attention scores are
-blocks of hundreds of MiB (Gemma 3 at 4,096 tokens: ``token_patches`` in about 0.7x the time, its peak a few hundred
-MiB higher; the same benchmark at ``--lengths 4096``). A block larger than the pad is still mapped, faulted in and
-unmapped on its own, each time: Gemma 3's full-vocabulary logits of a long prompt, and SmolLM2's 576 MiB attention
-scores at 4,096 tokens, where most of a call's time is then the kernel's (a larger pad serves those from the heap
-too, for gigabytes more at the peak).
+blocks of hundreds of MiB (Gemma 3 at 4,096 tokens, the same benchmark at ``--lengths 4096``: a plain forward in
+0.8x the time, its peak about 0.7 GiB higher; ``token_patches``, which runs such a prompt in query chunks, in 0.7x
+the time, its peak about 60 MiB higher). A block larger than the pad is still mapped, faulted in and unmapped on its
+own, each time: Gemma 3's full-vocabulary logits of a long prompt, and a plain forward's 576 MiB attention scores on
+SmolLM2 at 4,096 tokens, where most of the forward's time is then the kernel's (a larger pad serves those from the
+heap too, for gigabytes more at the peak).
 
 :func:`load_model` applies it once per process (:func:`keep_freed_memory`), with the pad
 ``$ICL_LENS_TOP_PAD_MB`` (default :data:`DEFAULT_PAD_MB`; ``0`` leaves glibc's default). Where the environment

@@ -130,11 +130,18 @@ def check_query_chunk(query_chunk) -> None:
         raise ValueError(f"query_chunk must be a positive number of tokens or None, got {query_chunk!r}")
 
 
-def chunked(batch: PromptBatch, query_chunk: int | None) -> bool:
-    """Whether the batch is one prompt longer than ``query_chunk`` (run by
-    :func:`~icl_lens.patches._capture.run_capture_in_chunks`; the default kept sets only)."""
-    return (query_chunk is not None and batch.ids.shape[0] == 1 and batch.kept is None
-            and batch.ids.shape[1] > query_chunk)
+def capture_batch(model, family, batch: PromptBatch, out: dict, keep_bos, layers: Sequence[int],
+                  query_chunk: int | None, *, default_kept: bool = True, norm_weights=None) -> None:
+    """Fill ``out`` with the batch's factors (or norms, with ``norm_weights``): one prompt longer than
+    ``query_chunk`` with the default kept sets in forwards of that many queries
+    (:func:`~icl_lens.patches._capture.run_capture_in_chunks`), anything else in one forward."""
+    n = batch.ids.shape[1]
+    if query_chunk is not None and batch.ids.shape[0] == 1 and batch.kept is None and n > query_chunk:
+        run_capture_in_chunks(model, family, batch.ids, keep_bos, out, query_chunk, layers, norm_weights=norm_weights)
+        return
+    capture = LayerCapture(model, family, batch.kept, default_kept, keep_bos, out, q=n, lengths=batch.lengths,
+                           layers=layers, norm_weights=norm_weights)
+    run_capture(model, capture, batch.ids, batch.attention_mask)
 
 
 def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bool = True, batch_size: int = 16,
@@ -161,12 +168,7 @@ def batched_token_patches(model, prompts: Sequence, *, remove=None, keep_bos: bo
             n = batch.ids.shape[1]
             out = empty_factors(model, n, dev, batch=len(chunk), layers=wanted, zeroed=False)
             keep_bos_arg = bool(batch.keep_bos[0]) if len(chunk) == 1 else batch.keep_bos
-            if chunked(batch, query_chunk):
-                run_capture_in_chunks(model, family, batch.ids, keep_bos_arg, out, query_chunk, wanted)
-            else:
-                capture = LayerCapture(model, family, batch.kept, remove is None, keep_bos_arg, out, q=n,
-                                       lengths=batch.lengths, layers=wanted)
-                run_capture(model, capture, batch.ids, batch.attention_mask)
+            capture_batch(model, family, batch, out, keep_bos_arg, wanted, query_chunk, default_kept=remove is None)
             for row, i in enumerate(chunk):
                 m = int(batch.lengths[row])
                 take = (lambda t: t[:, 0]) if len(chunk) == 1 else (lambda t, m=m, row=row: t[:, row, :m].clone())
@@ -207,12 +209,7 @@ def iter_patch_norms(model, prompts: Sequence, *, batch_size: int = 16, layers: 
                for key in ("norm", "correction_norm")}
         out["zero_input"] = torch.zeros(k, len(chunk), n, dtype=torch.bool, device=dev)
         keep_bos_arg = bool(batch.keep_bos[0]) if len(chunk) == 1 else batch.keep_bos
-        if chunked(batch, query_chunk):
-            run_capture_in_chunks(model, family, batch.ids, keep_bos_arg, out, query_chunk, wanted, norm_weights=weights)
-        else:
-            capture = LayerCapture(model, family, None, True, keep_bos_arg, out, q=n, lengths=batch.lengths,
-                                   layers=wanted, norm_weights=weights)
-            run_capture(model, capture, batch.ids, batch.attention_mask)
+        capture_batch(model, family, batch, out, keep_bos_arg, wanted, query_chunk, norm_weights=weights)
         rows = []
         for row, i in enumerate(chunk):
             m = int(batch.lengths[row])
