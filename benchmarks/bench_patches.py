@@ -31,6 +31,7 @@ from common import (CLOCKS, flops, measure, op_difference, op_times, peak_memory
 
 from experiments.report import command, load_average, machine, write_fragment  # noqa: E402
 from icl_lens import load_model, patch_norms, token_patches  # noqa: E402
+from icl_lens.core import bos_and_self_output, input_pseudo_inverse  # noqa: E402
 from icl_lens.model import activations_captured, block_family  # noqa: E402
 from icl_lens.patches import QUERY_CHUNK, token_patches_naive  # noqa: E402
 
@@ -40,25 +41,53 @@ def floor_calls(model, ids):
     (after the last block's MLP input, no hook reading anything; a prompt longer than ``QUERY_CHUNK`` in the same
     forwards of that many queries over a key/value cache as ``token_patches`` runs), and each layer's two
     context-free pieces on tensors of the prompt's shape (the kept-only attention output ``attn_0`` through the
-    output projection and any post-attention norm, and the MLP input ``a`` through the block's norm)."""
+    output projection and any post-attention norm, and the MLP input ``a`` through the block's norm).
+
+    Two more, for the floor of a capture through hook points: *read*, the same stopped pass with a hook doing
+    nothing at each of the five sites per layer the capture reads (residual, values, scores, attention output,
+    MLP input: what reading them through TransformerLens's hook points costs), and *element-wise*, each layer's
+    element-wise work of the definitions on tensors of the prompt's (or chunk's) shape, written into the result's
+    buffers (``z⁰`` renormalised over the BOS and the query itself from the scores and values, ``δ = A − a``,
+    ``v = a/‖a‖²``, ``correction = attn_C − attn_0``)."""
     family, cfg = block_family(model), model.cfg
     last = family.mlp_input(cfg.n_layers - 1)
-    n = ids.numel()
-    z0 = torch.randn(n, cfg.n_heads, cfg.d_head, dtype=cfg.dtype, device=ids.device)
-    r = torch.randn(n, cfg.d_model, dtype=cfg.dtype, device=ids.device)
+    n, d, dtype, device = ids.numel(), cfg.d_model, cfg.dtype, ids.device
+    z0 = torch.randn(n, cfg.n_heads, cfg.d_head, dtype=dtype, device=device)
+    r = torch.randn(n, d, dtype=dtype, device=device)
+    step = QUERY_CHUNK if n > QUERY_CHUNK else n
+    reads = [(site, lambda x, hook: None) for layer in range(cfg.n_layers)
+             for site in (family.resid_pre(layer), family.values(layer), family.scores(layer),
+                          family.attn_out(layer), family.mlp_input(layer))]
+
+    def pass_with(hooks):
+        cache = DynamicCache() if n > step else None
+        for start in range(0, n, step):
+            with activations_captured(model, hooks, stop_after=last):
+                model(ids[None, start:start + step], past_key_values=cache, return_type=None)
 
     def stopped():
-        cache, step = (DynamicCache(), QUERY_CHUNK) if n > QUERY_CHUNK else (None, n)
-        for start in range(0, n, step):
-            with activations_captured(model, [(last, lambda x, hook: None)], stop_after=last):
-                model(ids[None, start:start + step], past_key_values=cache, return_type=None)
+        pass_with([(last, lambda x, hook: None)])
 
     def pieces():
         for layer in range(cfg.n_layers):
             block = model.blocks[layer]
             attn_0 = family.kept_attention_output(block, z0)
             family.context_free_mlp_input(block, r, attn_0, r)
-    return stopped, pieces
+
+    kv_heads = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    scores = torch.randn(1, cfg.n_heads, step, step, dtype=dtype, device=device)
+    values = torch.randn(1, step, kv_heads, cfg.d_head, dtype=dtype, device=device)
+    A, a, attn_C, attn_0 = (torch.randn(n, d, dtype=dtype, device=device) for _ in range(4))
+
+    def elementwise():
+        delta, v, correction = (torch.empty(cfg.n_layers, n, d, dtype=dtype, device=device) for _ in range(3))
+        for layer in range(cfg.n_layers):
+            for start in range(0, n, step):
+                bos_and_self_output(scores, values, keep_bos=True)
+            torch.sub(A, a, out=delta[layer])
+            v[layer] = input_pseudo_inverse(a)[0]
+            torch.sub(attn_C, attn_0, out=correction[layer])
+    return stopped, pieces, lambda: pass_with(reads), elementwise
 
 
 def main() -> None:
@@ -107,8 +136,9 @@ def main() -> None:
                 t_norms, m_norms = measure(lambda: patch_norms(model, [ids], progress=False), **rep)
                 floor = {}
                 if args.floor:  # the four timed again in rounds (a drifting load falls on all alike)
-                    stopped, pieces = floor_calls(model, ids)
+                    stopped, pieces, read, elementwise = floor_calls(model, ids)
                     t = time_rounds({"forward": lambda: model(ids[None]), "stopped": stopped, "pieces": pieces,
+                                     "read": read, "elementwise": elementwise,
                                      "patches": lambda: token_patches(model, ids)}, **rep)
                     with peak_memory(args.device) as mem_stopped:
                         stopped()
@@ -121,7 +151,10 @@ def main() -> None:
                              "stopped_s": t["stopped"], "pieces_s": t["pieces"],
                              "floor_ratio": (t["stopped"] + t["pieces"]) / t["forward"],
                              "rounds_patches_ratio": t["patches"] / t["forward"],
-                             "over_floor": t["patches"] / (t["stopped"] + t["pieces"])}
+                             "over_floor": t["patches"] / (t["stopped"] + t["pieces"]),
+                             "read_s": t["read"], "elementwise_s": t["elementwise"],
+                             "read_floor_ratio": (t["read"] + t["pieces"] + t["elementwise"]) / t["forward"],
+                             "over_read_floor": t["patches"] / (t["read"] + t["pieces"] + t["elementwise"])}
                     if args.ops:
                         ours = op_times(lambda: token_patches(model, ids), args.device)
                         theirs = op_times(lambda: (stopped(), pieces()), args.device)
@@ -209,14 +242,23 @@ def write(args, load_before: float, rows: list, batched_rows: list, naive_rows: 
                   "*peak stopped* = the stopped pass's growth (measured like the others), *factors* = the bytes of "
                   "what the result keeps (δ, v and the correction of every layer and position); no capture can grow "
                   "less than their sum.", "",
-                  "| model | tokens | forward ms | stopped ms | pieces ms | floor | 1.05 × arithmetic | patches ratio "
-                  "| patches / (stopped + pieces) | peak MiB stopped | factors MiB | peak MiB patches / (stopped + "
-                  "factors) |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "A capture that reads through hook points pays two more: *read* = the stopped pass with a hook "
+                  "doing nothing at each of the five sites per layer the capture reads (residual, values, scores, "
+                  "attention output, MLP input), *element-wise* = each layer's element-wise work of the definitions on "
+                  "tensors of the prompt's shape, written into the result's buffers (`z⁰` over the BOS and the query "
+                  "from the scores and values, `δ = A − a`, `v = a/‖a‖²`, `correction = attn_C − attn_0`); *floor "
+                  "with reads* = (read + pieces + element-wise) / forward. What the patches take beyond it is the "
+                  "capture's own: its Python per layer, the finite checks, the rows' bookkeeping.", "",
+                  "| model | tokens | forward ms | stopped ms | pieces ms | floor | read ms | element-wise ms | floor "
+                  "with reads | 1.05 × arithmetic | patches ratio | patches / (stopped + pieces) | patches / (read + "
+                  "pieces + element-wise) | peak MiB stopped | factors MiB | peak MiB patches / (stopped + factors) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {r['model']} | {r['tokens']} | {r['rounds_forward_s']*1e3:.1f} | {r['stopped_s']*1e3:.1f} | "
-                  f"{r['pieces_s']*1e3:.1f} | {r['floor_ratio']:.3f} | {1.05 * r['flops_ratio']:.3f} | "
-                  f"{r['rounds_patches_ratio']:.3f} | {r['over_floor']:.3f} | {r['peak_mib_stopped']:.0f} | "
-                  f"{r['factors_mib']:.0f} | {r['memory_over_floor']:.3f} |" for r in floors]
+                  f"{r['pieces_s']*1e3:.1f} | {r['floor_ratio']:.3f} | {r['read_s']*1e3:.1f} | "
+                  f"{r['elementwise_s']*1e3:.1f} | {r['read_floor_ratio']:.3f} | {1.05 * r['flops_ratio']:.3f} | "
+                  f"{r['rounds_patches_ratio']:.3f} | {r['over_floor']:.3f} | {r['over_read_floor']:.3f} | "
+                  f"{r['peak_mib_stopped']:.0f} | {r['factors_mib']:.0f} | {r['memory_over_floor']:.3f} |"
+                  for r in floors]
     for r in (r for r in floors if "ops" in r):
         gap = r["ops_s"] - r["ops_floor_s"]
         lines += ["", f"Operators, {r['model']} at {r['tokens']} tokens (`--ops`: torch.profiler, one call each, self "

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (lazy_exports reads
     from icl_lens.core._attribution import (gauss_legendre, head_source_parts, head_source_shares, integrated_jacobian,
                                             integrated_vjp, share_cotangent)
     from icl_lens.core._factored import diff_norm, gram_cosine, patch_cosine, patch_inner, patch_norm, sum_norm
-    from icl_lens.core._kept_attention import default_kept_mask, kept_set_output, removal_kept_mask
+    from icl_lens.core._kept_attention import bos_and_self_output, default_kept_mask, kept_set_output, removal_kept_mask
     from icl_lens.core._least_squares import SingularFitError, factored_least_squares, gram, input_map, relative_ridge
     from icl_lens.core._norms import rms_normalize
     from icl_lens.core._power_law import PowerLawFit, power_law_fit
