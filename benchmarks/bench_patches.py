@@ -36,6 +36,15 @@ from icl_lens.model import activations_captured, block_family  # noqa: E402
 from icl_lens.patches import QUERY_CHUNK, token_patches_naive  # noqa: E402
 
 
+def read_sites(model) -> list[str]:
+    """The hook points ``token_patches`` reads, five per layer: residual, values, scores, attention output, MLP
+    input."""
+    family = block_family(model)
+    return [site for layer in range(model.cfg.n_layers)
+            for site in (family.resid_pre(layer), family.values(layer), family.scores(layer),
+                         family.attn_out(layer), family.mlp_input(layer))]
+
+
 def floor_calls(model, ids):
     """The work the definitions ask for, without the capture: the contextual pass stopped where the patches stop
     (after the last block's MLP input, no hook reading anything; a prompt longer than ``QUERY_CHUNK`` in the same
@@ -55,9 +64,7 @@ def floor_calls(model, ids):
     z0 = torch.randn(n, cfg.n_heads, cfg.d_head, dtype=dtype, device=device)
     r = torch.randn(n, d, dtype=dtype, device=device)
     step = QUERY_CHUNK if n > QUERY_CHUNK else n
-    reads = [(site, lambda x, hook: None) for layer in range(cfg.n_layers)
-             for site in (family.resid_pre(layer), family.values(layer), family.scores(layer),
-                          family.attn_out(layer), family.mlp_input(layer))]
+    reads = [(site, lambda x, hook: None) for site in read_sites(model)]
 
     def pass_with(hooks):
         cache = DynamicCache() if n > step else None

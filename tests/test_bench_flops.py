@@ -67,3 +67,23 @@ def test_patches_do_the_forward_arithmetic_less_the_unembedding_and_last_mlp(loa
         floor = f_fwd - 2 * n * c.d_model * c.d_vocab - 2 * n * n_dense * c.d_model * c.d_mlp
         extra_projection = 2 * n * c.n_heads * c.d_head * c.d_model * c.n_layers
         assert floor <= f_patch <= floor + extra_projection, (name, f_fwd, f_patch, floor)
+
+
+def test_the_floor_with_reads_reads_what_the_capture_reads(load):
+    """bench_patches' *read* floor hooks the capture's own sites (a capture that read a sixth site, or a floor that
+    lost one, would time another pass), and its four floor calls run, in one forward and in query chunks."""
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
+    from bench_patches import floor_calls, read_sites
+
+    from icl_lens.model import block_family
+    from icl_lens.model._tiny_models import TINY_NAMES
+    from icl_lens.patches._capture import LayerCapture, empty_factors
+    for name in TINY_NAMES:
+        model = load(name)
+        capture = LayerCapture(model, block_family(model), None, True, True, empty_factors(model, 4, "cpu", batch=1),
+                               q=4)
+        assert read_sites(model) == [site for site, _ in capture.all_hooks()], name
+    model = load("tiny-llama")  # rotary: no position table to run out of at 520 tokens
+    for n in (6, 520):  # 520: past QUERY_CHUNK, the chunked floor
+        for call in floor_calls(model, torch.randint(3, model.cfg.d_vocab, (n,))):
+            call()
