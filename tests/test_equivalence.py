@@ -114,13 +114,30 @@ def _chunk_error(model, prompt, chunk: int | None, one=None) -> float:
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("name", TINY_NAMES)
-def test_a_prompt_in_query_chunks_is_the_one_forward(load, name, dtype):
+def test_a_prompt_in_query_chunks_is_the_one_forward(load, name, dtype, monkeypatch):
     """A prompt longer than ``query_chunk`` runs in forwards of that many queries over the cached keys and values of
-    the positions before them: the same factors as one forward, and the identity holds. Chunks of 5 (inside the tiny
-    models' sliding window of 6) and 16 (past it), over a prompt of 74 characters."""
+    the positions before them: the same factors as one forward, and the identity holds, its contextual side read in
+    the same chunks. Chunks of 5 (inside the tiny models' sliding window of 6) and 16 (past it), over a prompt of 74
+    characters."""
+    from icl_lens.model._prompts import encode_prompt
+    from icl_lens.patches import _token_patches
+
     model = load(name, dtype)
+    ids = encode_prompt(model, PROMPT)
+    whole = _token_patches._final_hidden(model, ids)
     for chunk in (5, 16):
         assert _chunk_error(model, PROMPT, chunk) <= {torch.float64: 1e-12, torch.float32: 1e-5}[dtype]
+        monkeypatch.setattr(_token_patches, "QUERY_CHUNK", chunk)
+        lengths = []  # the query positions of each forward the check's contextual side runs
+        forward = model.forward
+        model.forward = lambda x, *a, **k: lengths.append(x.shape[-1]) or forward(x, *a, **k)
+        try:
+            hidden = _token_patches._final_hidden(model, ids)
+        finally:
+            del model.forward
+        assert max(lengths) == chunk and sum(lengths) == ids.numel(), lengths
+        assert float((hidden - whole).abs().max()) <= {torch.float64: 1e-12, torch.float32: 1e-5}[dtype] * float(
+            whole.abs().max())
         patches = token_patches(model, PROMPT, query_chunk=chunk)
         assert verify_equivalence(model, PROMPT, patches).relative_error <= TOLERANCE[dtype]
         norms = icl_lens.patch_norms(model, PROMPT, progress=False, query_chunk=chunk)

@@ -27,7 +27,7 @@ values of the positions before them (the same factors; scores of ``chunk × n`` 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -348,21 +348,33 @@ def run_capture(model, capture: LayerCapture, ids: Tensor, attention_mask: Tenso
             model(ids, return_type=None, attention_mask=attention_mask)
 
 
+def run_in_query_chunks(model, ids: Tensor, chunk: int | None,
+                        reads: Callable[[int, int], tuple[list[tuple[str, object]], str]]) -> None:
+    """Forwards of one prompt ``ids`` ``[1, n]``, ``chunk`` query positions each, over the keys and values of the
+    positions before them (a plain ``DynamicCache``, as :mod:`icl_lens.patches._incremental` keeps: every query sees
+    its whole causal prefix, and the attention scores of a forward are ``chunk × (p + chunk)`` instead of ``n × n``).
+    ``reads(p, e)`` gives the hooks of the forward of positions ``p..e−1`` and the site after which it stops. A prompt
+    of at most ``chunk`` tokens (or ``chunk`` None) runs in one forward, without a cache."""
+    n = ids.shape[-1]
+    step = n if chunk is None else min(chunk, n)
+    cache = DynamicCache() if step < n else None
+    for p in range(0, n, step):
+        e = min(p + step, n)
+        hooks, last = reads(p, e)
+        with torch.no_grad(), activations_captured(model, hooks, stop_after=last):
+            model(ids[:, p:e], past_key_values=cache, return_type=None)
+
+
 def run_capture_in_chunks(model, family: BlockFamily, ids: Tensor, keep_bos: bool, out: dict[str, Tensor | None],
                           chunk: int, layers: Sequence[int] | None = None, norm_weights=None) -> None:
-    """The default-kept capture of one prompt ``ids`` ``[1, n]``, ``chunk`` query positions per forward.
+    """The default-kept capture of one prompt ``ids`` ``[1, n]``, ``chunk`` query positions per forward
+    (:func:`run_in_query_chunks`): the factors of one forward up to rounding. ``out`` holds ``[layers, 1, n, …]``
+    buffers, filled in place (``norm_weights``: the norms-only buffers, as :class:`LayerCapture`'s)."""
+    bos_values = {}
 
-    Each forward runs positions ``p..p+chunk−1`` over the keys and values of the positions before them (a plain
-    ``DynamicCache``, as :mod:`icl_lens.patches._incremental` keeps), so every query sees its whole causal prefix and
-    the factors are those of one forward up to rounding; the attention scores of a forward are
-    ``chunk × (p + chunk)`` instead of ``n × n``. ``out`` holds ``[layers, 1, n, …]`` buffers, filled in place
-    (``norm_weights``: the norms-only buffers, as :class:`LayerCapture`'s).
-    """
-    n, cache, bos_values = ids.shape[-1], DynamicCache(), {}
-    for p in range(0, n, chunk):
-        e = min(p + chunk, n)
+    def reads(p: int, e: int):
         rows = {key: None if buf is None else buf[:, :, p:e] for key, buf in out.items()}  # views: written in place
         capture = LayerCapture(model, family, None, True, keep_bos, rows, offset=p, bos_values=bos_values,
                                q=e - p, layers=layers, norm_weights=norm_weights)
-        with torch.no_grad(), activations_captured(model, capture.all_hooks(), stop_after=capture.last_site):
-            model(ids[:, p:e], past_key_values=cache, return_type=None)
+        return capture.all_hooks(), capture.last_site
+    run_in_query_chunks(model, ids, chunk, reads)

@@ -29,6 +29,7 @@ from icl_lens.core._kept_attention import removes_nothing
 from icl_lens.patches._patch_set import TokenPatches
 from icl_lens.core._token_patch import input_pseudo_inverse
 from icl_lens.patches._batches import QUERY_CHUNK, batched_token_patches, is_prompt_list
+from icl_lens.patches._capture import run_in_query_chunks
 from icl_lens.model._block_family import block_family
 from icl_lens.patches._kept_only import kept_only_logits, kept_only_masks, patches_applied
 from icl_lens.model._greedy import unembedded
@@ -147,8 +148,9 @@ def verify_equivalence(model: Model, prompt: Prompt, patches: TokenPatches | Non
                        batch_size: int = 16, chunk_size: int = 128) -> EquivalenceReport:
     """Run the identity of docs/design.md §2 for every position of ``prompt`` (needs every layer and position).
 
-    The contextual forward stops before the unembedding (its final hidden state is read);
-    positions are then unembedded and compared ``chunk_size`` at a time, so the full-vocabulary
+    The contextual forward stops before the unembedding (its final hidden state is read; a prompt
+    longer than ``QUERY_CHUNK`` in forwards of that many queries over a key/value cache, as
+    :func:`token_patches` runs it); positions are then unembedded and compared ``chunk_size`` at a time, so the full-vocabulary
     logits of at most ``chunk_size`` positions per side are held at once (for Gemma 3's 262k
     vocabulary, 4,096 positions of float32 logits would take 4.3 GB). The report does not
     depend on ``chunk_size``.
@@ -176,12 +178,17 @@ def verify_equivalence(model: Model, prompt: Prompt, patches: TokenPatches | Non
     return EquivalenceReport(tokens=patches.tokens, max_abs_err=torch.cat(errs), max_abs_logit=max_abs_logit)
 
 
-@torch.no_grad()
 def _final_hidden(model: Model, ids: Int[Tensor, " pos"]) -> Float[Tensor, "pos d_model"]:
-    """The contextual forward's input to the unembedding, every position; the unembedding never runs."""
-    with activations_captured(model, ["unembed.hook_in"], stop_after="unembed.hook_in") as got:
-        model(ids[None], return_type=None)
-    return got["unembed.hook_in"][0]
+    """The contextual forward's input to the unembedding, every position; the unembedding never runs. A prompt
+    longer than ``QUERY_CHUNK`` runs in forwards of that many queries over a key/value cache, as ``token_patches``
+    runs it (:func:`~icl_lens.patches._capture.run_in_query_chunks`): attention scores of ``QUERY_CHUNK × n``, not
+    ``n × n``, which :func:`~icl_lens.patches._memory.estimate_patches_memory` counts."""
+    rows = []
+
+    def reads(p: int, e: int):
+        return [("unembed.hook_in", lambda x, hook: rows.append(x[0].detach()))], "unembed.hook_in"
+    run_in_query_chunks(model, ids[None], QUERY_CHUNK, reads)
+    return torch.cat(rows)
 
 
 @torch.no_grad()
