@@ -150,10 +150,10 @@ def verify_equivalence(model: Model, prompt: Prompt, patches: TokenPatches | Non
 
     The contextual forward stops before the unembedding (its final hidden state is read; a prompt
     longer than ``QUERY_CHUNK`` in forwards of that many queries over a key/value cache, as
-    :func:`token_patches` runs it); positions are then unembedded and compared ``chunk_size`` at a time, so the full-vocabulary
-    logits of at most ``chunk_size`` positions per side are held at once (for Gemma 3's 262k
-    vocabulary, 4,096 positions of float32 logits would take 4.3 GB). The report does not
-    depend on ``chunk_size``.
+    :func:`token_patches` runs it); positions are then unembedded and compared ``chunk_size`` at a
+    time, so the full-vocabulary logits of at most ``chunk_size`` positions per side are held at
+    once (for Gemma 3's 262k vocabulary, 4,096 positions of float32 logits would take 4.3 GB). The
+    report does not depend on ``chunk_size``.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
