@@ -101,3 +101,18 @@ def test_the_pad_setting_is_read_refused_and_left_to_glibc_as_documented(monkeyp
     monkeypatch.delenv("GLIBC_TUNABLES")
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(2**20))
     assert pad_from_environment() is None
+
+
+def test_the_docs_state_the_defaults_the_code_sets():
+    """README's allocator paragraph and docs/design.md §2 name the pad and the query chunk by number; they must be
+    the values load_model and token_patches use."""
+    from pathlib import Path
+
+    from icl_lens.patches import QUERY_CHUNK
+
+    root = Path(__file__).parents[1]
+    readme = " ".join((root / "README.md").read_text().split())
+    design = " ".join((root / "docs" / "design.md").read_text().split())
+    assert f"asks glibc to keep {DEFAULT_PAD_MB} MiB at the heap's top" in readme
+    assert f"`token_patches` runs a long prompt in chunks of {QUERY_CHUNK} queries" in readme
+    assert f"One prompt longer than `query_chunk` (default {QUERY_CHUNK})" in design
